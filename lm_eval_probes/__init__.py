@@ -1,0 +1,41 @@
+"""lm-eval-probes: hidden-state probes (δ_TCB, BTE, …) reported next to accuracy in lm-evaluation-harness.
+
+Importing this package is cheap (no torch): it registers a lazy ``hf-probes`` placeholder in lm_eval's
+model registry; the model class (and the probe metrics) load on first use. ``TASKS_DIR`` is the folder
+of the packaged task YAMLs, for ``TaskManager(include_path=lm_eval_probes.TASKS_DIR)`` or
+``--include_path``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+__version__ = "0.1.0"
+MODEL_NAME = "hf-probes"
+
+
+def tasks_dir() -> str:
+    """Folder of the packaged task YAMLs (works for wheel and editable installs alike)."""
+    spec = importlib.util.find_spec("lm_eval_probes.tasks")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("lm_eval_probes.tasks is not installed; reinstall lm-eval-probes")
+    return list(spec.submodule_search_locations)[0]
+
+
+def register() -> None:
+    """Register the lazy ``hf-probes`` model placeholder (idempotent)."""
+    import lm_eval.models  # noqa: F401  (built-in placeholders first, else they get hidden)
+    from lm_eval.api.registry import model_registry
+
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME, target="lm_eval_probes.models:ProbeHFLM")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TASKS_DIR":
+        return tasks_dir()
+    raise AttributeError(f"module 'lm_eval_probes' has no attribute {name!r}")
+
+
+register()

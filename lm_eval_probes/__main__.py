@@ -1,0 +1,61 @@
+"""``lm-eval-probes``: the ``lm_eval`` command line with the plugin loaded and its tasks on the include path.
+
+Takes every ``lm_eval`` argument. Differences from plain ``lm_eval``: the packaged task folder is added
+to ``--include_path`` (the flag takes one folder; a given folder is kept and ours is added through a
+generated ``--config`` only when none is given) and ``--model_args ...,probes=tcb,bte`` keeps the
+comma-separated probe names together.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_PROBE_LIST_KEYS = ("probes",)
+
+
+def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
+    """Add the packaged task folder and join bare probe names in ``--model_args`` (pure; tested)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--model_args" and i + 1 < len(argv):
+            out += [arg, _join_probe_names(argv[i + 1])]
+            i += 2
+            continue
+        if arg.startswith("--model_args="):
+            out.append("--model_args=" + _join_probe_names(arg.split("=", 1)[1]))
+        else:
+            out.append(arg)
+        i += 1
+    wants_help = {"-h", "--help"} & set(out)
+    has_include = any(a == "--include_path" or a.startswith("--include_path=") for a in out)
+    if out and not wants_help and not has_include:
+        out += ["--include_path", tasks_dir]
+    return out
+
+
+def _join_probe_names(model_args: str) -> str:
+    if model_args.lstrip().startswith("{"):
+        return model_args  # JSON form
+    items: list[str] = []
+    for item in model_args.split(","):
+        if "=" not in item and items and items[-1].split("=", 1)[0].strip() in _PROBE_LIST_KEYS:
+            items[-1] += "+" + item.strip()
+        else:
+            items.append(item)
+    return ",".join(items)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import lm_eval_probes
+    import lm_eval_probes.models  # noqa: F401  (model + metrics registered before tasks are built)
+    from lm_eval.__main__ import cli_evaluate
+
+    args = rewrite_argv(list(sys.argv[1:] if argv is None else argv), lm_eval_probes.tasks_dir())
+    sys.argv = ["lm-eval-probes", *args]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

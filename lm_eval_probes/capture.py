@@ -1,0 +1,246 @@
+"""Capture hidden states during the harness's own forward passes and reduce them at once.
+
+Two pieces:
+
+* :func:`hidden_state_tap` — a context manager holding two hooks on the causal-LM module: a pre-hook
+  that asks for ``output_hidden_states`` and a hook that keeps what the forward returned (the latest
+  call's states, or only the last position of every call during ``generate``). Hooks never outlive
+  the ``with`` block.
+* :func:`position_probes` — per-position probe values of one response span (all layers → a few floats
+  per position and transition), computed in chunks of positions so the logit lens never holds more
+  than ``chunk · V`` floats per layer; :meth:`PositionProbes.summarize` reduces a slice of them to a
+  :class:`~lm_eval_probes.records.ResponseProbe`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_eval_probes.architectures import LensReadout
+from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.probes import central_window, distribution_baselines, js_divergence, token_constraint_bound
+from lm_eval_probes.records import ResponseProbe
+
+
+@dataclass
+class HiddenStateTap:
+    """What the hooks of :func:`hidden_state_tap` collected.
+
+    ``latest``: the L+1 hidden-state tensors ``[B, T, H]`` of the most recent forward call.
+    ``steps``: with ``last_position_only``, one tuple of L+1 tensors ``[B, H]`` per forward call.
+    """
+
+    last_position_only: bool = False
+    latest: tuple[torch.Tensor, ...] | None = None
+    steps: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    calls: int = 0
+
+    def _record(self, hidden_states: Sequence[torch.Tensor]) -> None:
+        self.calls += 1
+        if self.last_position_only:
+            self.steps.append(tuple(h[:, -1].detach() for h in hidden_states))
+        else:
+            self.latest = tuple(h.detach() for h in hidden_states)
+
+
+@contextmanager
+def hidden_state_tap(model: nn.Module, *, last_position_only: bool = False) -> Iterator[HiddenStateTap]:
+    """Make every forward of ``model`` inside the block also return and record its hidden states."""
+    tap = HiddenStateTap(last_position_only=last_position_only)
+
+    def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return args, {**kwargs, "output_hidden_states": True}
+
+    def keep_states(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        states = getattr(output, "hidden_states", None)
+        if states is None:
+            raise RuntimeError(f"{type(model).__name__} returned no hidden_states although asked to")
+        tap._record(states)
+
+    handles = [
+        model.register_forward_pre_hook(ask_for_states, with_kwargs=True),
+        model.register_forward_hook(keep_states),
+    ]
+    try:
+        yield tap
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+_PER_POSITION_FIELDS = ("token_logprob", "log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp", "energy")
+
+
+@dataclass(frozen=True)
+class PositionProbes:
+    """Per-position probe values of one response span (float32/64 CPU tensors, positions last).
+
+    ``token_logprob [n]`` (only when token ids were given), ``log10_tcb``, ``entropy``,
+    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [L, n]`` (bte).
+    """
+
+    num_positions: int
+    num_layers: int
+    bte_window: tuple[int, int] | None
+    token_logprob: torch.Tensor | None = None
+    log10_tcb: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logit_margin: torch.Tensor | None = None
+    v_eff_ipr: torch.Tensor | None = None
+    v_eff_exp: torch.Tensor | None = None
+    energy: torch.Tensor | None = None
+
+    def span(self, start: int, stop: int) -> PositionProbes:
+        """The positions ``[start, stop)`` as their own :class:`PositionProbes`."""
+        cut = {
+            name: None if getattr(self, name) is None else getattr(self, name)[..., start:stop]
+            for name in _PER_POSITION_FIELDS
+        }
+        return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window, **cut)
+
+    def summarize(self, start: int, stop: int, *, mean_token_logprob: float | None = None) -> ResponseProbe:
+        """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`.
+
+        ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
+        already know their summed log-probability).
+        """
+        if not 0 <= start <= stop <= self.num_positions:
+            raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
+        n = stop - start
+
+        def mean(values: torch.Tensor | None) -> float | None:
+            if values is None:
+                return None
+            return float(values[..., start:stop].double().mean()) if n else math.nan
+
+        if mean_token_logprob is None:
+            mean_token_logprob = mean(self.token_logprob)
+        values: dict[str, Any] = {}
+        if self.log10_tcb is not None:
+            span = self.log10_tcb[start:stop]
+            values.update(
+                tcb_log10_mean=mean(self.log10_tcb),
+                tcb_log10_min=float(span.min()) if n else math.nan,
+                tcb_argmin=int(span.argmin()) if n else None,
+                entropy=mean(self.entropy),
+                logit_margin=mean(self.logit_margin),
+                v_eff_ipr=mean(self.v_eff_ipr),
+                v_eff_exp=mean(self.v_eff_exp),
+            )
+        if self.energy is not None:
+            if n:
+                profile = self.energy[:, start:stop].double().mean(-1)
+                lo, hi = central_window(self.num_layers, self.bte_window)
+                values.update(bte_profile=tuple(float(v) for v in profile), bte_energy=float(profile[lo:hi].mean()))
+            else:
+                values.update(bte_profile=tuple(math.nan for _ in range(self.num_layers)), bte_energy=math.nan)
+        return ResponseProbe(
+            n_tokens=n,
+            mean_token_logprob=math.nan if mean_token_logprob is None else float(mean_token_logprob),
+            **values,
+        )
+
+
+def position_probes_of_spans(
+    spans: Sequence[Sequence[torch.Tensor]],
+    readout: LensReadout,
+    config: ProbeConfig,
+    token_ids: Sequence[torch.Tensor] | None = None,
+) -> list[PositionProbes]:
+    """:func:`position_probes` of several spans in one pass (the unembedding is read once per chunk, not per span).
+
+    ``spans[i]`` holds L+1 tensors ``[n_i, H]``; returns one :class:`PositionProbes` per span.
+    """
+    if not spans:
+        return []
+    joined = [torch.cat([span[layer] for span in spans]) for layer in range(len(spans[0]))]
+    ids = None if token_ids is None else torch.cat([t.reshape(-1) for t in token_ids])
+    probes = position_probes(joined, readout, config, ids)
+    out, offset = [], 0
+    for span in spans:
+        n = span[0].shape[0]
+        out.append(probes.span(offset, offset + n))
+        offset += n
+    return out
+
+
+@torch.no_grad()
+def position_probes(
+    layer_states: Sequence[torch.Tensor],
+    readout: LensReadout,
+    config: ProbeConfig,
+    token_ids: torch.Tensor | None = None,
+) -> PositionProbes:
+    """Probe values at every position of one response span.
+
+    Args:
+        layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
+            last one post final norm).
+        readout: the model's logit-lens readout.
+        config: which probes and options.
+        token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
+    """
+    num_layers = len(layer_states) - 1
+    if num_layers != readout.num_layers:
+        raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
+    n = layer_states[0].shape[0]
+    want_tcb, want_bte = "tcb" in config.probes, "bte" in config.probes
+    if want_bte:
+        central_window(num_layers, config.bte_window)  # validates the window against L before any work
+    parts: dict[str, list[torch.Tensor]] = {}
+
+    def keep(name: str, value: torch.Tensor) -> None:
+        parts.setdefault(name, []).append(value.detach().to("cpu"))
+
+    for lo in range(0, n, config.chunk_positions):
+        hi = min(n, lo + config.chunk_positions)
+        final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
+        final_logits = readout.logits(final_hidden, normalized=True)
+        final_logprobs = torch.log_softmax(final_logits, dim=-1)
+        if token_ids is not None:
+            ids = token_ids[lo:hi].to(readout.device).long().unsqueeze(-1)
+            keep("token_logprob", final_logprobs.gather(-1, ids).squeeze(-1))
+        if want_tcb:
+            delta = token_constraint_bound(
+                final_hidden,
+                readout.unembed64,
+                readout.bias,
+                eps=config.tcb_eps,
+                logit_softcap=readout.logit_softcap,
+                row_sq_norms=readout.row_sq_norms,
+            )
+            keep("log10_tcb", torch.log10(delta.double()))
+            baselines = distribution_baselines(final_logits)
+            keep("entropy", baselines.entropy)
+            keep("logit_margin", baselines.logit_margin)
+            keep("v_eff_ipr", baselines.v_eff_ipr)
+            keep("v_eff_exp", baselines.v_eff_exp)
+        if want_bte:
+            energies = []
+            previous = readout.logprobs(layer_states[0][lo:hi], normalized=False)
+            for layer in range(1, num_layers + 1):
+                current = (
+                    final_logprobs
+                    if layer == num_layers
+                    else readout.logprobs(layer_states[layer][lo:hi], normalized=False)
+                )
+                energies.append(js_divergence(previous, current))
+                previous = current
+            keep("energy", torch.stack(energies))
+    if n == 0:  # an empty response: enabled probes get empty values (they summarize to nan)
+        empty = torch.empty(0, dtype=torch.float64)
+        names = (["token_logprob"] if token_ids is not None else []) + (
+            ["log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"] if want_tcb else []
+        )
+        parts = {name: [empty] for name in names}
+        if want_bte:
+            parts["energy"] = [torch.empty(num_layers, 0, dtype=torch.float64)]
+    tensors = {name: torch.cat(chunks, dim=-1) for name, chunks in parts.items()}
+    return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window, **tensors)

@@ -1,0 +1,162 @@
+"""The plugin's own ``model_args``, parsed once and strictly into a frozen :class:`ProbeConfig`.
+
+Every plugin option is ``probes`` or starts with ``probe_``; anything else is an HFLM argument and is
+passed through untouched. An unknown probe name or ``probe_*`` option raises ``ValueError`` with the
+valid values (and a did-you-mean) *before* any model is loaded.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+PROBE_NAMES: tuple[str, ...] = ("tcb", "bte")
+"""Probes the wrapper can compute: δ_TCB (+ entropy, margin, V_eff baselines) and BTE."""
+
+GEN_CAPTURE_MODES: tuple[str, ...] = ("teacher_forced", "generate")
+
+_LIST_SEPARATORS = (",", "+", ";", "|", " ")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What the ``hf-probes`` wrapper computes and how.
+
+    Attributes:
+        probes: enabled probes, a subset of :data:`PROBE_NAMES` (empty: the wrapper behaves like ``hf``).
+        tcb_eps: tolerance ε of δ_TCB = ε / ‖J‖_F (``probe_tcb_eps``).
+        bte_window: central window [start, stop) of transitions for the BTE difficulty scalar
+            (``probe_bte_window=12:20``); ``None`` = [⌊3L/8⌋, ⌊5L/8⌋).
+        gen_capture: how generations are probed (``probe_gen_capture``): ``teacher_forced`` (one extra
+            forward over prompt + generated ids after ``generate``; the default, see README "Design")
+            or ``generate`` (states captured by hooks during decoding, no extra forward).
+        chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds
+            the memory of the logit lens to about ``3 · chunk · V`` floats.
+    """
+
+    probes: tuple[str, ...] = PROBE_NAMES
+    tcb_eps: float = 1.0
+    bte_window: tuple[int, int] | None = None
+    gen_capture: str = "teacher_forced"
+    chunk_positions: int = 64
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.probes if p not in PROBE_NAMES]
+        if unknown:
+            raise ValueError(_unknown_message("probe", unknown[0], PROBE_NAMES))
+        if len(set(self.probes)) != len(self.probes):
+            raise ValueError(f"probes lists a probe twice: {self.probes}")
+        if not self.tcb_eps > 0:
+            raise ValueError(f"probe_tcb_eps must be > 0, got {self.tcb_eps!r}")
+        if self.gen_capture not in GEN_CAPTURE_MODES:
+            raise ValueError(_unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
+        if self.bte_window is not None:
+            start, stop = self.bte_window
+            if not 0 <= start < stop:
+                raise ValueError(f"probe_bte_window must be 'start:stop' with 0 <= start < stop, got {self.bte_window}")
+        if self.chunk_positions < 1:
+            raise ValueError(f"probe_chunk_positions must be >= 1, got {self.chunk_positions}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.probes)
+
+    @classmethod
+    def from_model_args(cls, args: Mapping[str, Any]) -> ProbeConfig:
+        """Build from the plugin's keys of ``model_args`` (``probes`` and ``probe_*``); see :func:`split_model_args`."""
+        options = {f"probe_{f.name}": f.name for f in fields(cls) if f.name != "probes"}
+        values: dict[str, Any] = {}
+        for key, value in args.items():
+            if key == "probes":
+                values["probes"] = parse_probe_list(value)
+            elif key in options:
+                values[options[key]] = value
+            else:
+                raise ValueError(_unknown_message("hf-probes option", key, ("probes", *options)))
+        if "tcb_eps" in values:
+            values["tcb_eps"] = _as_float("probe_tcb_eps", values["tcb_eps"])
+        if "chunk_positions" in values:
+            values["chunk_positions"] = _as_int("probe_chunk_positions", values["chunk_positions"])
+        if "bte_window" in values:
+            values["bte_window"] = _parse_window(values["bte_window"])
+        if "gen_capture" in values:
+            values["gen_capture"] = str(values["gen_capture"])
+        return cls(**values)
+
+
+def is_plugin_key(key: str) -> bool:
+    """Whether a ``model_args`` key belongs to the plugin (``probes`` or ``probe_*``, or a near miss of them)."""
+    return key == "probes" or key.startswith("probe") or bool(difflib.get_close_matches(key, ["probes"], cutoff=0.8))
+
+
+def split_model_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``model_args`` into (plugin keys, HFLM keys)."""
+    plugin = {k: v for k, v in kwargs.items() if is_plugin_key(k)}
+    rest = {k: v for k, v in kwargs.items() if k not in plugin}
+    return plugin, rest
+
+
+def parse_probe_list(value: Any) -> tuple[str, ...]:
+    """``"tcb,bte"``, ``"tcb+bte"``, ``"[tcb,bte]"``, ``["tcb", "bte"]``, ``"none"`` → a tuple of names.
+
+    The plain ``lm_eval`` CLI splits ``--model_args`` on top-level commas, so there ``probes=tcb+bte``
+    or ``probes=[tcb,bte]`` is the spelling; the ``lm-eval-probes`` console script and
+    ``create_from_arg_string`` also accept ``probes=tcb,bte``.
+    """
+    if value is None or value is False:
+        return ()
+    if isinstance(value, str):
+        text = value.strip().strip("[](){}")
+        for sep in _LIST_SEPARATORS[1:]:
+            text = text.replace(sep, ",")
+        items: Iterable[Any] = [t.strip().strip("'\"") for t in text.split(",")]
+    elif isinstance(value, Iterable):
+        items = value
+    else:
+        raise ValueError(f"probes must be a list of probe names, got {value!r}")
+    names = tuple(str(item).strip().lower() for item in items if str(item).strip())
+    if names in ((), ("none",)):
+        return ()
+    if names == ("all",):
+        return PROBE_NAMES
+    return names
+
+
+def _parse_window(value: Any) -> tuple[int, int] | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "auto")):
+        return None
+    if isinstance(value, str):
+        parts = value.replace("-", ":").split(":")
+    elif isinstance(value, Iterable):
+        parts = list(value)
+    else:
+        parts = []
+    if len(parts) != 2:
+        raise ValueError(f"probe_bte_window must look like '12:20' (transitions [start, stop)), got {value!r}")
+    return (_as_int("probe_bte_window", parts[0]), _as_int("probe_bte_window", parts[1]))
+
+
+def _as_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
+def _as_int(name: str, value: Any) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if number != int(number):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(number)
+
+
+def _unknown_message(what: str, given: str, valid: Iterable[str]) -> str:
+    valid = list(valid)
+    close = difflib.get_close_matches(str(given), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {given!r}.{hint} Valid: {', '.join(valid)}."

@@ -1,0 +1,238 @@
+"""``hf-probes``: lm_eval's ``HFLM`` that also probes the hidden states of every response it scores.
+
+Thin by design (like lm_eval's ``hf_steered``): HFLM does all batching, padding, reordering and
+generation; this subclass only
+
+* loglikelihood — taps the harness's own forward (no extra pass) with :func:`hidden_state_tap`,
+  probes each computed row in ``_select_cont_toks`` (called once per row, in row order) and hands
+  each answered request its trailing slice of that row through a tap on ``cache_hook.add_partial``
+  (called once per request with its ``(context, continuation)`` key);
+* generate_until — probes the kept tokens of every generation (``probe_gen_capture``: one
+  teacher-forced forward over prompt + generated ids, or states recorded during decoding);
+* returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
+  responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (built-in registry entries before ours; see integration notes)
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from lm_eval_probes import metrics as _metrics  # noqa: F401  (registers probe metrics before tasks are built)
+from lm_eval_probes.architectures import LensReadout
+from lm_eval_probes.capture import PositionProbes, hidden_state_tap, position_probes_of_spans
+from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
+from lm_eval_probes.records import ProbeLL, ProbeStr, ResponseProbe
+
+
+class _CacheHookTap:
+    """Stands in for HFLM's ``cache_hook``: calls ``on_answer`` first, then the real hook."""
+
+    def __init__(self, inner: Any, on_answer: Callable[[str, Any, Any], None]) -> None:
+        self._inner = inner
+        self._on_answer = on_answer
+
+    def add_partial(self, attr: str, req: Any, res: Any) -> None:
+        self._on_answer(attr, req, res)
+        self._inner.add_partial(attr, req, res)
+
+
+@register_model("hf-probes")
+class ProbeHFLM(HFLM):
+    """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
+
+    def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        plugin_args, hf_args = split_model_args(kwargs)
+        self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
+        if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
+            raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
+        super().__init__(pretrained, **hf_args)
+        if self.backend != "causal":
+            raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
+        self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        self._tap = None
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
+        """As HFLM's, but ``probes=tcb,bte`` keeps its comma-separated names together."""
+        args: dict[str, Any] = {}
+        last_key = None
+        for item in (arg_string or "").split(","):
+            if not item.strip():
+                continue
+            if "=" in item:
+                last_key, value = item.split("=", 1)
+                args[last_key.strip()] = value
+            elif last_key == "probes":
+                args["probes"] = f"{args['probes']},{item}"
+            else:
+                raise ValueError(f"expected key=value in model_args, got {item!r}")
+        from lm_eval.utils import handle_arg_string
+
+        parsed = {k: (v if k == "probes" else handle_arg_string(v)) for k, v in args.items()}
+        if "probes" in parsed:
+            parsed["probes"] = parse_probe_list(parsed["probes"])
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**parsed, **extra)
+
+    # ----------------------------------------------------------------------------- loglikelihood
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+        if self.readout is None:
+            return super().loglikelihood(requests, disable_tqdm)
+        self._probes_by_request: dict[tuple[str, str], ResponseProbe] = {}
+        self._pending_rows: list[list[torch.Tensor]] = []
+        self._pending_answers: list[tuple[Any, int, int, float]] = []
+
+        def on_answer(attr: str, req: Any, answer: Any) -> None:
+            if attr == "loglikelihood" and self._pending_rows:
+                self._pending_answers.append((req, len(self._pending_rows) - 1, self._cont_lengths[req], answer[0]))
+
+        with self._answers_tapped(on_answer), hidden_state_tap(self.model) as tap:
+            self._tap = tap
+            try:
+                answers = super().loglikelihood(requests, disable_tqdm)
+                self._flush_rows()
+            finally:
+                self._tap = None
+                self._pending_rows, self._pending_answers = [], []
+        probes = self._probes_by_request
+        return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
+        self._cont_lengths = {req[0]: len(req[2]) for req in requests if req[0] is not None}
+        return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+
+    def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self._tap is not None:
+            self._flush_rows()  # the previous batch's states are about to be replaced
+            self._next_row = 0
+        return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+
+    def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:
+        if self._tap is not None and self._tap.latest is not None:
+            row, self._next_row = self._next_row, self._next_row + 1
+            self._pending_rows.append([h[row, inplen - contlen : inplen] for h in self._tap.latest])
+        return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
+
+    def _flush_rows(self) -> None:
+        """Probe all rows of the current batch at once and hand each answered request its trailing slice."""
+        rows = position_probes_of_spans(self._pending_rows, self.readout, self.probe_config)
+        for req, row, n, loglik in self._pending_answers:
+            probes = rows[row]
+            end = probes.num_positions
+            self._probes_by_request[req] = probes.summarize(end - n, end, mean_token_logprob=loglik / n)
+        self._pending_rows, self._pending_answers = [], []
+
+    # ----------------------------------------------------------------------------- generation
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+        if self.readout is None:
+            return super().generate_until(requests, disable_tqdm)
+        probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
+        self._gen_rows: deque[tuple[list[int], PositionProbes]] = deque()
+
+        def on_answer(attr: str, req: Any, text: str) -> None:
+            if attr == "generate_until":
+                generated, rows = self._gen_rows.popleft()
+                probes[(req[0], text)].append(rows.summarize(0, self._kept_token_count(generated, text)))
+
+        try:
+            with self._answers_tapped(on_answer):
+                texts = super().generate_until(requests, disable_tqdm)
+        finally:
+            del self._gen_rows
+        out = []
+        for req, text in zip(requests, texts, strict=True):
+            queue = probes.get((req.args[0], text))
+            out.append(ProbeStr(text, queue.popleft() if queue else None))
+        return out
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
+        if self.readout is None or not hasattr(self, "_gen_rows"):
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        attention_mask = generation_kwargs.get("attention_mask")
+        during = self.probe_config.gen_capture == "generate"
+        with hidden_state_tap(self.model, last_position_only=True) if during else _nothing() as tap:
+            sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        prompt_len = context.shape[1]
+        generated = sequences[:, prompt_len:]
+        bounds = [self._generation_bound(row.tolist()) for row in generated]
+        if during:
+            # step t's last position predicted generated token t (step 0 is the prefill)
+            per_layer = [torch.stack([step[layer] for step in tap.steps], dim=1) for layer in range(len(tap.steps[0]))]
+            start = 0
+        else:
+            per_layer = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
+            start = prompt_len - 1
+        spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
+        token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
+        rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
+        self._gen_rows.extend((ids.tolist(), probes) for ids, probes in zip(token_ids, rows, strict=True))
+        return sequences
+
+    @torch.no_grad()
+    def _teacher_forced_states(
+        self, sequences: torch.Tensor, attention_mask: torch.Tensor | None, prompt_len: int, max_kept: int
+    ) -> tuple[torch.Tensor, ...]:
+        """One forward over left-padded prompt + generated ids, with generate's own position ids."""
+        length = prompt_len + max(max_kept - 1, 0)
+        ids = sequences[:, :length]
+        if attention_mask is None:
+            attention_mask = torch.ones_like(sequences[:, :prompt_len])
+        mask = torch.cat([attention_mask, attention_mask.new_ones(ids.shape[0], length - prompt_len)], dim=1)
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        with torch.autocast(
+            device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
+        ):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True, use_cache=False)
+        return out.hidden_states
+
+    def _generation_bound(self, tokens: list[int]) -> int:
+        """Tokens up to (excluding) the first EOS or pad: an upper bound on the kept tokens."""
+        stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
+        return next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))
+
+    def _kept_token_count(self, tokens: list[int], text: str) -> int:
+        """Fewest leading tokens whose decoding covers the kept text (stop strings are cut at string level)."""
+        if not text:
+            return 0
+        lengths = _LazyDecodedLengths(self, tokens)
+        count = bisect.bisect_left(lengths, len(text)) + 1
+        return min(count, len(tokens))
+
+    @contextmanager
+    def _answers_tapped(self, on_answer: Callable[[str, Any, Any], None]) -> Iterator[None]:
+        inner = self.cache_hook
+        self.cache_hook = _CacheHookTap(inner, on_answer)
+        try:
+            yield
+        finally:
+            self.cache_hook = inner
+
+
+class _LazyDecodedLengths:
+    """``lengths[i]`` = length of the decoding of the first i+1 tokens, decoded on demand (for bisect)."""
+
+    def __init__(self, lm: HFLM, tokens: list[int]) -> None:
+        self._lm, self._tokens = lm, tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, i: int) -> int:
+        return len(self._lm.tok_decode(self._tokens[: i + 1]))
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None

@@ -1,0 +1,183 @@
+"""Token Constraint Bound δ_TCB and the distribution baselines reported next to it.
+
+Source: "Beyond Confidence: The Rhythms of Reasoning" (ICLR 2026, arXiv 2602.10816).
+δ_TCB = ε / ‖∂softmax(W h + b)/∂h‖_F measures how far the post-final-norm state h can move
+before the next-token distribution changes by ε: larger δ means a more constrained (stabler)
+prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PredictionBaselines", "distribution_baselines", "token_constraint_bound"]
+
+
+def _output_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """float64 when any given tensor is float64, else float32."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _validate_tcb_inputs(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    logit_softcap: float | None,
+    row_sq_norms: Tensor | None,
+) -> None:
+    for name, t in (("hidden", hidden), ("unembed", unembed), ("bias", bias), ("row_sq_norms", row_sq_norms)):
+        if t is not None and not torch.is_floating_point(t):
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if unembed.ndim != 2:
+        raise ValueError(f"unembed must have shape [V, d], got {tuple(unembed.shape)}")
+    vocab, d = unembed.shape
+    if vocab < 1 or d < 1:
+        raise ValueError(f"unembed must be non-empty, got shape {tuple(unembed.shape)}")
+    if hidden.ndim < 1 or hidden.shape[-1] != d:
+        raise ValueError(
+            f"hidden must have shape [..., {d}] to match unembed {tuple(unembed.shape)}, got {tuple(hidden.shape)}"
+        )
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise ValueError(f"bias must have shape [{vocab}] to match unembed, got {tuple(bias.shape)}")
+    if row_sq_norms is not None and tuple(row_sq_norms.shape) != (vocab,):
+        raise ValueError(f"row_sq_norms must have shape [{vocab}] to match unembed, got {tuple(row_sq_norms.shape)}")
+    if not (isinstance(eps, (int, float)) and 0.0 < float(eps) < float("inf")):
+        raise ValueError(f"eps must be a finite positive number, got {eps!r}")
+    if logit_softcap is not None and not (
+        isinstance(logit_softcap, (int, float)) and 0.0 < float(logit_softcap) < float("inf")
+    ):
+        raise ValueError(f"logit_softcap must be None or a finite positive number, got {logit_softcap!r}")
+
+
+def token_constraint_bound(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None = None,
+    *,
+    eps: float = 1.0,
+    logit_softcap: float | None = None,
+    row_sq_norms: Tensor | None = None,
+) -> Tensor:
+    """Token Constraint Bound δ = eps / ‖J‖_F with J = ∂softmax(g(W h + b))/∂h.
+
+    Args:
+        hidden: ``[..., d]`` post-final-norm states (``hidden_states[L]`` in Hugging Face, or
+            ``final_norm(hidden_states[l])`` for a logit-lens readout).
+        unembed: ``[V, d]`` unembedding matrix (rows w_i).
+        bias: optional ``[V]`` logit bias b.
+        eps: the output-change budget ε (paper: 1). Must be finite and > 0.
+        logit_softcap: ``c`` for Gemma-style soft-capping g(z) = c·tanh(z/c); None for g = id.
+        row_sq_norms: optional cached ``[V]`` squared row norms ‖w_i‖² of ``unembed`` (unscaled,
+            i.e. before soft-capping), so a caller can compute them once per model.
+
+    Returns:
+        δ of shape ``[...]`` in (0, +inf], larger = prediction more constrained. float64 if
+        ``hidden`` or ``unembed`` is float64, else float32. All arithmetic (logits, softmax, the
+        V-reductions) runs in float64. ‖J‖_F = 0 (V = 1, or a distribution that is one-hot in
+        float64) gives +inf; NaN inputs propagate.
+
+    Formula: with z = W h + b, o = softmax(g(z)), ŵ_i = g'(z_i) w_i (g' = 1 − tanh²(z/c), or 1),
+    J = (diag(o) − o oᵀ) Ŵ and ‖J‖_F² = Σ_i o_i² ‖ŵ_i − μ‖², μ = Ŵᵀo. The naive expansion
+    Σ o_i²‖ŵ_i‖² − 2(Σ o_i² ŵ_i)·μ + ‖μ‖² Σ o_i² cancels catastrophically for confident
+    predictions, so the sum is expanded around the top-1 row k instead (u_i = ŵ_i − ŵ_k,
+    o' = o with o'_k = 0, s = Σ_{j≠k} o_j, S2' = Σ_{j≠k} o_j², ν = μ − ŵ_k = Ŵᵀo' − s ŵ_k):
+    ‖J‖² = Σ_{i≠k} o_i² ‖u_i‖² − 2 (Ŵᵀ(o'²) − S2' ŵ_k)·ν + (o_k² + S2') ‖ν‖²,
+    where every term scales with the off-top-1 mass, so nothing large cancels.
+
+    Cost: four ``[N, V] × [V, d]``-sized matmuls for N positions; no ``[N, V, d]`` tensor is
+    formed. Memory is a float64 copy of ``unembed`` (unless it is float64 already) plus a few
+    ``[N, V]`` float64 tensors: chunk positions in the caller for long sequences.
+    """
+    _validate_tcb_inputs(hidden, unembed, bias, eps, logit_softcap, row_sq_norms)
+    out_dtype = _output_dtype(hidden, unembed)
+    batch_shape = hidden.shape[:-1]
+    d = unembed.shape[1]
+
+    w = unembed.to(torch.float64)
+    h = hidden.reshape(-1, d).to(torch.float64)
+    z = h @ w.T
+    if bias is not None:
+        z = z + bias.to(torch.float64)
+    if logit_softcap is None:
+        capped, scale = z, torch.ones_like(z)
+    else:
+        t = torch.tanh(z / logit_softcap)
+        capped, scale = logit_softcap * t, 1.0 - t * t
+    o = torch.softmax(capped, dim=-1)
+    row_sq = (w * w).sum(-1) if row_sq_norms is None else row_sq_norms.to(torch.float64)
+
+    k = capped.argmax(dim=-1, keepdim=True)  # [N, 1]
+    w_k = w[k.squeeze(-1)]  # [N, d]
+    c_k = scale.gather(-1, k)  # [N, 1]
+    w_hat_k = c_k * w_k
+    o_k = o.gather(-1, k).squeeze(-1)
+    o_rest = o.scatter(-1, k, 0.0)  # o'
+    o_rest_sq = o_rest * o_rest
+    s = o_rest.sum(-1, keepdim=True)
+    s2 = o_rest_sq.sum(-1, keepdim=True)
+
+    nu = (o_rest * scale) @ w - s * w_hat_k  # [N, d]
+    m2 = (o_rest_sq * scale) @ w - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
+    dots = w_k @ w.T  # [N, V]: w_i · w_k
+    a = scale * scale * row_sq - 2.0 * scale * c_k * dots + c_k * c_k * row_sq[k]  # ‖u_i‖², i≠k
+    j_sq = (o_rest_sq * a).sum(-1) - 2.0 * (m2 * nu).sum(-1) + (o_k * o_k + s2.squeeze(-1)) * (nu * nu).sum(-1)
+    delta = float(eps) / j_sq.clamp_min(0.0).sqrt()
+    return delta.reshape(batch_shape).to(out_dtype)
+
+
+@dataclass(frozen=True)
+class PredictionBaselines:
+    """Per-position baselines of a next-token distribution, each a tensor of shape ``[...]``.
+
+    Attributes:
+        entropy: Shannon entropy −Σ o_i ln o_i in nats, in [0, ln V]; higher = less certain.
+        logit_margin: top-1 minus top-2 logit, in [0, +inf]; higher = more certain.
+        v_eff_ipr: inverse participation ratio 1/Σ o_i², in [1, V]: effective vocabulary size.
+            INFERRED (methods.md §1): the paper's exact V_eff definition was not found; the IPR
+            makes "‖J‖² ∝ 1/V_eff" exact when all rows are equidistant from μ.
+        v_eff_exp: exp(entropy), in [1, V]: the perplexity-style effective vocabulary size.
+    """
+
+    entropy: Tensor
+    logit_margin: Tensor
+    v_eff_ipr: Tensor
+    v_eff_exp: Tensor
+
+
+def distribution_baselines(logits: Tensor) -> PredictionBaselines:
+    """Entropy, top-1/top-2 logit margin and effective vocabulary sizes of softmax(logits).
+
+    Args:
+        logits: ``[..., V]`` with V ≥ 2, the logits the model samples from (after any
+            soft-capping). −inf entries are allowed (probability 0, contributing 0 to the entropy).
+
+    Returns:
+        :class:`PredictionBaselines` of ``[...]`` tensors, float64 for float64 logits else
+        float32; computed in float64. Formulas: o = softmax(logits), H = −Σ o_i ln o_i,
+        margin = z_(1) − z_(2), V_eff^IPR = 1/Σ o_i², V_eff^exp = exp(H). Baselines for δ_TCB
+        in arXiv 2602.10816.
+    """
+    if not torch.is_floating_point(logits):
+        raise TypeError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
+    if logits.ndim < 1 or logits.shape[-1] < 2:
+        raise ValueError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
+    out_dtype = _output_dtype(logits)
+    z = logits.to(torch.float64)
+    log_o = torch.log_softmax(z, dim=-1)
+    o = log_o.exp()
+    entropy = -torch.where(o > 0, o * log_o, torch.zeros_like(o)).sum(-1)
+    top2 = z.topk(2, dim=-1).values
+    margin = top2[..., 0] - top2[..., 1]
+    ipr = 1.0 / (o * o).sum(-1)
+    return PredictionBaselines(
+        entropy=entropy.to(out_dtype),
+        logit_margin=margin.to(out_dtype),
+        v_eff_ipr=ipr.to(out_dtype),
+        v_eff_exp=entropy.exp().to(out_dtype),
+    )

@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny random causal LMs (built from configs) with an offline byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_ARCHS = ("llama", "qwen2", "gpt2", "gemma3_text")
+
+_CORPUS = [
+    "Question: Mia has 7 apples. She buys 5 more apples. How many apples does Mia have now? Answer: 12",
+    "Anne is kind. If someone is kind then they are smart. Anne is smart. True False",
+    "The bear is red. The cat is big. All smart people are quiet. The answer is 42.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 + - * / = ? . , : ; ( ) \n\n Question Answer True False",
+]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=360,
+        special_tokens=["<|endoftext|>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>"
+    )
+
+
+def tiny_config(arch: str, vocab_size: int, *, eos: int, pad: int):
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, initializer_range=0.25, eos_token_id=eos, bos_token_id=eos, pad_token_id=pad)
+    if arch == "llama":
+        return tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512, **common)
+    if arch == "qwen2":
+        return tf.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512, **common)
+    if arch == "gpt2":
+        return tf.GPT2Config(n_embd=32, n_layer=3, n_head=4, n_positions=512, **common)
+    if arch == "gemma3_text":
+        return tf.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                                   sliding_window=16, final_logit_softcapping=5.0, **common)
+    raise ValueError(arch)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """``tiny_model_dir(arch)`` → a folder with a saved tiny random model + tokenizer (made once per arch)."""
+    import transformers as tf
+
+    made: dict[str, str] = {}
+
+    def make(arch: str = "llama") -> str:
+        if arch not in made:
+            tokenizer = build_tokenizer()
+            config = tiny_config(arch, len(tokenizer), eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+            torch.manual_seed(sum(map(ord, arch)))
+            model = tf.AutoModelForCausalLM.from_config(config)
+            model.eval()
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            made[arch] = str(folder)
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]

@@ -1,0 +1,167 @@
+"""Integration: captured probes equal a teacher-forced recomputation; loglikelihoods equal stock ``hf``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+
+from conftest import TINY_ARCHS
+from lm_eval_probes.architectures import LensReadout
+from lm_eval_probes.capture import position_probes
+from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.models import ProbeHFLM
+
+LL_REQUESTS = [
+    ("Question: Mia has 7 apples.", " True"),
+    ("Question: Mia has 7 apples.", " False"),  # one-token continuations of one context: grouped by HFLM
+    ("Anne is kind. If someone is kind then they are smart.", " Anne is smart."),
+    ("The bear", " is red"),
+    ("Question: Mia has 7 apples.", " True"),  # a repeated request
+    ("0 1 2 3", " 4 5 6 7 8 9 10 11 12"),
+]
+PROMPTS = ["Question: Mia has 7 apples. Answer:", "Anne is kind.", "The cat is big. All smart people are quiet. The bear"]
+
+
+def ll_instances() -> list[Instance]:
+    return [Instance("loglikelihood", {}, req, 0, ("t", i, 1)) for i, req in enumerate(LL_REQUESTS)]
+
+
+def gen_instances(until: list[str], max_gen_toks: int = 10) -> list[Instance]:
+    kwargs = {"until": until, "max_gen_toks": max_gen_toks, "do_sample": False}
+    return [Instance("generate_until", {}, (p, dict(kwargs)), 0, ("t", i, 1)) for i, p in enumerate(PROMPTS)]
+
+
+def recompute(lm: ProbeHFLM, context_ids: list[int], response_ids: list[int], config: ProbeConfig):
+    """Independent teacher-forced pass over one unpadded sequence; states at the response positions."""
+    ids = torch.tensor([context_ids + response_ids])
+    with torch.no_grad():
+        out = lm.model(ids, output_hidden_states=True)
+    start = len(context_ids) - 1
+    states = [h[0, start : start + len(response_ids)] for h in out.hidden_states]
+    readout = LensReadout(lm.model)
+    return position_probes(states, readout, config, torch.tensor(response_ids)).summarize(0, len(response_ids))
+
+
+def assert_same_probe(got, want, rel: float = 1e-4) -> None:
+    assert got is not None
+    assert got.n_tokens == want.n_tokens
+    if want.n_tokens == 0:
+        assert math.isnan(got.tcb_log10_mean) and math.isnan(got.bte_energy)
+        return
+    for name in ("tcb_log10_mean", "tcb_log10_min", "entropy", "bte_energy", "mean_token_logprob"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
+    assert got.tcb_argmin == want.tcb_argmin
+    assert got.bte_profile == pytest.approx(want.bte_profile, rel=rel, abs=1e-7)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("batch_size", [1, 3, "auto"])
+def test_loglikelihood_capture_matches_teacher_forced_and_stock_hf(tiny_model_dir, arch, batch_size):
+    folder = tiny_model_dir(arch)
+    lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=batch_size, max_batch_size=4)
+    stock = HFLM(pretrained=folder, device="cpu", batch_size=batch_size, max_batch_size=4)
+    answers = lm.loglikelihood(ll_instances())
+    assert [tuple(a) for a in answers] == [tuple(s) for s in stock.loglikelihood(ll_instances())]
+    for (context, continuation), answer in zip(LL_REQUESTS, answers):
+        ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+        want = recompute(lm, ctx_ids, cont_ids, lm.probe_config)
+        assert_same_probe(answer.probe, want)
+        assert answer.probe.mean_token_logprob * len(cont_ids) == pytest.approx(answer[0], rel=1e-5)
+
+
+def test_logits_cache_off_gives_the_same_probes(tiny_model_dir):
+    folder = tiny_model_dir("llama")
+    grouped = ProbeHFLM(pretrained=folder, device="cpu", batch_size=2).loglikelihood(ll_instances())
+    ungrouped = ProbeHFLM(pretrained=folder, device="cpu", batch_size=2, logits_cache=False).loglikelihood(ll_instances())
+    for a, b in zip(grouped, ungrouped):
+        assert_same_probe(a.probe, b.probe)
+
+
+def _prompt_ids(lm: ProbeHFLM, prompt: str) -> list[int]:
+    ids, _ = lm.tok_batch_encode([prompt])
+    return ids[0].tolist()
+
+
+def _free_generation(lm: ProbeHFLM, prompt: str, n: int) -> list[int]:
+    ids = torch.tensor([_prompt_ids(lm, prompt)])
+    with torch.no_grad():
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode, batch_size):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size, probe_gen_capture=mode)
+    # stop strings taken from the free-running text, so that rows stop early and at different points
+    free = [lm.tok_decode(_free_generation(lm, p, 10)) for p in PROMPTS]
+    until = [free[0][len(free[0]) // 2 :][:2], free[2][3:5]]
+    texts = lm.generate_until(gen_instances(until))
+    for prompt, text in zip(PROMPTS, texts):
+        generated = _free_generation(lm, prompt, 10)
+        n = text.probe.n_tokens
+        assert lm.tok_decode(generated[:n]).startswith(text), "kept tokens must cover the kept text"
+        assert n == 0 or len(lm.tok_decode(generated[: n - 1])) < len(text), "no token beyond the kept text"
+        want = recompute(lm, _prompt_ids(lm, prompt), generated[:n], lm.probe_config)
+        rel = 1e-4 if mode == "teacher_forced" else 2e-3  # KV-cache decoding vs one full pass
+        if n:
+            assert_same_probe(text.probe, want, rel=rel)
+    assert any(t.probe.n_tokens < 10 for t in texts), "the stop strings should have cut some rows"
+
+
+def test_generation_stops_at_early_eos(tiny_model_dir):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("qwen2"), device="cpu", batch_size=3)
+    generated = _free_generation(lm, PROMPTS[1], 10)
+    head = lm.model.get_output_embeddings().weight
+    trigger = generated[3]
+    with torch.no_grad():
+        original = head[lm.eot_token_id].clone()
+        head[lm.eot_token_id] = head[trigger] * 2.0  # EOS now wins wherever `trigger` would have been argmax
+        lm.readout = LensReadout(lm.model)  # the readout caches row norms of W
+        try:
+            texts = lm.generate_until(gen_instances(until=[]))
+            eos_rows = [t for t, p in zip(texts, PROMPTS) if t.probe.n_tokens < 10]
+            assert eos_rows, "at least one row should end at EOS"
+            for prompt, text in zip(PROMPTS, texts):
+                generated = _free_generation(lm, prompt, 10)
+                n = text.probe.n_tokens
+                assert lm.eot_token_id not in generated[:n]
+                assert_same_probe(text.probe, recompute(lm, _prompt_ids(lm, prompt), generated[:n], lm.probe_config))
+        finally:
+            head[lm.eot_token_id] = original
+
+
+def test_repeats_each_get_their_probe(tiny_model_dir):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
+    inst = gen_instances(until=["\n"])
+    texts = lm.generate_until([inst[0], inst[0], inst[1]])
+    assert all(t.probe is not None for t in texts)
+    assert texts[0] == texts[1]
+    assert_same_probe(texts[0].probe, texts[1].probe)
+
+
+def test_empty_generation_is_nan_not_error(tiny_model_dir):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
+    first = lm.tok_decode(_free_generation(lm, PROMPTS[0], 1))
+    (text,) = lm.generate_until(gen_instances(until=[first])[:1])
+    assert text == "" and text.probe.n_tokens == 0
+    assert math.isnan(text.probe.tcb_log10_mean) and math.isnan(text.probe.bte_energy)
+
+
+def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
+    for arch in TINY_ARCHS:
+        lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu")
+        ids = torch.tensor([_prompt_ids(lm, PROMPTS[2])])
+        with torch.no_grad():
+            out = lm.model(ids, output_hidden_states=True)
+        readout = LensReadout(lm.model)
+        got = readout.logprobs(out.hidden_states[-1][0], normalized=True)
+        want = torch.log_softmax(out.logits[0].float(), -1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if arch == "gemma3_text":
+            assert readout.logit_softcap == 5.0

@@ -1,0 +1,112 @@
+"""End to end: the plain ``lm_eval`` CLI with ``--model hf-probes``, the console script, and the Python API."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+import lm_eval_probes
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+needs_regular_install = pytest.mark.skipif(
+    importlib.util.find_spec("_lm_eval_probes_autoload") is None,
+    reason="the plain lm_eval CLI needs the .pth of a regular (non-editable) install; `make test` does one",
+)
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def load_outputs(out: Path) -> tuple[dict, list[dict]]:
+    (results_file,) = out.rglob("results_*.json")
+    (samples_file,) = out.rglob("samples_probes_synth_logic_*.jsonl")
+    results = json.loads(results_file.read_text())  # must be valid JSON
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    return results, samples
+
+
+@needs_regular_install
+def test_plain_lm_eval_cli_reports_probe_rows(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    proc = run(
+        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
+         "--model_args", f"pretrained={tiny_model_dir('llama')},probes=tcb+bte",
+         "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
+         "--limit", "12", "--device", "cpu", "--batch_size", "4", "--output_path", str(out), "--log_samples"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results, samples = load_outputs(out)
+    row = results["results"]["probes_synth_logic"]
+    assert len(samples) == 12
+    for name in ("tcb_log10", "bte_energy"):
+        per_doc = [s[name] for s in samples]
+        assert row[f"{name},none"] == pytest.approx(sum(per_doc) / len(per_doc), rel=1e-9)
+        assert all(math.isfinite(v) for v in per_doc)
+    assert 0 < row["bte_energy,none"] < math.log(2)
+    pairs = [s["bte_spearman"] for s in samples]
+    assert [p[1] for p in pairs] == [s["doc"]["depth"] for s in samples]
+    assert row["bte_spearman,none"] == pytest.approx(stats.spearmanr(*zip(*pairs)).statistic, rel=1e-9)
+    assert results["higher_is_better"]["probes_synth_logic"]["tcb_log10"] is True
+    assert "bte_profile" not in json.dumps(samples[0]), "no vectors in --log_samples files"
+    assert "tcb_log10" in proc.stdout and "bte_spearman" in proc.stdout  # the printed table
+
+
+@needs_regular_install
+def test_bad_model_args_fail_before_loading_with_the_valid_values(tmp_path):
+    proc = run(
+        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
+         "--model_args", "pretrained=/does/not/exist,probes=tcb+bet", "--tasks", "probes_synth_logic",
+         "--include_path", lm_eval_probes.TASKS_DIR, "--device", "cpu"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte." in proc.stderr
+    proc = run(
+        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
+         "--model_args", "pretrained=/does/not/exist,probe_tcb_epsilon=2", "--tasks", "probes_synth_logic",
+         "--include_path", lm_eval_probes.TASKS_DIR, "--device", "cpu"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "unknown hf-probes option 'probe_tcb_epsilon'. Did you mean 'probe_tcb_eps'?" in proc.stderr
+
+
+def test_console_script_adds_tasks_and_keeps_probe_names_together(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    proc = run(
+        [sys.executable, "-m", "lm_eval_probes", "--model", "hf-probes",
+         "--model_args", f"pretrained={tiny_model_dir('gpt2')},probes=tcb,bte",
+         "--tasks", "probes_synth_logic,probes_synth_arith_gen", "--limit", "5", "--device", "cpu",
+         "--output_path", str(out), "--log_samples"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results, _ = load_outputs(out)
+    gen = results["results"]["probes_synth_arith_gen"]
+    assert "exact_match,first-integer" in gen and "tcb_log10,first-integer" in gen and "bte_energy,first-integer" in gen
+
+
+def test_python_api(tiny_model_dir):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model="hf-probes",
+        model_args={"pretrained": tiny_model_dir("qwen2"), "probes": "tcb", "device": "cpu"},
+        tasks=["probes_synth_arith"],
+        limit=10,
+        task_manager=TaskManager(include_path=lm_eval_probes.TASKS_DIR),
+    )
+    row = results["results"]["probes_synth_arith"]
+    assert "acc,none" in row and "tcb_log10,none" in row and "tcb_spearman,none" in row
+    assert "bte_energy,none" not in row  # bte disabled

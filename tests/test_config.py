@@ -1,0 +1,57 @@
+"""Strict parsing of the plugin's model_args."""
+
+from __future__ import annotations
+
+import pytest
+
+from lm_eval_probes.__main__ import rewrite_argv
+from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
+from lm_eval_probes.models import ProbeHFLM
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("tcb,bte", ("tcb", "bte")), ("tcb+bte", ("tcb", "bte")), ("[tcb,bte]", ("tcb", "bte")),
+     (["bte"], ("bte",)), ("none", ()), ("all", ("tcb", "bte")), ("TCB", ("tcb",))],
+)
+def test_probe_lists(value, expected):
+    assert parse_probe_list(value) == expected
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [({"probes": "tcb,bet"}, "unknown probe 'bet'. Did you mean 'bte'?"),
+     ({"probe_window": "1:2"}, "unknown hf-probes option 'probe_window'"),
+     ({"probe_tcb_eps": "0"}, "probe_tcb_eps must be > 0"),
+     ({"probe_bte_window": "5"}, "probe_bte_window must look like '12:20'"),
+     ({"probe_bte_window": "6:2"}, "0 <= start < stop"),
+     ({"probe_gen_capture": "during"}, "unknown probe_gen_capture 'during'"),
+     ({"probes": "tcb,tcb"}, "lists a probe twice")],
+)
+def test_bad_values_raise_with_valid_values(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        ProbeConfig.from_model_args(args)
+
+
+def test_near_miss_of_probes_key_is_caught():
+    plugin, rest = split_model_args({"prbes": "tcb", "pretrained": "x", "dtype": "float32"})
+    assert plugin == {"prbes": "tcb"} and rest == {"pretrained": "x", "dtype": "float32"}
+    with pytest.raises(ValueError, match="Did you mean 'probes'"):
+        ProbeConfig.from_model_args(plugin)
+
+
+def test_parsed_options():
+    cfg = ProbeConfig.from_model_args({"probes": "bte", "probe_bte_window": "2:5", "probe_tcb_eps": 2, "probe_chunk_positions": "8"})
+    assert cfg == ProbeConfig(probes=("bte",), tcb_eps=2.0, bte_window=(2, 5), chunk_positions=8)
+
+
+def test_errors_come_before_model_loading():
+    with pytest.raises(ValueError, match="unknown probe 'x'"):
+        ProbeHFLM.create_from_arg_string("pretrained=/does/not/exist,probes=tcb,x")
+
+
+def test_console_script_argv_rewrite():
+    argv = rewrite_argv(["--model", "hf-probes", "--model_args", "pretrained=m,probes=tcb,bte,dtype=float32", "--tasks", "t"], "/T")
+    assert argv == ["--model", "hf-probes", "--model_args", "pretrained=m,probes=tcb+bte,dtype=float32", "--tasks", "t", "--include_path", "/T"]
+    assert rewrite_argv(["--tasks", "t", "--include_path", "/mine"], "/T")[-1] == "/mine"
+    assert rewrite_argv(["--help"], "/T") == ["--help"]

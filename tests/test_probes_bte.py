@@ -1,0 +1,192 @@
+"""Belief-Trajectory Energy: JSD against a KL-based reference, windows and statistics against numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import rel_entr
+
+from lm_eval_probes.probes import (
+    TRANSITION_STATISTIC_NAMES,
+    belief_trajectory_energy,
+    central_window,
+    central_window_energy,
+    depth_profile,
+    js_divergence,
+    transition_statistics,
+)
+
+LN2 = math.log(2.0)
+
+
+def reference_jsd(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """½ KL(p‖m) + ½ KL(q‖m), m = (p + q)/2, built in probability space in float64."""
+    m = 0.5 * (p + q)
+    return 0.5 * rel_entr(p, m).sum(-1) + 0.5 * rel_entr(q, m).sum(-1)
+
+
+def _random_logprobs(shape, seed, scale=2.0, dtype=torch.float64) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(*shape, generator=gen, dtype=torch.float64) * scale, -1).to(dtype)
+
+
+def test_jsd_matches_kl_reference():
+    lp, lq = _random_logprobs((5, 7, 30), 0), _random_logprobs((5, 7, 30), 1, scale=4.0)
+    got = js_divergence(lp, lq)
+    assert got.shape == (5, 7) and got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), reference_jsd(lp.exp().numpy(), lq.exp().numpy()), rtol=1e-10)
+    got32 = js_divergence(lp.float(), lq.float())
+    assert got32.dtype == torch.float32
+    np.testing.assert_allclose(got32.numpy(), reference_jsd(lp.exp().numpy(), lq.exp().numpy()), rtol=1e-4)
+
+
+def test_jsd_other_dim_and_half_inputs_upcast():
+    lp, lq = _random_logprobs((4, 12), 2), _random_logprobs((4, 12), 3)
+    got = js_divergence(lp.T, lq.T, dim=0)
+    np.testing.assert_allclose(got.numpy(), js_divergence(lp, lq).numpy(), rtol=1e-12)
+    half = js_divergence(lp.half(), lq.half())
+    assert half.dtype == torch.float32
+    np.testing.assert_allclose(half.numpy(), js_divergence(lp, lq).numpy(), rtol=2e-2)
+
+
+def test_jsd_symmetric():
+    lp, lq = _random_logprobs((6, 50), 4), _random_logprobs((6, 50), 5)
+    np.testing.assert_allclose(js_divergence(lp, lq).numpy(), js_divergence(lq, lp).numpy(), rtol=1e-12)
+
+
+def test_jsd_bounds_identical_and_disjoint():
+    lp = _random_logprobs((3, 20), 6)
+    assert torch.all(js_divergence(lp, lp).abs() < 1e-15)
+    ninf = -math.inf
+    disjoint_p = torch.tensor([[math.log(0.5), math.log(0.5), ninf, ninf]])
+    disjoint_q = torch.tensor([[ninf, ninf, math.log(0.25), math.log(0.75)]])
+    got = js_divergence(disjoint_p, disjoint_q)
+    assert not torch.isnan(got).any()
+    assert float(got) == pytest.approx(LN2, rel=1e-6)
+    many = js_divergence(_random_logprobs((200, 10), 7, scale=10.0), _random_logprobs((200, 10), 8, scale=10.0))
+    assert torch.all(many >= 0.0) and torch.all(many <= LN2)
+
+
+def test_jsd_zero_probability_entries():
+    p = np.array([[0.0, 0.2, 0.8, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    q = np.array([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 1.0, 0.0]])
+    with np.errstate(divide="ignore"):
+        lp, lq = torch.from_numpy(np.log(p)), torch.from_numpy(np.log(q))
+    got = js_divergence(lp, lq)
+    assert not torch.isnan(got).any()
+    np.testing.assert_allclose(got.numpy(), reference_jsd(p, q), rtol=1e-12, atol=1e-15)
+    assert float(got[1]) == 0.0
+
+
+def test_jsd_local_quadratic_approximation():
+    """JSD(p, softmax(z + δ)) ≈ ⅛ δᵀ(diag(p) − ppᵀ)δ, with relative error shrinking with |δ|."""
+    gen = torch.Generator().manual_seed(9)
+    z = torch.randn(40, generator=gen, dtype=torch.float64)
+    direction = torch.randn(40, generator=gen, dtype=torch.float64)
+    p = torch.softmax(z, -1)
+    fisher = torch.diag(p) - torch.outer(p, p)
+    errors = []
+    for size in (1e-2, 1e-3, 1e-4):
+        delta = size * direction
+        exact = float(js_divergence(torch.log_softmax(z, -1), torch.log_softmax(z + delta, -1)))
+        approx = float(delta @ fisher @ delta) / 8.0
+        errors.append(abs(exact - approx) / approx)
+    assert errors[0] < 1e-2
+    assert errors[1] < 0.2 * errors[0] and errors[2] < 0.2 * errors[1]  # O(|δ|) relative error
+
+
+def test_belief_trajectory_energy_shapes_and_values():
+    layers = _random_logprobs((5, 2, 3, 11), 10)  # L+1 = 5 layers, batch 2, 3 positions
+    energy = belief_trajectory_energy(layers)
+    assert energy.shape == (4, 2, 3)
+    for layer in range(4):
+        torch.testing.assert_close(energy[layer], js_divergence(layers[layer], layers[layer + 1]))
+    assert belief_trajectory_energy(_random_logprobs((2, 7), 11)).shape == (1,)
+    with pytest.raises(ValueError, match="L\\+1 >= 2"):
+        belief_trajectory_energy(_random_logprobs((1, 4, 7), 12))
+
+
+def test_js_divergence_validation():
+    with pytest.raises(ValueError, match="same shape"):
+        js_divergence(torch.zeros(3, 4), torch.zeros(3, 5))
+    with pytest.raises(TypeError):
+        js_divergence(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+
+
+def test_central_window_defaults_and_explicit():
+    assert central_window(32) == (12, 20)
+    assert tuple(range(*central_window(32))) == tuple(range(12, 20))
+    assert central_window(30) == (11, 18)
+    assert central_window(28) == (10, 17)
+    assert central_window(1) == (0, 1) and central_window(3) == (1, 2)  # widened empty defaults
+    assert central_window(32, (0, 32)) == (0, 32)
+    for bad in [(5, 5), (-1, 3), (3, 33), (1.0, 3)]:
+        with pytest.raises(ValueError, match="window"):
+            central_window(32, bad)
+    with pytest.raises(ValueError, match="num_layers"):
+        central_window(0)
+
+
+def test_central_window_energy():
+    profile = torch.arange(32, dtype=torch.float64)
+    value = central_window_energy(profile)
+    assert isinstance(value, float) and value == pytest.approx(np.mean(np.arange(12, 20)))
+    assert central_window_energy(profile, (0, 2)) == pytest.approx(0.5)
+    batched = central_window_energy(torch.stack([profile, 2 * profile]))
+    torch.testing.assert_close(batched, torch.tensor([15.5, 31.0], dtype=torch.float64))
+
+
+def test_depth_profile_mean_and_mask():
+    energy = torch.rand(6, 10, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    np.testing.assert_allclose(depth_profile(energy).numpy(), energy.numpy().mean(-1))
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[3:8] = True
+    np.testing.assert_allclose(depth_profile(energy, mask).numpy(), energy.numpy()[:, 3:8].mean(-1))
+    batched = energy.reshape(6, 2, 5)
+    np.testing.assert_allclose(depth_profile(batched, mask.reshape(2, 5)).numpy(), energy.numpy()[:, 3:8].mean(-1))
+    assert torch.isnan(depth_profile(energy, torch.zeros(10, dtype=torch.bool))).all()
+    with pytest.raises(ValueError, match="broadcast"):
+        depth_profile(energy, torch.ones(9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="\\[L, ..., T\\]"):
+        depth_profile(torch.zeros(4))
+
+
+def numpy_transition_statistics(energy: np.ndarray) -> np.ndarray:
+    rows = []
+    for x in energy:
+        t = len(x)
+        quarters = []
+        for q in range(4):
+            start = q * t // 4
+            quarters.append(x[start : max((q + 1) * t // 4, start + 1)].mean())
+        c = x - x.mean()
+        autocorr = 0.0 if t < 2 or np.ptp(x) == 0 else float((c[:-1] * c[1:]).sum() / (c * c).sum())
+        top = np.sort(x)[::-1][: int(np.ceil(t / 10))]
+        rows.append([x.mean(), x.std(), *np.percentile(x, [10, 50, 90]), *quarters, autocorr, top.mean()])
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("num_positions", [1, 2, 3, 4, 5, 17, 40, 101])
+def test_transition_statistics_against_numpy(num_positions):
+    energy = torch.rand(3, num_positions, generator=torch.Generator().manual_seed(num_positions), dtype=torch.float64)
+    got = transition_statistics(energy)
+    assert got.shape == (3, 11) == (3, len(TRANSITION_STATISTIC_NAMES))
+    np.testing.assert_allclose(got.numpy(), numpy_transition_statistics(energy.numpy()), rtol=1e-10, atol=1e-12)
+    assert torch.isfinite(got).all()
+
+
+def test_transition_statistics_degenerate_cases():
+    constant = transition_statistics(torch.full((2, 7), 0.1))
+    assert constant.dtype == torch.float32
+    assert torch.all(constant[:, 1] == 0) and torch.all(constant[:, 9] == 0)
+    torch.testing.assert_close(constant[:, [0, 2, 3, 4, 5, 6, 7, 8, 10]], torch.full((2, 9), 0.1))
+    single = transition_statistics(torch.tensor([[0.3], [0.2]], dtype=torch.float64))
+    expected = torch.tensor([0.3, 0.0, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.0, 0.3], dtype=torch.float64)
+    torch.testing.assert_close(single[0], expected)
+    with pytest.raises(ValueError, match="T >= 1"):
+        transition_statistics(torch.zeros(3, 0))
+    with pytest.raises(ValueError, match="\\[L, T\\]"):
+        transition_statistics(torch.zeros(3, 4, 5))

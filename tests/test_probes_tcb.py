@@ -1,0 +1,215 @@
+"""Token Constraint Bound against an autograd Jacobian, and the baselines against direct formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from torch.autograd.functional import jacobian
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lm_eval_probes.probes import PredictionBaselines, distribution_baselines, token_constraint_bound
+
+
+def _probabilities(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
+    z = w @ h if b is None else w @ h + b
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    return torch.softmax(z, dim=-1)
+
+
+def reference_delta(h, w, b=None, *, eps=1.0, softcap=None) -> float:
+    """eps / ‖∂softmax(g(W h + b))/∂h‖_F with the Jacobian from autograd, in float64."""
+    w64 = w.double()
+    b64 = None if b is None else b.double()
+    jac = jacobian(lambda x: _probabilities(x, w64, b64, softcap), h.double(), vectorize=True)
+    return eps / float(jac.norm())
+
+
+def naive_delta_fp32(h, w, b=None) -> float:
+    """The naive expansion Σo²‖w‖² − 2(Σo²w)·μ + ‖μ‖²Σo², all in float32 (the known failure)."""
+    o = _probabilities(h.float(), w.float(), None if b is None else b.float(), None)
+    mu = w.T @ o
+    o2 = o * o
+    j_sq = (o2 * (w * w).sum(-1)).sum() - 2.0 * (o2 @ w) @ mu + (mu @ mu) * o2.sum()
+    return float(1.0 / j_sq.clamp_min(0.0).sqrt())  # inf when the expansion cancels to <= 0
+
+
+def _random_problem(vocab: int, d: int, seed: int, with_bias: bool):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(vocab, d, generator=gen, dtype=torch.float64) / math.sqrt(d) * 3.0
+    h = torch.randn(d, generator=gen, dtype=torch.float64)
+    b = torch.randn(vocab, generator=gen, dtype=torch.float64) if with_bias else None
+    return h, w, b
+
+
+@pytest.mark.parametrize("vocab,d", [(1000, 16), (50, 64), (7, 3)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_delta_matches_autograd_jacobian(vocab, d, with_bias, softcap):
+    h, w, b = _random_problem(vocab, d, seed=vocab + d, with_bias=with_bias)
+    got = token_constraint_bound(h, w, b, logit_softcap=softcap)
+    assert got.dtype == torch.float64 and got.shape == ()
+    assert float(got) == pytest.approx(reference_delta(h, w, b, softcap=softcap), rel=1e-10)
+
+
+def test_eps_scales_delta_and_batch_shape_is_kept():
+    _, w, b = _random_problem(200, 12, seed=1, with_bias=True)
+    hs = torch.randn(2, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = token_constraint_bound(hs, w, b, eps=2.5, logit_softcap=6.0)
+    assert got.shape == (2, 3)
+    for idx in np.ndindex(2, 3):
+        assert float(got[idx]) == pytest.approx(reference_delta(hs[idx], w, b, eps=2.5, softcap=6.0), rel=1e-10)
+
+
+def test_jacobian_identity_against_direct_fp64():
+    """‖(diag(o) − o oᵀ) W‖_F² = Σ_i o_i² ‖w_i − μ‖², μ = Wᵀo, and δ = 1/sqrt of it."""
+    h, w, b = _random_problem(300, 20, seed=3, with_bias=True)
+    o = _probabilities(h, w, b, None)
+    mu = w.T @ o
+    identity = float((o**2 * ((w - mu) ** 2).sum(-1)).sum())
+    direct = float(((torch.diag(o) - torch.outer(o, o)) @ w).pow(2).sum())
+    assert identity == pytest.approx(direct, rel=1e-12)
+    assert float(token_constraint_bound(h, w, b)) == pytest.approx(1.0 / math.sqrt(identity), rel=1e-10)
+
+
+def _scale_for_delta(h, w, b, softcap, target: float) -> torch.Tensor:
+    """h·α with δ(h·α) = target, by bisection on log δ in float64 (reference, materialised form)."""
+
+    def log_delta(alpha: float) -> float:
+        x = h * alpha
+        z = w @ x + (0.0 if b is None else b)
+        scale = torch.ones_like(z)
+        if softcap is not None:
+            t = torch.tanh(z / softcap)
+            z, scale = softcap * t, 1.0 - t * t
+        o = torch.softmax(z, dim=-1)
+        w_hat = scale[:, None] * w
+        return -0.5 * math.log(float((o**2 * ((w_hat - w_hat.T @ o) ** 2).sum(-1)).sum()))
+
+    lo, hi = 0.0, 1.0
+    while log_delta(hi) < math.log(target):
+        lo, hi = hi, hi * 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if log_delta(mid) < math.log(target) else (lo, mid)
+    return h * hi
+
+
+@pytest.mark.parametrize("target", [1e4, 1e5, 1e6])
+@pytest.mark.parametrize(
+    "vocab,d,with_bias,softcap", [(1000, 16, True, None), (50, 64, False, None), (1000, 16, False, 30.0)]
+)
+def test_confident_fp32_inputs_match_fp64_reference(target, vocab, d, with_bias, softcap):
+    h, w, b = _random_problem(vocab, d, seed=7, with_bias=with_bias)
+    h = _scale_for_delta(h, w, b, softcap, target)
+    h32, w32 = h.float(), w.float()
+    b32 = None if b is None else b.float()
+    reference = reference_delta(h32, w32, b32, softcap=softcap)  # fp64 autograd on the fp32 values
+    assert reference == pytest.approx(target, rel=0.01)
+    got = token_constraint_bound(h32, w32, b32, logit_softcap=softcap)
+    assert got.dtype == torch.float32
+    assert abs(float(got) - reference) / reference < 1e-3
+
+
+@pytest.mark.parametrize("target", [1e4, 1e5, 1e6])
+def test_naive_fp32_expansion_fails_where_ours_passes(target):
+    """The problem is real: the expanded form cancels catastrophically in float32."""
+    h, w, b = _random_problem(1000, 16, seed=7, with_bias=True)
+    h32 = _scale_for_delta(h, w, b, None, target).float()
+    w32, b32 = w.float(), b.float()
+    reference = reference_delta(h32, w32, b32)
+    naive = naive_delta_fp32(h32, w32, b32)
+    assert not (abs(naive - reference) / reference < 1e-3)  # inf / nan count as failures
+    assert abs(float(token_constraint_bound(h32, w32, b32)) - reference) / reference < 1e-3
+
+
+def test_cached_row_norms_and_dtypes():
+    h, w, b = _random_problem(100, 8, seed=4, with_bias=True)
+    expected = token_constraint_bound(h, w, b)
+    cached = token_constraint_bound(h, w, b, row_sq_norms=(w * w).sum(-1))
+    assert float(cached) == pytest.approx(float(expected), rel=1e-12)
+    assert token_constraint_bound(h.float(), w.float(), b.float()).dtype == torch.float32
+    assert token_constraint_bound(h.bfloat16(), w.bfloat16()).dtype == torch.float32
+    assert token_constraint_bound(h.float(), w).dtype == torch.float64
+
+
+def test_single_token_vocabulary_gives_inf():
+    assert math.isinf(float(token_constraint_bound(torch.ones(4), torch.ones(1, 4))))
+
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the largest numel of any tensor produced by an op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_never_materialises_positions_by_vocab_by_dim():
+    n, vocab, d = 8, 300, 20
+    hs = torch.randn(n, d)
+    w = torch.randn(vocab, d)
+    with _LargestOutput() as mode:
+        token_constraint_bound(hs, w, torch.randn(vocab), logit_softcap=5.0)
+    assert mode.largest <= max(n * vocab, vocab * d)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(hidden=torch.randn(3, 5), unembed=torch.randn(10, 4)), "hidden must have shape"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4), bias=torch.randn(9)), "bias must have shape"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4, 1)), "unembed must have shape"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4), eps=0.0), "eps must be"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4), eps=-1.0), "eps must be"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4), logit_softcap=0.0), "logit_softcap"),
+        (dict(hidden=torch.randn(4), unembed=torch.randn(10, 4), row_sq_norms=torch.ones(3)), "row_sq_norms"),
+    ],
+)
+def test_validation_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        token_constraint_bound(**kwargs)
+
+
+def test_integer_inputs_are_rejected():
+    with pytest.raises(TypeError):
+        token_constraint_bound(torch.ones(4, dtype=torch.long), torch.randn(10, 4))
+
+
+def test_baselines_against_direct_formulas():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 4, 40, generator=gen) * 3.0
+    logits[0, 0, :5] = -math.inf
+    got = distribution_baselines(logits)
+    assert isinstance(got, PredictionBaselines) and got.entropy.shape == (3, 4)
+    z = logits.double().numpy()
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    entropy = scipy.stats.entropy(p, axis=-1)
+    top = np.sort(z, axis=-1)
+    np.testing.assert_allclose(got.entropy.numpy(), entropy, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.logit_margin.numpy(), top[..., -1] - top[..., -2], rtol=1e-6)
+    np.testing.assert_allclose(got.v_eff_ipr.numpy(), 1.0 / (p**2).sum(-1), rtol=1e-5)
+    np.testing.assert_allclose(got.v_eff_exp.numpy(), np.exp(entropy), rtol=1e-5)
+    assert got.entropy.dtype == torch.float32
+    assert distribution_baselines(logits.double()).entropy.dtype == torch.float64
+
+
+def test_baselines_uniform_and_validation():
+    got = distribution_baselines(torch.zeros(8, dtype=torch.float64))
+    assert float(got.entropy) == pytest.approx(math.log(8))
+    assert float(got.v_eff_ipr) == pytest.approx(8.0) and float(got.v_eff_exp) == pytest.approx(8.0)
+    assert float(got.logit_margin) == 0.0
+    with pytest.raises(ValueError, match="V >= 2"):
+        distribution_baselines(torch.zeros(3, 1))
