@@ -15,7 +15,7 @@ from typing import Any
 PROBE_NAMES: tuple[str, ...] = ("tcb", "bte")
 """Probes the wrapper can compute: δ_TCB (+ entropy, margin, V_eff baselines) and BTE."""
 
-GEN_CAPTURE_MODES: tuple[str, ...] = ("teacher_forced", "generate")
+GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
 
 _LIST_SEPARATORS = (",", "+", ";", "|", " ")
 
@@ -29,9 +29,9 @@ class ProbeConfig:
         tcb_eps: tolerance ε of δ_TCB = ε / ‖J‖_F (``probe_tcb_eps``).
         bte_window: central window [start, stop) of transitions for the BTE difficulty scalar
             (``probe_bte_window=12:20``); ``None`` = [⌊3L/8⌋, ⌊5L/8⌋).
-        gen_capture: how generations are probed (``probe_gen_capture``): ``teacher_forced`` (one extra
-            forward over prompt + generated ids after ``generate``; the default, see README "Design")
-            or ``generate`` (states captured by hooks during decoding, no extra forward).
+        gen_capture: how generations are probed (``probe_gen_capture``): ``generate`` (the default: the
+            states that produced each token, recorded by hooks during decoding, no extra forward) or
+            ``teacher_forced`` (one extra forward over prompt + generated ids); see README "Design".
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds
             the memory of the logit lens to about ``3 · chunk · V`` floats.
     """
@@ -39,7 +39,7 @@ class ProbeConfig:
     probes: tuple[str, ...] = PROBE_NAMES
     tcb_eps: float = 1.0
     bte_window: tuple[int, int] | None = None
-    gen_capture: str = "teacher_forced"
+    gen_capture: str = "generate"
     chunk_positions: int = 64
 
     def __post_init__(self) -> None:

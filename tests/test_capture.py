@@ -115,7 +115,7 @@ def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode,
 
 
 def test_generation_stops_at_early_eos(tiny_model_dir):
-    lm = ProbeHFLM(pretrained=tiny_model_dir("qwen2"), device="cpu", batch_size=3)
+    lm = ProbeHFLM(pretrained=tiny_model_dir("qwen2"), device="cpu", batch_size=3, probe_gen_capture="teacher_forced")
     generated = _free_generation(lm, PROMPTS[1], 10)
     head = lm.model.get_output_embeddings().weight
     trigger = generated[3]
@@ -137,7 +137,7 @@ def test_generation_stops_at_early_eos(tiny_model_dir):
 
 
 def test_repeats_each_get_their_probe(tiny_model_dir):
-    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2, probe_gen_capture="teacher_forced")
     inst = gen_instances(until=["\n"])
     texts = lm.generate_until([inst[0], inst[0], inst[1]])
     assert all(t.probe is not None for t in texts)

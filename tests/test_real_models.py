@@ -29,10 +29,10 @@ def test_smollm2_loglikelihood_capture_matches_teacher_forced(smollm2):
 
 
 def test_smollm2_generation_capture_matches_teacher_forced(smollm2):
-    texts = smollm2.generate_until(gen_instances(until=["\n", "."], max_gen_toks=12))
+    texts = smollm2.generate_until(gen_instances(until=["\n", "."], max_gen_toks=12))  # default capture: generate
     for prompt, text in zip(PROMPTS, texts):
         generated = _free_generation(smollm2, prompt, 12)
         n = text.probe.n_tokens
         assert smollm2.tok_decode(generated[:n]).startswith(text)
-        assert_same_probe(text.probe, recompute(smollm2, _prompt_ids(smollm2, prompt), generated[:n], smollm2.probe_config), rel=1e-3)
+        assert_same_probe(text.probe, recompute(smollm2, _prompt_ids(smollm2, prompt), generated[:n], smollm2.probe_config), rel=2e-3)
     assert torch.isfinite(torch.tensor([t.probe.tcb_log10_mean for t in texts if t.probe.n_tokens])).all()
