@@ -165,3 +165,14 @@ def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         if arch == "gemma3_text":
             assert readout.logit_softcap == 5.0
+
+
+def test_unsupported_architecture_fails_clearly():
+    import transformers as tf
+
+    from lm_eval_probes.architectures import UnsupportedModelError
+
+    model = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                           num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32))
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'opt'.*Supported: gemma, gemma2"):
+        LensReadout(model)
