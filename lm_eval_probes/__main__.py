@@ -1,17 +1,15 @@
 """``lm-eval-probes``: the ``lm_eval`` command line with the plugin loaded and its tasks on the include path.
 
-Takes every ``lm_eval`` argument. Differences from plain ``lm_eval``: the packaged task folder is added
-to ``--include_path`` (the flag takes one folder; a given folder is kept and ours is added through a
-generated ``--config`` only when none is given) and ``--model_args ...,probes=tcb,bte`` keeps the
-comma-separated probe names together.
+Takes every ``lm_eval`` argument. Differences from plain ``lm_eval``: the packaged task folder is passed
+as ``--include_path`` unless you give one yourself (the flag takes a single folder; then name our tasks
+by YAML path), and ``--model_args ...,probes=tcb,bte`` keeps the comma-separated probe names together.
 """
 
 from __future__ import annotations
 
 import sys
 
-_PROBE_LIST_KEYS = ("probes",)
-
+from lm_eval_probes.config import join_probe_names
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     """Add the packaged task folder and join bare probe names in ``--model_args`` (pure; tested)."""
@@ -20,11 +18,11 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     while i < len(argv):
         arg = argv[i]
         if arg == "--model_args" and i + 1 < len(argv):
-            out += [arg, _join_probe_names(argv[i + 1])]
+            out += [arg, join_probe_names(argv[i + 1])]
             i += 2
             continue
         if arg.startswith("--model_args="):
-            out.append("--model_args=" + _join_probe_names(arg.split("=", 1)[1]))
+            out.append("--model_args=" + join_probe_names(arg.split("=", 1)[1]))
         else:
             out.append(arg)
         i += 1
@@ -33,18 +31,6 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     if out and not wants_help and not has_include:
         out += ["--include_path", tasks_dir]
     return out
-
-
-def _join_probe_names(model_args: str) -> str:
-    if model_args.lstrip().startswith("{"):
-        return model_args  # JSON form
-    items: list[str] = []
-    for item in model_args.split(","):
-        if "=" not in item and items and items[-1].split("=", 1)[0].strip() in _PROBE_LIST_KEYS:
-            items[-1] += "+" + item.strip()
-        else:
-            items.append(item)
-    return ",".join(items)
 
 
 def main(argv: list[str] | None = None) -> None:

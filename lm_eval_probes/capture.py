@@ -25,7 +25,14 @@ from torch import nn
 
 from lm_eval_probes.architectures import LensReadout
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.probes import central_window, distribution_baselines, js_divergence, token_constraint_bound
+from lm_eval_probes.probes import (
+    central_window,
+    central_window_energy,
+    depth_profile,
+    distribution_baselines,
+    js_divergence,
+    token_constraint_bound,
+)
 from lm_eval_probes.records import ResponseProbe
 
 
@@ -135,12 +142,11 @@ class PositionProbes:
                 v_eff_exp=mean(self.v_eff_exp),
             )
         if self.energy is not None:
-            if n:
-                profile = self.energy[:, start:stop].double().mean(-1)
-                lo, hi = central_window(self.num_layers, self.bte_window)
-                values.update(bte_profile=tuple(float(v) for v in profile), bte_energy=float(profile[lo:hi].mean()))
-            else:
-                values.update(bte_profile=tuple(math.nan for _ in range(self.num_layers)), bte_energy=math.nan)
+            profile = depth_profile(self.energy[:, start:stop].double())  # nan for an empty span
+            values.update(
+                bte_profile=tuple(float(v) for v in profile),
+                bte_energy=central_window_energy(profile, self.bte_window),
+            )
         return ResponseProbe(
             n_tokens=n,
             mean_token_logprob=math.nan if mean_token_logprob is None else float(mean_token_logprob),

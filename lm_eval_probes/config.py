@@ -98,6 +98,23 @@ def split_model_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     return plugin, rest
 
 
+def join_probe_names(model_args: str) -> str:
+    """``"pretrained=m,probes=tcb,bte,dtype=x"`` → ``"pretrained=m,probes=tcb+bte,dtype=x"``.
+
+    lm_eval splits ``model_args`` strings on every comma; this keeps the bare probe names that follow
+    ``probes=`` with it. A JSON (``{...}``) string is returned unchanged.
+    """
+    if model_args.lstrip().startswith("{"):
+        return model_args
+    items: list[str] = []
+    for item in model_args.split(","):
+        if "=" not in item and items and items[-1].split("=", 1)[0].strip() == "probes":
+            items[-1] += "+" + item.strip()
+        else:
+            items.append(item)
+    return ",".join(items)
+
+
 def parse_probe_list(value: Any) -> tuple[str, ...]:
     """``"tcb,bte"``, ``"tcb+bte"``, ``"[tcb,bte]"``, ``["tcb", "bte"]``, ``"none"`` → a tuple of names.
 

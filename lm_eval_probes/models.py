@@ -30,7 +30,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval_probes import metrics as _metrics  # noqa: F401  (registers probe metrics before tasks are built)
 from lm_eval_probes.architectures import LensReadout
 from lm_eval_probes.capture import PositionProbes, hidden_state_tap, position_probes_of_spans
-from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
+from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
+from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import ProbeLL, ProbeStr, ResponseProbe
 
 
@@ -59,30 +60,14 @@ class ProbeHFLM(HFLM):
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        if self.readout is not None and "bte" in self.probe_config.probes:
+            central_window(self.readout.num_layers, self.probe_config.bte_window)  # the window must fit L
         self._tap = None
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
         """As HFLM's, but ``probes=tcb,bte`` keeps its comma-separated names together."""
-        args: dict[str, Any] = {}
-        last_key = None
-        for item in (arg_string or "").split(","):
-            if not item.strip():
-                continue
-            if "=" in item:
-                last_key, value = item.split("=", 1)
-                args[last_key.strip()] = value
-            elif last_key == "probes":
-                args["probes"] = f"{args['probes']},{item}"
-            else:
-                raise ValueError(f"expected key=value in model_args, got {item!r}")
-        from lm_eval.utils import handle_arg_string
-
-        parsed = {k: (v if k == "probes" else handle_arg_string(v)) for k, v in args.items()}
-        if "probes" in parsed:
-            parsed["probes"] = parse_probe_list(parsed["probes"])
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-        return cls(**parsed, **extra)
+        return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
 
     # ----------------------------------------------------------------------------- loglikelihood
 
@@ -104,8 +89,8 @@ class ProbeHFLM(HFLM):
                 self._flush_rows()
             finally:
                 self._tap = None
-                self._pending_rows, self._pending_answers = [], []
-        probes = self._probes_by_request
+                self._pending_rows, self._pending_answers, self._cont_lengths = [], [], {}
+        probes, self._probes_by_request = self._probes_by_request, {}
         return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:

@@ -18,9 +18,9 @@ from lm_eval.api.registry import (
     register_metric,
 )
 
-from lm_eval_probes.metrics.aggregations import UndefinedMetricWarning, mean_of_finite, spearman_score
+from lm_eval_probes.metrics.aggregations import UndefinedMetricWarning, spearman_score
 
-__all__ = ["PROBE_METRICS", "ProbeMetric", "UndefinedMetricWarning", "mean_of_finite", "spearman_score"]
+__all__ = ["PROBE_METRICS", "ProbeMetric", "UndefinedMetricWarning", "spearman_score"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ PROBE_METRICS: tuple[ProbeMetric, ...] = (
     ProbeMetric("response_tokens", "mean", False, "number of response tokens probed"),
 )
 
-_AGGREGATIONS = {"probe_spearman": spearman_score, "probe_mean_of_finite": mean_of_finite}
+_AGGREGATIONS = {"probe_spearman": spearman_score}
 
 
 def _passthrough(items):  # the value is made in process_results; the registry wants a callable

@@ -50,13 +50,3 @@ def spearman_score(items: Iterable[Sequence[Any]]) -> float:
         )
         return math.nan
     return float(stats.spearmanr(x, y).statistic)
-
-
-def mean_of_finite(items: Iterable[Any]) -> float:
-    """Mean of the finite values (``None``/``nan`` skipped); ``nan`` with a warning when none is left."""
-    values = np.asarray([float(v) for v in items if v is not None], dtype=float)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        warnings.warn("mean of no finite values", UndefinedMetricWarning, stacklevel=2)
-        return math.nan
-    return float(values.mean())
