@@ -176,3 +176,16 @@ def test_unsupported_architecture_fails_clearly():
                                            num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32))
     with pytest.raises(UnsupportedModelError, match=r"model_type 'opt'.*Supported: gemma, gemma2"):
         LensReadout(model)
+
+
+def test_bfloat16_model(tiny_model_dir):
+    folder = tiny_model_dir("llama")
+    lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=3, dtype="bfloat16")
+    stock = HFLM(pretrained=folder, device="cpu", batch_size=3, dtype="bfloat16")
+    answers = lm.loglikelihood(ll_instances())
+    assert lm.model.dtype == torch.bfloat16
+    assert [tuple(a) for a in answers] == [tuple(s) for s in stock.loglikelihood(ll_instances())]
+    fp32 = ProbeHFLM(pretrained=folder, device="cpu", batch_size=3).loglikelihood(ll_instances())
+    for low, full in zip(answers, fp32):
+        assert low.probe.bte_energy == pytest.approx(full.probe.bte_energy, rel=0.1)
+        assert low.probe.tcb_log10_mean == pytest.approx(full.probe.tcb_log10_mean, rel=0.05)
