@@ -18,9 +18,11 @@ from lm_eval.api.registry import (
     register_metric,
 )
 
-from lm_eval_probes.metrics.aggregations import UndefinedMetricWarning, spearman_score
+from lm_eval_probes.metrics.aggregations import UndefinedMetricWarning, count, partial_spearman_score, spearman_score
 
-__all__ = ["PROBE_METRICS", "ProbeMetric", "UndefinedMetricWarning", "spearman_score"]
+__all__ = [
+    "PROBE_METRICS", "ProbeMetric", "UndefinedMetricWarning", "count", "partial_spearman_score", "spearman_score",
+]
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,19 @@ PROBE_METRICS: tuple[ProbeMetric, ...] = (
     ProbeMetric("tcb_spearman", "probe_spearman", True, "Spearman ρ of the document's mean log10 δ_TCB with difficulty"),
     ProbeMetric("bte_energy", "mean", False, "mean over documents of the BTE central-window energy ē_M (nats)"),
     ProbeMetric("bte_spearman", "probe_spearman", True, "Spearman ρ of ē_M with the document's difficulty label"),
+    ProbeMetric("bte_spearman_partial", "probe_partial_spearman", True, "bte_spearman with response length partialled out"),
+    ProbeMetric("tcb_spearman_partial", "probe_partial_spearman", True, "tcb_spearman with response length partialled out"),
+    ProbeMetric("length_spearman", "probe_spearman", True, "baseline: Spearman ρ of the response length (tokens) with difficulty"),
+    ProbeMetric("difficulty_missing", "probe_count", False, "documents without a difficulty label (skipped for every ρ)"),
     ProbeMetric("confidence", "mean", True, "chosen option's probability (MC) / geometric-mean token probability (generation)"),
     ProbeMetric("response_tokens", "mean", False, "number of response tokens probed"),
 )
 
-_AGGREGATIONS = {"probe_spearman": spearman_score}
+_AGGREGATIONS = {
+    "probe_spearman": spearman_score,
+    "probe_partial_spearman": partial_spearman_score,
+    "probe_count": count,
+}
 
 
 def _passthrough(items):  # the value is made in process_results; the registry wants a callable

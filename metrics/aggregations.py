@@ -19,19 +19,24 @@ class UndefinedMetricWarning(UserWarning):
     """An aggregation was asked for a value that is not defined on its input (returns ``nan``)."""
 
 
-def _finite_pairs(items: Iterable[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
-    xs, ys = [], []
+def _finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:
+    """``[n, width]`` float array of the items whose members are all present and finite."""
+    rows = []
     for item in items:
-        if len(item) != 2:
-            raise ValueError(f"expected (value, label) pairs, got {item!r}")
-        x, y = item
-        if x is None or y is None:
+        if len(item) != width:
+            raise ValueError(f"expected records of {width} values, got {item!r}")
+        if any(v is None for v in item):
             continue
-        x, y = float(x), float(y)
-        if math.isfinite(x) and math.isfinite(y):
-            xs.append(x)
-            ys.append(y)
-    return np.asarray(xs), np.asarray(ys)
+        row = [float(v) for v in item]
+        if all(math.isfinite(v) for v in row):
+            rows.append(row)
+    return np.asarray(rows, dtype=float).reshape(-1, width)
+
+
+def _undefined(what: str, n: int) -> float:
+    warnings.warn(f"{what} is undefined for {n} usable records (needs >= 3, no constant column)",
+                  UndefinedMetricWarning, stacklevel=3)
+    return math.nan
 
 
 def spearman_score(items: Iterable[Sequence[Any]]) -> float:
@@ -41,12 +46,32 @@ def spearman_score(items: Iterable[Sequence[Any]]) -> float:
     Returns ρ in [-1, 1], or ``nan`` (with :class:`UndefinedMetricWarning`) for fewer than 3 pairs or a
     constant side.
     """
-    x, y = _finite_pairs(items)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        warnings.warn(
-            f"Spearman rho is undefined for {len(x)} usable pairs (needs >= 3 and both sides non-constant)",
-            UndefinedMetricWarning,
-            stacklevel=2,
-        )
-        return math.nan
-    return float(stats.spearmanr(x, y).statistic)
+    rows = _finite_rows(items, 2)
+    if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
+        return _undefined("Spearman rho", len(rows))
+    return float(stats.spearmanr(rows[:, 0], rows[:, 1]).statistic)
+
+
+def partial_spearman_score(items: Iterable[Sequence[Any]]) -> float:
+    """Spearman ρ between a probe value and difficulty with response length partialled out.
+
+    ``items``: ``(value, difficulty, length)`` records (incomplete or non-finite ones skipped). The three
+    columns are ranked (average ranks for ties) and the partial correlation of the ranks is
+    ρ_xy·z = (ρ_xy − ρ_xz ρ_yz) / √((1 − ρ_xz²)(1 − ρ_yz²)). Returns a value in [-1, 1], or ``nan``
+    (with :class:`UndefinedMetricWarning`) for fewer than 3 records, a constant column, or a value or
+    difficulty that length explains perfectly.
+    """
+    rows = _finite_rows(items, 3)
+    if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
+        return _undefined("partial Spearman rho", len(rows))
+    rho = stats.spearmanr(rows).statistic  # 3x3 rank-correlation matrix
+    r_xy, r_xz, r_yz = rho[0, 1], rho[0, 2], rho[1, 2]
+    denominator = math.sqrt(max(0.0, (1 - r_xz**2) * (1 - r_yz**2)))
+    if denominator == 0:
+        return _undefined("partial Spearman rho", len(rows))
+    return float(np.clip((r_xy - r_xz * r_yz) / denominator, -1.0, 1.0))
+
+
+def count(items: Iterable[Any]) -> float:
+    """Sum of per-document 0/1 flags (e.g. documents without a difficulty label)."""
+    return float(sum(float(v) for v in items))

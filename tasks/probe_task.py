@@ -14,6 +14,7 @@ log-likelihood); generation — the (first) generation; loglikelihood — the ta
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from lm_eval.api.task import ConfigurableTask
@@ -35,20 +36,23 @@ class ProbeTask(ConfigurableTask):
             self._higher_is_better.setdefault(metric.name, metric.higher_is_better)
 
     @property
-    def difficulty_field(self) -> str | None:
+    def difficulty_source(self) -> str | Callable[[dict[str, Any]], Any] | None:
+        """``metadata: {difficulty: <doc field name>}`` (or a ``!function`` taking the doc); ``None``: no label."""
         metadata = self.config.metadata if isinstance(self.config.metadata, dict) else {}
         return metadata.get("difficulty")
 
     def difficulty(self, doc: dict[str, Any]) -> float | None:
-        """The document's difficulty label, or ``None`` when the task declares none or the doc lacks it."""
-        field = self.difficulty_field
-        if field is None:
+        """The document's difficulty label, or ``None`` when the doc lacks one."""
+        source = self.difficulty_source
+        if source is None:
             return None
-        value = doc.get(field)
+        value = source(doc) if callable(source) else doc.get(source)
+        if value is None or value == "":
+            return None
         try:
-            return None if value is None else float(value)
+            return float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"difficulty field {field!r} of task {self.config.task!r} is not a number: {value!r}") from None
+            raise ValueError(f"difficulty {source!r} of task {self.config.task!r} is not a number: {value!r}") from None
 
     def apply_filters(self) -> Any:
         out = super().apply_filters()
@@ -63,7 +67,8 @@ class ProbeTask(ConfigurableTask):
         probe, confidence = self._probe_and_confidence(doc, results)
         if probe is None:
             return values
-        values.update(probe_metric_values(probe, confidence, self.difficulty(doc)))
+        declared = self.difficulty_source is not None
+        values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
         return values
 
     def _probe_and_confidence(self, doc: dict[str, Any], results: list[Any]) -> tuple[ResponseProbe | None, float]:
@@ -79,18 +84,31 @@ class ProbeTask(ConfigurableTask):
         return probe, math.nan if probe is None else probe.geometric_mean_probability
 
 
-def probe_metric_values(probe: ResponseProbe, confidence: float, difficulty: float | None) -> dict[str, Any]:
-    """Per-document values of the probe rows; non-finite values are left out (so ``mean`` skips them)."""
+def probe_metric_values(
+    probe: ResponseProbe, confidence: float, difficulty: float | None, *, declared: bool = False
+) -> dict[str, Any]:
+    """Per-document values of the probe rows; non-finite values are left out (so ``mean`` skips them).
+
+    With a declared difficulty: ρ records ``(value, difficulty)`` and length-controlled records
+    ``(value, difficulty, response tokens)``, plus ``difficulty_missing`` (1 for a document without a
+    label, which then contributes to no ρ).
+    """
     values: dict[str, Any] = {"response_tokens": probe.n_tokens}
     if math.isfinite(confidence):
         values["confidence"] = confidence
-    if probe.tcb_log10_mean is not None and math.isfinite(probe.tcb_log10_mean):
-        values["tcb_log10"] = probe.tcb_log10_mean
-        values["tcb_log10_min"] = probe.tcb_log10_min
-        if difficulty is not None:
-            values["tcb_spearman"] = (probe.tcb_log10_mean, difficulty)
-    if probe.bte_energy is not None and math.isfinite(probe.bte_energy):
-        values["bte_energy"] = probe.bte_energy
-        if difficulty is not None:
-            values["bte_spearman"] = (probe.bte_energy, difficulty)
+    labelled = difficulty is not None
+    if declared:
+        values["difficulty_missing"] = int(not labelled)
+        if labelled and probe.n_tokens:
+            values["length_spearman"] = (probe.n_tokens, difficulty)
+    for name, value, rows in (
+        ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
+        ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),
+    ):
+        if value is None or not math.isfinite(value):
+            continue
+        values.update(rows)
+        if labelled:
+            values[f"{name}_spearman"] = (value, difficulty)
+            values[f"{name}_spearman_partial"] = (value, difficulty, probe.n_tokens)
     return values

@@ -49,3 +49,42 @@ def test_spearman_undefined_warns_and_is_nan():
         warnings.simplefilter("error")
         with pytest.raises(UndefinedMetricWarning):
             spearman_score([])
+
+
+def test_partial_spearman_matches_residual_rank_regression():
+    import numpy as np
+
+    from lm_eval_probes.metrics import partial_spearman_score
+
+    rng = np.random.default_rng(0)
+    length = rng.integers(5, 400, size=200).astype(float)
+    difficulty = np.digitize(length + rng.normal(0, 80, 200), [100, 200, 300]) + 1.0
+    value = 0.001 * length + rng.normal(0, 0.05, 200)
+    ranks = [stats.rankdata(c) for c in (value, difficulty, length)]
+    design = np.column_stack([np.ones(200), ranks[2]])
+    resid = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in ranks[:2]]
+    want = np.corrcoef(*resid)[0, 1]
+    got = partial_spearman_score(list(zip(value, difficulty, length)))
+    assert got == pytest.approx(want, abs=1e-12)
+    assert abs(got) < 0.25 < spearman_score(list(zip(value, difficulty)))  # the raw ρ was length
+
+
+def test_partial_spearman_undefined_cases():
+    from lm_eval_probes.metrics import partial_spearman_score
+
+    with pytest.warns(UndefinedMetricWarning):
+        assert math.isnan(partial_spearman_score([(1, 1, 5), (2, 2, 5), (3, 3, 5)]))  # constant length
+    with pytest.warns(UndefinedMetricWarning):
+        assert math.isnan(partial_spearman_score([(1, 1, 1), (2, 2, 2), (3, 3, 3)]))  # length explains all
+
+
+def test_probe_rows_with_and_without_difficulty():
+    from lm_eval_probes.tasks.probe_task import probe_metric_values
+
+    rows = probe_metric_values(PROBE, 0.7, 3.0, declared=True)
+    assert rows["bte_spearman"] == (0.15, 3.0) and rows["bte_spearman_partial"] == (0.15, 3.0, 3)
+    assert rows["length_spearman"] == (3, 3.0) and rows["difficulty_missing"] == 0
+    missing = probe_metric_values(PROBE, 0.7, None, declared=True)
+    assert missing["difficulty_missing"] == 1 and not any("spearman" in k for k in missing)
+    undeclared = probe_metric_values(PROBE, 0.7, None)
+    assert "difficulty_missing" not in undeclared and "bte_energy" in undeclared
