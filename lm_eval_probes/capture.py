@@ -112,7 +112,9 @@ class PositionProbes:
         }
         return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window, **cut)
 
-    def summarize(self, start: int, stop: int, *, mean_token_logprob: float | None = None) -> ResponseProbe:
+    def summarize(
+        self, start: int, stop: int, *, mean_token_logprob: float | None = None, prompt_tokens: int | None = None
+    ) -> ResponseProbe:
         """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`.
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
@@ -149,6 +151,7 @@ class PositionProbes:
             )
         return ResponseProbe(
             n_tokens=n,
+            prompt_tokens=prompt_tokens,
             mean_token_logprob=math.nan if mean_token_logprob is None else float(mean_token_logprob),
             **values,
         )

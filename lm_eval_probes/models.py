@@ -76,6 +76,7 @@ class ProbeHFLM(HFLM):
             return super().loglikelihood(requests, disable_tqdm)
         self._probes_by_request: dict[tuple[str, str], ResponseProbe] = {}
         self._pending_rows: list[list[torch.Tensor]] = []
+        self._pending_ends: list[int] = []  # per row: its input length (the end of its response span)
         self._pending_answers: list[tuple[Any, int, int, float]] = []
 
         def on_answer(attr: str, req: Any, answer: Any) -> None:
@@ -89,7 +90,7 @@ class ProbeHFLM(HFLM):
                 self._flush_rows()
             finally:
                 self._tap = None
-                self._pending_rows, self._pending_answers, self._cont_lengths = [], [], {}
+                self._pending_rows, self._pending_answers, self._pending_ends, self._cont_lengths = [], [], [], {}
         probes, self._probes_by_request = self._probes_by_request, {}
         return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
 
@@ -107,6 +108,7 @@ class ProbeHFLM(HFLM):
         if self._tap is not None and self._tap.latest is not None:
             row, self._next_row = self._next_row, self._next_row + 1
             self._pending_rows.append([h[row, inplen - contlen : inplen] for h in self._tap.latest])
+            self._pending_ends.append(inplen)
         return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
 
     def _flush_rows(self) -> None:
@@ -115,8 +117,11 @@ class ProbeHFLM(HFLM):
         for req, row, n, loglik in self._pending_answers:
             probes = rows[row]
             end = probes.num_positions
-            self._probes_by_request[req] = probes.summarize(end - n, end, mean_token_logprob=loglik / n)
-        self._pending_rows, self._pending_answers = [], []
+            prompt_tokens = self._pending_ends[row] - n + 1  # the last context position predicts token 1
+            self._probes_by_request[req] = probes.summarize(
+                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens
+            )
+        self._pending_rows, self._pending_answers, self._pending_ends = [], [], []
 
     # ----------------------------------------------------------------------------- generation
 
@@ -124,12 +129,13 @@ class ProbeHFLM(HFLM):
         if self.readout is None:
             return super().generate_until(requests, disable_tqdm)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        self._gen_rows: deque[tuple[list[int], PositionProbes]] = deque()
+        self._gen_rows: deque[tuple[list[int], PositionProbes, int]] = deque()
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generated, rows = self._gen_rows.popleft()
-                probes[(req[0], text)].append(rows.summarize(0, self._kept_token_count(generated, text)))
+                generated, rows, prompt_tokens = self._gen_rows.popleft()
+                kept = self._kept_token_count(generated, text)
+                probes[(req[0], text)].append(rows.summarize(0, kept, prompt_tokens=prompt_tokens))
 
         try:
             with self._answers_tapped(on_answer):
@@ -162,7 +168,12 @@ class ProbeHFLM(HFLM):
         spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
-        self._gen_rows.extend((ids.tolist(), probes) for ids, probes in zip(token_ids, rows, strict=True))
+        prompt_tokens = (
+            attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
+        )
+        self._gen_rows.extend(
+            (ids.tolist(), probes, int(n)) for ids, probes, n in zip(token_ids, rows, prompt_tokens, strict=True)
+        )
         return sequences
 
     @torch.no_grad()

@@ -24,6 +24,7 @@ class ResponseProbe:
 
     Attributes:
         n_tokens: number of response tokens (= response positions).
+        prompt_tokens: number of context tokens the model saw before the response (after any truncation).
         mean_token_logprob: mean natural-log probability of the response tokens (its exp is the
             geometric-mean token probability).
         tcb_log10_mean / tcb_log10_min: mean / minimum of log10 δ_TCB over positions.
@@ -36,6 +37,7 @@ class ResponseProbe:
 
     n_tokens: int
     mean_token_logprob: float
+    prompt_tokens: int | None = None
     tcb_log10_mean: float | None = None
     tcb_log10_min: float | None = None
     tcb_argmin: int | None = None

@@ -44,6 +44,7 @@ PROBE_METRICS: tuple[ProbeMetric, ...] = (
     ProbeMetric("bte_spearman_partial", "probe_partial_spearman", True, "bte_spearman with response length partialled out"),
     ProbeMetric("tcb_spearman_partial", "probe_partial_spearman", True, "tcb_spearman with response length partialled out"),
     ProbeMetric("length_spearman", "probe_spearman", True, "baseline: Spearman ρ of the response length (tokens) with difficulty"),
+    ProbeMetric("prompt_length_spearman", "probe_spearman", True, "baseline: Spearman ρ of the prompt length (tokens) with difficulty"),
     ProbeMetric("difficulty_missing", "probe_count", False, "documents without a difficulty label (skipped for every ρ)"),
     ProbeMetric("confidence", "mean", True, "chosen option's probability (MC) / geometric-mean token probability (generation)"),
     ProbeMetric("response_tokens", "mean", False, "number of response tokens probed"),

@@ -1,6 +1,8 @@
 """``ProbeTask``: a ConfigurableTask that reports probe metrics next to the task's own metrics.
 
-Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.ProbeTask``. It
+Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.ProbeTask``
+(``NoisedProbeTask`` for noised-input variants), or give a built stock task the same rows with
+:func:`with_probe_metrics`. It
 
 * re-attaches each response's probe after lm_eval's filters (regex filters build new plain strings);
 * adds the probe rows of :data:`lm_eval_probes.metrics.PROBE_METRICS` to the task's own per-document
@@ -24,13 +26,10 @@ from lm_eval_probes.probes.confidence import chosen_option_confidence
 from lm_eval_probes.records import ResponseProbe, probe_of, with_probe
 
 
-class ProbeTask(ConfigurableTask):
-    """A YAML task plus probe metrics (see module docstring)."""
+class ProbeResults:
+    """Mixin for a ``ConfigurableTask`` (or any subclass, e.g. a stock Python task): adds the probe rows."""
 
-    def __init__(self, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        config = dict(config or {})
-        config.pop("class", None)
-        super().__init__(config=config, **kwargs)
+    def _add_probe_metrics(self) -> None:
         for metric in PROBE_METRICS:
             self._aggregation_list.setdefault(metric.name, aggregation_of(metric))
             self._higher_is_better.setdefault(metric.name, metric.higher_is_better)
@@ -84,13 +83,87 @@ class ProbeTask(ConfigurableTask):
         return probe, math.nan if probe is None else probe.geometric_mean_probability
 
 
+class ProbeTask(ProbeResults, ConfigurableTask):
+    """A YAML task plus probe metrics (see module docstring)."""
+
+    def __init__(self, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        config = dict(config or {})
+        config.pop("class", None)
+        super().__init__(config=config, **kwargs)
+        self._add_probe_metrics()
+
+
+class NoisedProbeTask(ProbeTask):
+    """A probe task whose evaluated documents are noised; few-shot examples stay clean.
+
+    Task metadata (each overridable for a run with ``--metadata '{"noise_eta": 0.3}'``):
+    ``noise`` (operator: swap, keyboard, insert, delete), ``noise_fields`` (document fields to noise),
+    ``noise_eta`` (default 0.10; the paper's grid is 0.05, 0.10, 0.15, 0.30), ``noise_seed`` (default
+    1234), ``noise_protect_numbers`` (default true) and ``noise_protect`` (regexes of spans kept intact).
+    Documents keep their order, so doc ``i`` here is the noised twin of doc ``i`` of the clean task;
+    each keeps ``clean_<field>`` and records ``noise_operator/eta/seed/eligible/corrupted``.
+    """
+
+    DEFAULT_ETA = 0.10
+    DEFAULT_SEED = 1234
+
+    def __init__(self, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        from lm_eval_probes.tasks.noise import OPERATORS
+
+        # read before ConfigurableTask.__init__, which already asks for eval_docs
+        meta = dict((config or {}).get("metadata") or {})
+        name = (config or {}).get("task")
+        self.noise_operator = meta.get("noise")
+        if self.noise_operator not in OPERATORS:
+            raise ValueError(f"task {name!r}: metadata.noise must be one of {OPERATORS}, got {self.noise_operator!r}")
+        self.noise_fields = list(meta.get("noise_fields") or [])
+        if not self.noise_fields:
+            raise ValueError(f"task {name!r}: metadata.noise_fields names no document field")
+        self.noise_eta = float(meta.get("noise_eta", self.DEFAULT_ETA))
+        self.noise_seed = int(meta.get("noise_seed", self.DEFAULT_SEED))
+        self.noise_protect_numbers = bool(meta.get("noise_protect_numbers", True))
+        self.noise_protect = tuple(meta.get("noise_protect") or ())
+        self._noised_docs: Any = None
+        super().__init__(config=config, **kwargs)
+
+    @property
+    def eval_docs(self) -> Any:
+        if self._noised_docs is None:
+            from lm_eval_probes.tasks.noise import noise_fields
+
+            def noised(doc: dict[str, Any]) -> dict[str, Any]:
+                return noise_fields(doc, self.noise_fields, operator=self.noise_operator, eta=self.noise_eta,
+                                    global_seed=self.noise_seed, protect_numbers=self.noise_protect_numbers,
+                                    protect=self.noise_protect)
+
+            docs = super().eval_docs
+            self._noised_docs = docs.map(noised) if hasattr(docs, "map") else [noised(d) for d in docs]
+        return self._noised_docs
+
+
+def with_probe_metrics(task: Any) -> Any:
+    """Give an already built task (a stock lm_eval task, say) the probe rows, keeping everything it has.
+
+    The instance's class becomes a subclass of its own class with :class:`ProbeResults` mixed in, so its
+    prompts, filters, metrics and any Python overrides stay as they were. Idempotent.
+    """
+    if isinstance(task, ProbeResults):
+        return task
+    if not isinstance(task, ConfigurableTask):
+        raise TypeError(f"probe metrics need a ConfigurableTask, got {type(task).__name__}")
+    task.__class__ = type(f"Probe{type(task).__name__}", (ProbeResults, type(task)), {"__module__": __name__})
+    task._add_probe_metrics()
+    return task
+
+
 def probe_metric_values(
     probe: ResponseProbe, confidence: float, difficulty: float | None, *, declared: bool = False
 ) -> dict[str, Any]:
     """Per-document values of the probe rows; non-finite values are left out (so ``mean`` skips them).
 
     With a declared difficulty: ρ records ``(value, difficulty)`` and length-controlled records
-    ``(value, difficulty, response tokens)``, plus ``difficulty_missing`` (1 for a document without a
+    ``(value, difficulty, response tokens)``, the baselines ``(response / prompt tokens, difficulty)``,
+    plus ``difficulty_missing`` (1 for a document without a
     label, which then contributes to no ρ).
     """
     values: dict[str, Any] = {"response_tokens": probe.n_tokens}
@@ -101,6 +174,8 @@ def probe_metric_values(
         values["difficulty_missing"] = int(not labelled)
         if labelled and probe.n_tokens:
             values["length_spearman"] = (probe.n_tokens, difficulty)
+        if labelled and probe.prompt_tokens is not None:
+            values["prompt_length_spearman"] = (probe.prompt_tokens, difficulty)
     for name, value, rows in (
         ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
         ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),

@@ -189,3 +189,12 @@ def test_bfloat16_model(tiny_model_dir):
     for low, full in zip(answers, fp32):
         assert low.probe.bte_energy == pytest.approx(full.probe.bte_energy, rel=0.1)
         assert low.probe.tcb_log10_mean == pytest.approx(full.probe.tcb_log10_mean, rel=0.05)
+
+
+def test_prompt_token_counts(tiny_model_dir):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3)
+    for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances())):
+        ctx_ids, _ = lm._encode_pair(context, continuation)
+        assert answer.probe.prompt_tokens == len(ctx_ids)
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(until=["\n"]))):
+        assert text.probe.prompt_tokens == len(_prompt_ids(lm, prompt))
