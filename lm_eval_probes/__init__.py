@@ -40,6 +40,10 @@ def register() -> None:
 def __getattr__(name: str) -> Any:
     if name == "TASKS_DIR":
         return tasks_dir()
+    if name == "ProbeTaskManager":
+        from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+
+        return ProbeTaskManager
     raise AttributeError(f"module 'lm_eval_probes' has no attribute {name!r}")
 
 

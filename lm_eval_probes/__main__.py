@@ -2,12 +2,16 @@
 
 Takes every ``lm_eval`` argument. Differences from plain ``lm_eval``: the packaged task folder is passed
 as ``--include_path`` unless you give one yourself (the flag takes a single folder; then name our tasks
-by YAML path), and ``--model_args ...,probes=tcb,bte`` keeps the comma-separated probe names together.
+by YAML path), ``--model_args ...,probes=tcb,bte`` keeps the comma-separated probe names together, and
+every task gets the probe rows — stock tasks too (``lm-eval-probes run --tasks gsm8k,arc_easy``), with
+their own prompts, filters and metrics.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from lm_eval_probes.config import join_probe_names
 
@@ -33,6 +37,21 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     return out
 
 
+@contextmanager
+def every_task_probed() -> Iterator[None]:
+    """Within the block, the task manager that lm_eval's CLI builds is a ``ProbeTaskManager``."""
+    import lm_eval.tasks
+
+    from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+
+    original = lm_eval.tasks.TaskManager
+    lm_eval.tasks.TaskManager = ProbeTaskManager
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = original
+
+
 def main(argv: list[str] | None = None) -> None:
     import lm_eval_probes
     import lm_eval_probes.models  # noqa: F401  (model + metrics registered before tasks are built)
@@ -40,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = rewrite_argv(list(sys.argv[1:] if argv is None else argv), lm_eval_probes.tasks_dir())
     sys.argv = ["lm-eval-probes", *args]
-    cli_evaluate()
+    with every_task_probed():
+        cli_evaluate()
 
 
 if __name__ == "__main__":

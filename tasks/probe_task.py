@@ -15,19 +15,28 @@ log-likelihood); generation — the (first) generation; loglikelihood — the ta
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
 
-from lm_eval.api.task import ConfigurableTask
+from lm_eval.api.task import ConfigurableTask, Task
+from lm_eval.tasks import TaskManager
 
 from lm_eval_probes.metrics import PROBE_METRICS, aggregation_of
 from lm_eval_probes.probes.confidence import chosen_option_confidence
 from lm_eval_probes.records import ResponseProbe, probe_of, with_probe
 
+eval_logger = logging.getLogger(__name__)
 
-class ProbeResults:
+
+class ProbeResults(Task):
     """Mixin for a ``ConfigurableTask`` (or any subclass, e.g. a stock Python task): adds the probe rows."""
+
+    # a Task subclass adding no instance layout, so that a built task's class can be swapped in place
+    # (with_probe_metrics); CPython refuses __class__ assignment across a mixin with another base chain
+    __slots__ = ()
 
     def _add_probe_metrics(self) -> None:
         for metric in PROBE_METRICS:
@@ -151,9 +160,28 @@ def with_probe_metrics(task: Any) -> Any:
         return task
     if not isinstance(task, ConfigurableTask):
         raise TypeError(f"probe metrics need a ConfigurableTask, got {type(task).__name__}")
-    task.__class__ = type(f"Probe{type(task).__name__}", (ProbeResults, type(task)), {"__module__": __name__})
+    task.__class__ = _probed_class(type(task))
     task._add_probe_metrics()
     return task
+
+
+@functools.cache
+def _probed_class(cls: type) -> type:
+    return type(f"Probe{cls.__name__}", (ProbeResults, cls), {"__module__": __name__, "__slots__": ()})
+
+
+class ProbeTaskManager(TaskManager):
+    """A ``TaskManager`` whose loaded tasks all report probe rows (stock tasks keep their prompts,
+    filters and metrics). ``simple_evaluate(..., task_manager=ProbeTaskManager(include_path=TASKS_DIR))``."""
+
+    def load(self, task_list: Any) -> Any:
+        loaded = super().load(task_list)
+        for name, task in loaded["tasks"].items():
+            if isinstance(task, ConfigurableTask):
+                with_probe_metrics(task)
+            else:
+                eval_logger.warning("task %s is not a ConfigurableTask: no probe rows", name)
+        return loaded
 
 
 def probe_metric_values(
