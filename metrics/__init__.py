@@ -43,6 +43,8 @@ PROBE_METRICS: tuple[ProbeMetric, ...] = (
     ProbeMetric("bte_spearman", "probe_spearman", True, "Spearman ρ of ē_M with the document's difficulty label"),
     ProbeMetric("bte_spearman_partial", "probe_partial_spearman", True, "bte_spearman with response length partialled out"),
     ProbeMetric("tcb_spearman_partial", "probe_partial_spearman", True, "tcb_spearman with response length partialled out"),
+    ProbeMetric("bte_spearman_partial_prompt", "probe_partial_spearman", True, "bte_spearman with prompt length partialled out"),
+    ProbeMetric("tcb_spearman_partial_prompt", "probe_partial_spearman", True, "tcb_spearman with prompt length partialled out"),
     ProbeMetric("length_spearman", "probe_spearman", True, "baseline: Spearman ρ of the response length (tokens) with difficulty"),
     ProbeMetric("prompt_length_spearman", "probe_spearman", True, "baseline: Spearman ρ of the prompt length (tokens) with difficulty"),
     ProbeMetric("difficulty_missing", "probe_count", False, "documents without a difficulty label (skipped for every ρ)"),

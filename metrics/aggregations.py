@@ -58,10 +58,13 @@ def partial_spearman_score(items: Iterable[Sequence[Any]]) -> float:
     ``items``: ``(value, difficulty, length)`` records (incomplete or non-finite ones skipped). The three
     columns are ranked (average ranks for ties) and the partial correlation of the ranks is
     ρ_xy·z = (ρ_xy − ρ_xz ρ_yz) / √((1 − ρ_xz²)(1 − ρ_yz²)). Returns a value in [-1, 1], or ``nan``
-    (with :class:`UndefinedMetricWarning`) for fewer than 3 records, a constant column, or a value or
-    difficulty that length explains perfectly.
+    (with :class:`UndefinedMetricWarning`) for fewer than 3 records, a constant value or difficulty, or
+    a value or difficulty that length explains perfectly. A constant length (one-token answers) controls
+    for nothing: the result is then the plain Spearman ρ.
     """
     rows = _finite_rows(items, 3)
+    if len(rows) >= 3 and np.ptp(rows[:, 2]) == 0:  # a constant length controls for nothing
+        return spearman_score(rows[:, :2].tolist())
     if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
         return _undefined("partial Spearman rho", len(rows))
     rho = stats.spearmanr(rows).statistic  # 3x3 rank-correlation matrix

@@ -190,7 +190,7 @@ def probe_metric_values(
     """Per-document values of the probe rows; non-finite values are left out (so ``mean`` skips them).
 
     With a declared difficulty: ρ records ``(value, difficulty)`` and length-controlled records
-    ``(value, difficulty, response tokens)``, the baselines ``(response / prompt tokens, difficulty)``,
+    ``(value, difficulty, response tokens)`` and ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt tokens, difficulty)``,
     plus ``difficulty_missing`` (1 for a document without a
     label, which then contributes to no ρ).
     """
@@ -214,4 +214,6 @@ def probe_metric_values(
         if labelled:
             values[f"{name}_spearman"] = (value, difficulty)
             values[f"{name}_spearman_partial"] = (value, difficulty, probe.n_tokens)
+            if probe.prompt_tokens is not None:
+                values[f"{name}_spearman_partial_prompt"] = (value, difficulty, probe.prompt_tokens)
     return values

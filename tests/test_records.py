@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -72,8 +73,8 @@ def test_partial_spearman_matches_residual_rank_regression():
 def test_partial_spearman_undefined_cases():
     from lm_eval_probes.metrics import partial_spearman_score
 
-    with pytest.warns(UndefinedMetricWarning):
-        assert math.isnan(partial_spearman_score([(1, 1, 5), (2, 2, 5), (3, 3, 5)]))  # constant length
+    constant_length = [(1, 1, 5), (2, 3, 5), (3, 2, 5), (4, 4, 5)]
+    assert partial_spearman_score(constant_length) == pytest.approx(spearman_score([r[:2] for r in constant_length]))
     with pytest.warns(UndefinedMetricWarning):
         assert math.isnan(partial_spearman_score([(1, 1, 1), (2, 2, 2), (3, 3, 3)]))  # length explains all
 
@@ -84,6 +85,9 @@ def test_probe_rows_with_and_without_difficulty():
     rows = probe_metric_values(PROBE, 0.7, 3.0, declared=True)
     assert rows["bte_spearman"] == (0.15, 3.0) and rows["bte_spearman_partial"] == (0.15, 3.0, 3)
     assert rows["length_spearman"] == (3, 3.0) and rows["difficulty_missing"] == 0
+    assert "bte_spearman_partial_prompt" not in rows  # the record knows no prompt length
+    with_prompt = probe_metric_values(dataclasses.replace(PROBE, prompt_tokens=40), 0.7, 3.0, declared=True)
+    assert with_prompt["bte_spearman_partial_prompt"] == (0.15, 3.0, 40) and with_prompt["prompt_length_spearman"] == (40, 3.0)
     missing = probe_metric_values(PROBE, 0.7, None, declared=True)
     assert missing["difficulty_missing"] == 1 and not any("spearman" in k for k in missing)
     undeclared = probe_metric_values(PROBE, 0.7, None)
