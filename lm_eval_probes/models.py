@@ -29,7 +29,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_probes import metrics as _metrics  # noqa: F401  (registers probe metrics before tasks are built)
 from lm_eval_probes.architectures import LensReadout
-from lm_eval_probes.capture import PositionProbes, hidden_state_tap, position_probes_of_spans
+from lm_eval_probes.capture import HiddenStateTap, PositionProbes, hidden_state_tap, position_probes_of_spans
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import ProbeLL, ProbeStr, ResponseProbe
@@ -56,13 +56,14 @@ class ProbeHFLM(HFLM):
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
+        self._tap: HiddenStateTap | None = None  # set inside loglikelihood
+        self._gen_rows: deque[tuple[list[int], PositionProbes, int]] | None = None  # set inside generate_until
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
         if self.readout is not None and "bte" in self.probe_config.probes:
             central_window(self.readout.num_layers, self.probe_config.bte_window)  # the window must fit L
-        self._tap = None
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -129,7 +130,7 @@ class ProbeHFLM(HFLM):
         if self.readout is None:
             return super().generate_until(requests, disable_tqdm)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        self._gen_rows: deque[tuple[list[int], PositionProbes, int]] = deque()
+        self._gen_rows = deque()
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
@@ -141,7 +142,7 @@ class ProbeHFLM(HFLM):
             with self._answers_tapped(on_answer):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
-            del self._gen_rows
+            self._gen_rows = None
         out = []
         for req, text in zip(requests, texts, strict=True):
             queue = probes.get((req.args[0], text))
@@ -149,7 +150,7 @@ class ProbeHFLM(HFLM):
         return out
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
-        if self.readout is None or not hasattr(self, "_gen_rows"):
+        if self.readout is None or self._gen_rows is None:
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
