@@ -33,7 +33,7 @@ from lm_eval_probes.probes import (
     js_divergence,
     token_constraint_bound,
 )
-from lm_eval_probes.records import ResponseProbe
+from lm_eval_probes.records import LayerStates, ResponseProbe
 
 
 @dataclass
@@ -42,15 +42,21 @@ class HiddenStateTap:
 
     ``latest``: the L+1 hidden-state tensors ``[B, T, H]`` of the most recent forward call.
     ``steps``: with ``last_position_only``, one tuple of L+1 tensors ``[B, H]`` per forward call.
+    ``first_call``: with ``first_call_layers``, those layers' full ``[B, T, H]`` states of the first
+    call (the prefill of ``generate``: the prompt positions).
     """
 
     last_position_only: bool = False
+    first_call_layers: tuple[int, ...] = ()
     latest: tuple[torch.Tensor, ...] | None = None
     steps: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    first_call: tuple[torch.Tensor, ...] | None = None
     calls: int = 0
 
     def _record(self, hidden_states: Sequence[torch.Tensor]) -> None:
         self.calls += 1
+        if self.calls == 1 and self.first_call_layers:
+            self.first_call = tuple(hidden_states[layer].detach() for layer in self.first_call_layers)
         if self.last_position_only:
             self.steps.append(tuple(h[:, -1].detach() for h in hidden_states))
         else:
@@ -58,9 +64,11 @@ class HiddenStateTap:
 
 
 @contextmanager
-def hidden_state_tap(model: nn.Module, *, last_position_only: bool = False) -> Iterator[HiddenStateTap]:
+def hidden_state_tap(
+    model: nn.Module, *, last_position_only: bool = False, first_call_layers: Sequence[int] = ()
+) -> Iterator[HiddenStateTap]:
     """Make every forward of ``model`` inside the block also return and record its hidden states."""
-    tap = HiddenStateTap(last_position_only=last_position_only)
+    tap = HiddenStateTap(last_position_only=last_position_only, first_call_layers=tuple(first_call_layers))
 
     def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         return args, {**kwargs, "output_hidden_states": True}
@@ -90,7 +98,8 @@ class PositionProbes:
     """Per-position probe values of one response span (float32/64 CPU tensors, positions last).
 
     ``token_logprob [n]`` (only when token ids were given), ``log10_tcb``, ``entropy``,
-    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [L, n]`` (bte).
+    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [L, n]`` (bte),
+    ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32).
     """
 
     num_positions: int
@@ -103,6 +112,8 @@ class PositionProbes:
     v_eff_ipr: torch.Tensor | None = None
     v_eff_exp: torch.Tensor | None = None
     energy: torch.Tensor | None = None
+    reader_layers: tuple[int, ...] = ()
+    reader_states: torch.Tensor | None = None
 
     def span(self, start: int, stop: int) -> PositionProbes:
         """The positions ``[start, stop)`` as their own :class:`PositionProbes`."""
@@ -110,15 +121,27 @@ class PositionProbes:
             name: None if getattr(self, name) is None else getattr(self, name)[..., start:stop]
             for name in _PER_POSITION_FIELDS
         }
-        return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window, **cut)
+        states = None if self.reader_states is None else self.reader_states[:, start:stop]
+        return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window,
+                              reader_layers=self.reader_layers, reader_states=states, **cut)
 
     def summarize(
-        self, start: int, stop: int, *, mean_token_logprob: float | None = None, prompt_tokens: int | None = None
+        self,
+        start: int,
+        stop: int,
+        *,
+        mean_token_logprob: float | None = None,
+        prompt_tokens: int | None = None,
+        prompt_states: LayerStates | None = None,
+        tail: int = 0,
+        token_ends: Sequence[int] | None = None,
     ) -> ResponseProbe:
         """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`.
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
-        already know their summed log-probability).
+        already know their summed log-probability). Generations pass ``tail`` (keep the last ``tail``
+        positions' reader states one by one, float16) and ``token_ends`` (character end of each token
+        in the response text); they then also keep every token's log-probability.
         """
         if not 0 <= start <= stop <= self.num_positions:
             raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
@@ -149,6 +172,19 @@ class PositionProbes:
                 bte_profile=tuple(float(v) for v in profile),
                 bte_energy=central_window_energy(profile, self.bte_window),
             )
+        if self.reader_states is not None:
+            states = self.reader_states[:, start:stop]
+            if n:
+                values["answer_states"] = LayerStates(self.reader_layers, states.double().mean(1).float().numpy())
+            if n and tail:
+                values["tail_states"] = LayerStates(self.reader_layers, states[:, -tail:].half().numpy())
+            values["prompt_states"] = prompt_states
+        if token_ends is not None:
+            if len(token_ends) != n:
+                raise ValueError(f"token_ends has {len(token_ends)} offsets for {n} response tokens")
+            values["token_ends"] = tuple(int(e) for e in token_ends)
+            if self.token_logprob is not None:
+                values["token_logprobs"] = tuple(float(v) for v in self.token_logprob[start:stop])
         return ResponseProbe(
             n_tokens=n,
             prompt_tokens=prompt_tokens,
@@ -252,4 +288,20 @@ def position_probes(
         if want_bte:
             parts["energy"] = [torch.empty(num_layers, 0, dtype=torch.float64)]
     tensors = {name: torch.cat(chunks, dim=-1) for name, chunks in parts.items()}
-    return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window, **tensors)
+    reader_layers: tuple[int, ...] = ()
+    if "reader" in config.probes:
+        reader_layers = config.resolved_reader_layers(num_layers)
+        tensors["reader_states"] = torch.stack([layer_states[layer].detach().float().cpu() for layer in reader_layers])
+    return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window,
+                          reader_layers=reader_layers, **tensors)
+
+
+def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layers: Sequence[int]) -> list[LayerStates]:
+    """Per row: the mean over the positions where ``mask`` is true of each of ``states`` (``[B, T, H]``).
+
+    Returns one ``[k, H]`` float32 :class:`LayerStates` per row (the prompt states of a batch).
+    """
+    weights = mask.to(device=states[0].device, dtype=torch.float32)
+    weights = (weights / weights.sum(-1, keepdim=True).clamp(min=1)).unsqueeze(1)  # [B, 1, T]
+    means = torch.stack([torch.bmm(weights, h.float()).squeeze(1) for h in states], dim=1)  # [B, k, H]
+    return [LayerStates(tuple(layers), row.float().cpu().numpy()) for row in means]

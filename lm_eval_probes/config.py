@@ -12,8 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte")
-"""Probes the wrapper can compute: δ_TCB (+ entropy, margin, V_eff baselines) and BTE."""
+PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader")
+"""Probes the wrapper can compute: δ_TCB (+ entropy, margin, V_eff baselines), BTE, and ``reader``: the
+mean hidden states (answer and prompt positions, a few layers) that the correctness reader and the
+corruption detector are fitted on."""
+
+READER_LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
+"""Default reader layers: round(f · L) for these f (mid to late layers)."""
 
 GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
 
@@ -34,6 +39,11 @@ class ProbeConfig:
             ``teacher_forced`` (one extra forward over prompt + generated ids); see README "Design".
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds
             the memory of the logit lens to about ``3 · chunk · V`` floats.
+        reader_layers: ``hidden_states`` indices (0 = embeddings … L) whose mean states are recorded
+            (``probe_reader_layers=12+16+20``); ``None`` = round(f·L) for f in :data:`READER_LAYER_FRACTIONS`.
+        reader_tail: generation only: the last positions whose states are kept one by one (float16), so the
+            reader can average over the answer span the task's filter extracts (``probe_reader_tail``);
+            an answer outside them falls back to the whole generation.
     """
 
     probes: tuple[str, ...] = PROBE_NAMES
@@ -41,6 +51,8 @@ class ProbeConfig:
     bte_window: tuple[int, int] | None = None
     gen_capture: str = "generate"
     chunk_positions: int = 64
+    reader_layers: tuple[int, ...] | None = None
+    reader_tail: int = 16
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -58,6 +70,19 @@ class ProbeConfig:
                 raise ValueError(f"probe_bte_window must be 'start:stop' with 0 <= start < stop, got {self.bte_window}")
         if self.chunk_positions < 1:
             raise ValueError(f"probe_chunk_positions must be >= 1, got {self.chunk_positions}")
+        if self.reader_layers is not None and (not self.reader_layers or min(self.reader_layers) < 0):
+            raise ValueError(f"probe_reader_layers must be hidden_states indices >= 0, got {self.reader_layers}")
+        if self.reader_tail < 0:
+            raise ValueError(f"probe_reader_tail must be >= 0, got {self.reader_tail}")
+
+    def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
+        if self.reader_layers is None:
+            return tuple(sorted({min(num_layers, max(1, round(f * num_layers))) for f in READER_LAYER_FRACTIONS}))
+        too_deep = [layer for layer in self.reader_layers if layer > num_layers]
+        if too_deep:
+            raise ValueError(f"probe_reader_layers {too_deep} exceed the model's {num_layers} layers (0..{num_layers})")
+        return tuple(self.reader_layers)
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +108,10 @@ class ProbeConfig:
             values["bte_window"] = _parse_window(values["bte_window"])
         if "gen_capture" in values:
             values["gen_capture"] = str(values["gen_capture"])
+        if "reader_layers" in values:
+            values["reader_layers"] = _parse_layers(values["reader_layers"])
+        if "reader_tail" in values:
+            values["reader_tail"] = _as_int("probe_reader_tail", values["reader_tail"])
         return cls(**values)
 
 
@@ -98,17 +127,21 @@ def split_model_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     return plugin, rest
 
 
+LIST_OPTIONS: tuple[str, ...] = ("probes", "probe_reader_layers")
+"""``model_args`` keys whose value is a list (joined by :func:`join_probe_names`)."""
+
+
 def join_probe_names(model_args: str) -> str:
     """``"pretrained=m,probes=tcb,bte,dtype=x"`` → ``"pretrained=m,probes=tcb+bte,dtype=x"``.
 
-    lm_eval splits ``model_args`` strings on every comma; this keeps the bare probe names that follow
-    ``probes=`` with it. A JSON (``{...}``) string is returned unchanged.
+    lm_eval splits ``model_args`` strings on every comma; this keeps the bare items that follow a list
+    option (:data:`LIST_OPTIONS`) with it. A JSON (``{...}``) string is returned unchanged.
     """
     if model_args.lstrip().startswith("{"):
         return model_args
     items: list[str] = []
     for item in model_args.split(","):
-        if "=" not in item and items and items[-1].split("=", 1)[0].strip() == "probes":
+        if "=" not in item and items and items[-1].split("=", 1)[0].strip() in LIST_OPTIONS:
             items[-1] += "+" + item.strip()
         else:
             items.append(item)
@@ -153,6 +186,21 @@ def _parse_window(value: Any) -> tuple[int, int] | None:
     if len(parts) != 2:
         raise ValueError(f"probe_bte_window must look like '12:20' (transitions [start, stop)), got {value!r}")
     return (_as_int("probe_bte_window", parts[0]), _as_int("probe_bte_window", parts[1]))
+
+
+def _parse_layers(value: Any) -> tuple[int, ...] | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "auto")):
+        return None
+    if isinstance(value, (int, float)):
+        return (_as_int("probe_reader_layers", value),)
+    if isinstance(value, str):
+        text = value.strip().strip("[](){}")
+        for sep in _LIST_SEPARATORS[1:]:
+            text = text.replace(sep, ",")
+        value = [t for t in text.split(",") if t.strip()]
+    if not isinstance(value, Iterable):
+        raise ValueError(f"probe_reader_layers must be layer indices like '12+16+20', got {value!r}")
+    return tuple(_as_int("probe_reader_layers", item) for item in value)
 
 
 def _as_float(name: str, value: Any) -> float:

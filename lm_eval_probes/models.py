@@ -29,10 +29,16 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_probes import metrics as _metrics  # noqa: F401  (registers probe metrics before tasks are built)
 from lm_eval_probes.architectures import LensReadout
-from lm_eval_probes.capture import HiddenStateTap, PositionProbes, hidden_state_tap, position_probes_of_spans
+from lm_eval_probes.capture import (
+    HiddenStateTap,
+    PositionProbes,
+    hidden_state_tap,
+    masked_mean_states,
+    position_probes_of_spans,
+)
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.probes import central_window
-from lm_eval_probes.records import ProbeLL, ProbeStr, ResponseProbe
+from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
 
 
 class _CacheHookTap:
@@ -57,13 +63,16 @@ class ProbeHFLM(HFLM):
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._tap: HiddenStateTap | None = None  # set inside loglikelihood
-        self._gen_rows: deque[tuple[list[int], PositionProbes, int]] | None = None  # set inside generate_until
+        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None]] | None = None  # set inside generate_until
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
         if self.readout is not None and "bte" in self.probe_config.probes:
             central_window(self.readout.num_layers, self.probe_config.bte_window)  # the window must fit L
+        self.reader_layers: tuple[int, ...] = ()
+        if self.readout is not None and "reader" in self.probe_config.probes:
+            self.reader_layers = self.probe_config.resolved_reader_layers(self.readout.num_layers)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -78,6 +87,7 @@ class ProbeHFLM(HFLM):
         self._probes_by_request: dict[tuple[str, str], ResponseProbe] = {}
         self._pending_rows: list[list[torch.Tensor]] = []
         self._pending_ends: list[int] = []  # per row: its input length (the end of its response span)
+        self._pending_prompts: list[list[torch.Tensor]] = []  # per row: the reader layers' states [inplen, H]
         self._pending_answers: list[tuple[Any, int, int, float]] = []
 
         def on_answer(attr: str, req: Any, answer: Any) -> None:
@@ -92,6 +102,7 @@ class ProbeHFLM(HFLM):
             finally:
                 self._tap = None
                 self._pending_rows, self._pending_answers, self._pending_ends, self._cont_lengths = [], [], [], {}
+                self._pending_prompts = []
         probes, self._probes_by_request = self._probes_by_request, {}
         return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
 
@@ -110,6 +121,7 @@ class ProbeHFLM(HFLM):
             row, self._next_row = self._next_row, self._next_row + 1
             self._pending_rows.append([h[row, inplen - contlen : inplen] for h in self._tap.latest])
             self._pending_ends.append(inplen)
+            self._pending_prompts.append([self._tap.latest[layer][row, :inplen] for layer in self.reader_layers])
         return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
 
     def _flush_rows(self) -> None:
@@ -120,9 +132,17 @@ class ProbeHFLM(HFLM):
             end = probes.num_positions
             prompt_tokens = self._pending_ends[row] - n + 1  # the last context position predicts token 1
             self._probes_by_request[req] = probes.summarize(
-                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens
+                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
+                prompt_states=self._prompt_states(self._pending_prompts[row], prompt_tokens),
             )
-        self._pending_rows, self._pending_answers, self._pending_ends = [], [], []
+        self._pending_rows, self._pending_answers, self._pending_ends, self._pending_prompts = [], [], [], []
+
+    def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
+        """Mean of the reader layers' states over the first ``prompt_tokens`` positions of a row."""
+        if not self.reader_layers:
+            return None
+        means = torch.stack([h[:prompt_tokens].float().mean(0) for h in row_states])
+        return LayerStates(self.reader_layers, means.cpu().numpy())
 
     # ----------------------------------------------------------------------------- generation
 
@@ -134,9 +154,13 @@ class ProbeHFLM(HFLM):
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generated, rows, prompt_tokens = self._gen_rows.popleft()
+                generated, rows, prompt_tokens, prompt_states = self._gen_rows.popleft()
                 kept = self._kept_token_count(generated, text)
-                probes[(req[0], text)].append(rows.summarize(0, kept, prompt_tokens=prompt_tokens))
+                ends = _LazyDecodedLengths(self, generated)
+                probes[(req[0], text)].append(rows.summarize(
+                    0, kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
+                    tail=self.probe_config.reader_tail, token_ends=[min(ends[i], len(text)) for i in range(kept)],
+                ))
 
         try:
             with self._answers_tapped(on_answer):
@@ -154,18 +178,27 @@ class ProbeHFLM(HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
-        with hidden_state_tap(self.model, last_position_only=True) if during else _nothing() as tap:
+        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.reader_layers)
+        with tapped if during else _nothing() as tap:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
+        prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
         generated = sequences[:, prompt_len:]
         bounds = [self._generation_bound(row.tolist()) for row in generated]
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
             per_layer = [torch.stack([step[layer] for step in tap.steps], dim=1) for layer in range(len(tap.steps[0]))]
             start = 0
+            prompt_layers = tap.first_call
         else:
             per_layer = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
             start = prompt_len - 1
+            prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.reader_layers)
+        prompt_states: list[LayerStates | None] = [None] * len(bounds)
+        if self.reader_layers:
+            if prompt_layers is None or prompt_layers[0].shape[1] != prompt_len:
+                raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
+            prompt_states = masked_mean_states(prompt_layers, prompt_mask, self.reader_layers)
         spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
@@ -173,7 +206,8 @@ class ProbeHFLM(HFLM):
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )
         self._gen_rows.extend(
-            (ids.tolist(), probes, int(n)) for ids, probes, n in zip(token_ids, rows, prompt_tokens, strict=True)
+            (ids.tolist(), probes, int(n), states)
+            for ids, probes, n, states in zip(token_ids, rows, prompt_tokens, prompt_states, strict=True)
         )
         return sequences
 

@@ -9,9 +9,74 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 
 from __future__ import annotations
 
+import base64
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+import numpy as np
+
+
+class LayerStates:
+    """Hidden-state vectors of a few layers, reduced at capture time (read by the correctness reader).
+
+    ``values`` is ``[len(layers), H]`` (a mean over positions) or ``[len(layers), n, H]`` (one vector
+    per position, e.g. the last positions of a generation). ``layers`` index HF ``hidden_states``
+    (0 = embeddings, L = the final layer). Pickles in full (lm_eval's cross-rank gather); ``str`` is
+    one short line, which is what ``--log_samples`` files get (they stringify unknown objects);
+    :meth:`to_dict` / :meth:`from_dict` are a lossless JSON form (base64 of the raw bytes).
+    """
+
+    __slots__ = ("layers", "values")
+
+    def __init__(self, layers: tuple[int, ...] | list[int], values: Any) -> None:
+        array = np.asarray(values)
+        if array.ndim not in (2, 3) or array.shape[0] != len(layers):
+            raise ValueError(f"LayerStates values must be [{len(layers)}, H] or [{len(layers)}, n, H], got {array.shape}")
+        if array.dtype not in (np.float16, np.float32, np.float64):
+            raise ValueError(f"LayerStates values must be float16/32/64, got {array.dtype}")
+        self.layers = tuple(int(layer) for layer in layers)
+        self.values = array
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LayerStates, (self.layers, self.values))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, LayerStates)
+            and self.layers == other.layers
+            and self.values.dtype == other.values.dtype
+            and np.array_equal(self.values, other.values, equal_nan=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shape = "x".join(str(n) for n in self.values.shape)
+        return f"LayerStates(layers={list(self.layers)}, {shape} {self.values.dtype})"
+
+    __str__ = __repr__
+
+    def mean_positions(self, start: int, stop: int) -> LayerStates:
+        """Mean over positions ``[start, stop)`` of a per-position ``[k, n, H]`` record → ``[k, H]`` float32."""
+        if self.values.ndim != 3 or not 0 <= start < stop <= self.values.shape[1]:
+            raise ValueError(f"cannot average positions [{start}, {stop}) of {self!r}")
+        return LayerStates(self.layers, self.values[:, start:stop].astype(np.float64).mean(axis=1).astype(np.float32))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = np.ascontiguousarray(self.values)
+        return {
+            "layers": list(self.layers),
+            "shape": list(data.shape),
+            "dtype": str(data.dtype),
+            "data": base64.b64encode(data.tobytes()).decode("ascii"),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerStates:
+        raw = base64.b64decode(data["data"])
+        values = np.frombuffer(raw, dtype=np.dtype(data["dtype"])).reshape(data["shape"]).copy()
+        return cls(data["layers"], values)
 
 
 @dataclass(frozen=True)
@@ -33,6 +98,14 @@ class ResponseProbe:
             entropy (nats), top-1 minus top-2 logit, 1/Σo², and exp(entropy).
         bte_profile: BTE depth profile e(l), l = 0..L-1 (mean JSD of layer l → l+1 over positions).
         bte_energy: mean of the profile over the central window (the difficulty scalar ē_M).
+        answer_states: ``[k, H]`` mean hidden state over the response positions at the reader layers.
+        prompt_states: ``[k, H]`` mean hidden state over the prompt (context) positions at the reader layers.
+        tail_states: generation only: ``[k, m, H]`` (float16) states of the last m response positions, so
+            the reader can average over the answer span that the task's filter extracts later.
+        token_logprobs: generation only: the log-probability of every response token.
+        token_ends: generation only: the character offset where each response token ends in the text.
+        answer_span: ``[start, stop)`` response-token indices of the filter-extracted answer (set by the
+            task after filtering; ``None``: not located).
     """
 
     n_tokens: int
@@ -47,13 +120,47 @@ class ResponseProbe:
     v_eff_exp: float | None = None
     bte_profile: tuple[float, ...] | None = None
     bte_energy: float | None = None
+    answer_states: LayerStates | None = None
+    prompt_states: LayerStates | None = None
+    tail_states: LayerStates | None = None
+    token_logprobs: tuple[float, ...] | None = None
+    token_ends: tuple[int, ...] | None = None
+    answer_span: tuple[int, int] | None = None
 
     @property
     def geometric_mean_probability(self) -> float:
         return math.exp(self.mean_token_logprob) if self.n_tokens else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-native form (lists, numbers, ``None``; states as :meth:`LayerStates.to_dict`)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, LayerStates):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ResponseProbe:
+        """Inverse of :meth:`to_dict`."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown ResponseProbe fields: {sorted(unknown)}")
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            if name in _STATE_FIELDS and value is not None:
+                value = LayerStates.from_dict(value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[name] = value
+        return cls(**values)
+
+
+_STATE_FIELDS = ("answer_states", "prompt_states", "tail_states")
 
 
 class ProbeLL(tuple):
@@ -98,3 +205,31 @@ def with_probe(response: Any, probe: ResponseProbe | None) -> Any:
     if isinstance(response, tuple) and len(response) == 2:
         return ProbeLL(response, probe)
     return response
+
+
+@dataclass(frozen=True)
+class ReaderRecord:
+    """One document's input to the correctness reader / corruption detector (a per-document metric value).
+
+    ``features``: the hidden-state summary the reader reads (``[k, H]``); ``label``: 0/1 (correct, or
+    noised); ``group``: documents sharing a group (a clean prompt and its noised twin) never straddle a
+    train/test split. Pickles in full through lm_eval's gather; its ``str`` (what ``--log_samples``
+    writes) is one short line.
+    """
+
+    features: LayerStates | None
+    label: int
+    group: Any = None
+
+    def __post_init__(self) -> None:
+        if self.label not in (0, 1):
+            raise ValueError(f"ReaderRecord label must be 0 or 1, got {self.label!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features": None if self.features is None else self.features.to_dict(), "label": self.label,
+                "group": self.group}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReaderRecord:
+        features = data.get("features")
+        return cls(None if features is None else LayerStates.from_dict(features), int(data["label"]), data.get("group"))

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+from sklearn.exceptions import UndefinedMetricWarning  # one warning class for every undefined metric
+
+__all__ = ["UndefinedMetricWarning", "count", "partial_spearman_score", "spearman_score"]
 
 
-class UndefinedMetricWarning(UserWarning):
-    """An aggregation was asked for a value that is not defined on its input (returns ``nan``)."""
 
 
 def _finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:

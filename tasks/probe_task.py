@@ -15,20 +15,69 @@ log-likelihood); generation — the (first) generation; loglikelihood — the ta
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+import datasets
 from lm_eval.api.task import ConfigurableTask, Task
 from lm_eval.tasks import TaskManager
 
-from lm_eval_probes.metrics import PROBE_METRICS, aggregation_of
-from lm_eval_probes.probes.confidence import chosen_option_confidence
-from lm_eval_probes.records import ResponseProbe, probe_of, with_probe
+from lm_eval_probes.metrics import CORRUPTION_METRICS, PROBE_METRICS, CalibrationOptions, task_aggregation
+from lm_eval_probes.probes.confidence import option_probabilities
+from lm_eval_probes.records import LayerStates, ReaderRecord, ResponseProbe, probe_of, with_probe
 
 eval_logger = logging.getLogger(__name__)
+
+CONFIDENCE_SOURCES: dict[str, tuple[str, ...]] = {"mc": ("option", "option_norm"), "gen": ("answer", "generation")}
+"""Confidence sources a task may name in ``metadata.confidence`` (first = default)."""
+
+CONFIDENCE_ROWS = ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "selective_acc_80")
+"""Rows whose per-document value is ``(confidence, correct)``."""
+
+
+def locate_answer(text: str, answer: Any, token_ends: Sequence[int]) -> tuple[int, int] | None:
+    """Token span ``[start, stop)`` of the last occurrence of the filter-extracted ``answer`` in ``text``.
+
+    ``token_ends[i]`` is the character offset where token i ends in ``text``. ``None`` when the answer
+    is empty or not a substring of the text (e.g. a filter's ``[invalid]`` fallback).
+    """
+    answer = str(answer).strip() if answer is not None else ""
+    if not answer:
+        return None
+    begin = text.rfind(answer)
+    if begin < 0:
+        return None
+    end = begin + len(answer)
+    start = bisect.bisect_right(token_ends, begin)  # first token ending after the answer begins
+    stop = bisect.bisect_left(token_ends, end) + 1  # through the first token ending at or after its end
+    stop = min(stop, len(token_ends))
+    return (start, stop) if start < stop else None
+
+
+def answer_confidence_and_states(probe: ResponseProbe) -> tuple[float, LayerStates | None]:
+    """Geometric-mean probability of the answer tokens and the mean reader states over them.
+
+    Without a located answer span: the whole generation's values. The states come from the kept tail
+    of per-position states; an answer that begins before the tail falls back to the whole generation's
+    mean states.
+    """
+    span = probe.answer_span
+    if span is None or probe.token_logprobs is None:
+        return probe.geometric_mean_probability, probe.answer_states
+    start, stop = span
+    confidence = math.exp(sum(probe.token_logprobs[start:stop]) / (stop - start))
+    states = probe.answer_states
+    tail = probe.tail_states
+    if tail is not None:
+        offset = probe.n_tokens - tail.values.shape[1]  # response index of the tail's first position
+        if start >= offset:
+            states = tail.mean_positions(start - offset, stop - offset)
+    return confidence, states
 
 
 class ProbeResults(Task):
@@ -39,9 +88,48 @@ class ProbeResults(Task):
     __slots__ = ()
 
     def _add_probe_metrics(self) -> None:
-        for metric in PROBE_METRICS:
-            self._aggregation_list.setdefault(metric.name, aggregation_of(metric))
+        options = CalibrationOptions.from_metadata(self._metadata())
+        self.confidence_source  # noqa: B018  (validates metadata.confidence now, not after the model ran)
+        for metric in PROBE_METRICS + (CORRUPTION_METRICS if self.is_detector_task else ()):
+            self._aggregation_list.setdefault(metric.name, task_aggregation(metric, options))
             self._higher_is_better.setdefault(metric.name, metric.higher_is_better)
+
+    def _metadata(self) -> dict[str, Any]:
+        return self.config.metadata if isinstance(self.config.metadata, dict) else {}
+
+    is_detector_task = False
+    """Whether the task's documents are clean/noised twins (adds the corruption-detector rows)."""
+
+    @property
+    def confidence_source(self) -> str:
+        """``metadata: {confidence: ...}``: multiple choice ``option`` (default) or ``option_norm``
+        (softmax over per-character log-likelihoods, paired with ``acc_norm``); generation ``answer``
+        (default: the tokens of the filter-extracted answer) or ``generation`` (all generated tokens)."""
+        sources = CONFIDENCE_SOURCES["mc" if self.OUTPUT_TYPE in ("multiple_choice", "loglikelihood") else "gen"]
+        source = self._metadata().get("confidence", sources[0])
+        if source not in sources:
+            raise ValueError(f"task {self.config.task!r}: metadata.confidence must be one of {sources} for "
+                             f"{self.OUTPUT_TYPE} tasks, got {source!r}")
+        return source
+
+    def correctness(self, doc: dict[str, Any], values: dict[str, Any], chosen: int | None) -> int | None:
+        """0/1 correctness of the document: the task's own metric named by ``metadata: {correctness: <metric>}``;
+        by default, multiple choice: whether the option the confidence describes (``chosen``) is a gold
+        option (as ``acc`` / ``acc_norm`` judge it); generation: the first of ``exact_match`` / ``acc``."""
+        name = self._metadata().get("correctness")
+        if name is None and chosen is not None:
+            golds = self._gold_indices(doc)
+            return None if golds is None else int(chosen in golds)
+        if name is None:
+            name = next((n for n in ("exact_match", "acc") if n in values), None)
+        value = values.get(name) if name is not None else None
+        if value is None:
+            return None
+        value = float(value)
+        if value not in (0.0, 1.0):
+            raise ValueError(f"task {self.config.task!r}: correctness metric {name!r} must be 0 or 1 per document, "
+                             f"got {value}; name a 0/1 metric with metadata.correctness")
+        return int(value)
 
     @property
     def difficulty_source(self) -> str | Callable[[dict[str, Any]], Any] | None:
@@ -62,34 +150,75 @@ class ProbeResults(Task):
         except (TypeError, ValueError):
             raise ValueError(f"difficulty {source!r} of task {self.config.task!r} is not a number: {value!r}") from None
 
+    def _gold_indices(self, doc: dict[str, Any]) -> list[int] | None:
+        """The gold option indices of a multiple-choice document, as lm_eval's own ``acc`` reads them."""
+        choices = self.doc_to_choice(doc)
+        gold = self.doc_to_text(doc) if self.multiple_input else self.doc_to_target(doc)
+        golds = gold if isinstance(gold, list) else [gold]
+        indices = [choices.index(g) if isinstance(g, str) and g in choices else g for g in golds]
+        if not all(isinstance(i, int) and 0 <= i < len(choices) for i in indices):
+            return None
+        return indices
+
     def apply_filters(self) -> Any:
         out = super().apply_filters()
         for inst in self._instances or []:
-            probe = probe_of(inst.resps[0]) if inst.resps else None
+            raw = inst.resps[0] if inst.resps else None
+            probe = probe_of(raw)
             for key, value in inst.filtered_resps.items():
-                inst.filtered_resps[key] = with_probe(value, probe)
+                located = probe
+                if probe is not None and probe.token_ends is not None and isinstance(raw, str):
+                    answer = value[0] if isinstance(value, list) and value else value
+                    located = replace(probe, answer_span=locate_answer(str(raw), answer, probe.token_ends))
+                inst.filtered_resps[key] = with_probe(value, located)
         return out
 
     def process_results(self, doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
         values = dict(super().process_results(doc, results))
-        probe, confidence = self._probe_and_confidence(doc, results)
-        if probe is None:
+        response = self._response(doc, results)
+        if response is None:
             return values
+        probe, confidence, features, chosen = response
         declared = self.difficulty_source is not None
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
+        if probe.token_ends is not None and self.confidence_source == "answer":
+            values["answer_unlocated"] = int(probe.answer_span is None)
+        correct = self.correctness(doc, values, chosen)
+        if correct is not None and math.isfinite(confidence):
+            for name in CONFIDENCE_ROWS:
+                values[name] = (confidence, correct)
+        if correct is not None and features is not None:
+            record = ReaderRecord(features, correct)
+            values["lcr_auroc"] = values["lcr_ece"] = record
+        if self.is_detector_task:
+            noised = int(doc.get("noised", 0))
+            values["corruption_auroc"] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"))
+            if math.isfinite(confidence):
+                values["corruption_confidence_auroc"] = (1.0 - confidence, noised)
         return values
 
-    def _probe_and_confidence(self, doc: dict[str, Any], results: list[Any]) -> tuple[ResponseProbe | None, float]:
+    def _response(
+        self, doc: dict[str, Any], results: list[Any]
+    ) -> tuple[ResponseProbe, float, LayerStates | None, int | None] | None:
+        """The probe of the response this document is judged on, its confidence, its reader features and
+        (multiple choice) the chosen option."""
         if self.OUTPUT_TYPE == "multiple_choice":
-            n_choices = len(self.doc_to_choice(doc))
-            options = results[:n_choices]  # acc_mutual_info appends unconditional requests after these
-            chosen, confidence = chosen_option_confidence([float(r[0]) for r in options])
-            return probe_of(options[chosen]), confidence
+            choices = self.doc_to_choice(doc)
+            options = results[: len(choices)]  # acc_mutual_info appends unconditional requests after these
+            lengths = [float(len(c)) for c in choices] if self.confidence_source == "option_norm" else None
+            probabilities = option_probabilities([float(r[0]) for r in options], lengths)
+            chosen = int(probabilities.argmax())
+            probe = probe_of(options[chosen])
+            return None if probe is None else (probe, float(probabilities[chosen]), probe.answer_states, chosen)
         first = results[0] if results else None
         if isinstance(first, list):  # repeats > 1 without take_first
             first = first[0] if first else None
         probe = probe_of(first)
-        return probe, math.nan if probe is None else probe.geometric_mean_probability
+        if probe is None:
+            return None
+        if self.OUTPUT_TYPE != "generate_until" or probe.token_ends is None or self.confidence_source == "generation":
+            return probe, probe.geometric_mean_probability, probe.answer_states, None
+        return probe, *answer_confidence_and_states(probe), None
 
 
 class ProbeTask(ProbeResults, ConfigurableTask):
@@ -135,18 +264,45 @@ class NoisedProbeTask(ProbeTask):
         self._noised_docs: Any = None
         super().__init__(config=config, **kwargs)
 
+    def noised(self, doc: dict[str, Any], *, eta: float | None = None) -> dict[str, Any]:
+        """``doc`` with the task's noise applied (``eta`` overrides the task's rate; 0 keeps it clean)."""
+        from lm_eval_probes.tasks.noise import noise_fields
+
+        return noise_fields(doc, self.noise_fields, operator=self.noise_operator,
+                            eta=self.noise_eta if eta is None else eta, global_seed=self.noise_seed,
+                            protect_numbers=self.noise_protect_numbers, protect=self.noise_protect)
+
     @property
     def eval_docs(self) -> Any:
         if self._noised_docs is None:
-            from lm_eval_probes.tasks.noise import noise_fields
-
-            def noised(doc: dict[str, Any]) -> dict[str, Any]:
-                return noise_fields(doc, self.noise_fields, operator=self.noise_operator, eta=self.noise_eta,
-                                    global_seed=self.noise_seed, protect_numbers=self.noise_protect_numbers,
-                                    protect=self.noise_protect)
-
             docs = super().eval_docs
-            self._noised_docs = docs.map(noised) if hasattr(docs, "map") else [noised(d) for d in docs]
+            self._noised_docs = docs.map(self.noised) if hasattr(docs, "map") else [self.noised(d) for d in docs]
+        return self._noised_docs
+
+
+class NoisedPairProbeTask(NoisedProbeTask):
+    """Every document twice, clean then noised: the corruption detector's task form.
+
+    Evaluated documents are ``clean_0, noised_0, clean_1, noised_1, …`` (so ``--limit 60`` is 30 pairs),
+    each with ``noise_pair`` (the clean document's index) and ``noised`` (1 when the noise changed the
+    prompt; a twin that the noise left unchanged is labelled 0, since nothing tells it apart). Besides
+    every probe row over all 2n documents, the task reports ``corruption_auroc`` (the reader on the mean
+    prompt hidden state, cross-fitted with both twins of a pair always in the same fold) and
+    ``corruption_confidence_auroc`` (how well 1 − output confidence detects the noise).
+    """
+
+    is_detector_task = True
+
+    @property
+    def eval_docs(self) -> Any:
+        if self._noised_docs is None:
+            docs = ConfigurableTask.eval_docs.fget(self)
+            pairs: list[dict[str, Any]] = []
+            for index, doc in enumerate(docs):
+                noised = self.noised(doc)
+                pairs.append({**self.noised(doc, eta=0.0), "noise_pair": index, "noised": 0})
+                pairs.append({**noised, "noise_pair": index, "noised": int(noised["noise_corrupted"] > 0)})
+            self._noised_docs = datasets.Dataset.from_list(pairs) if hasattr(docs, "map") else pairs
         return self._noised_docs
 
 

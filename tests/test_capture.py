@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from lm_eval.api.instance import Instance
@@ -14,6 +15,7 @@ from lm_eval_probes.architectures import LensReadout
 from lm_eval_probes.capture import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.records import LayerStates
 
 LL_REQUESTS = [
     ("Question: Mia has 7 apples.", " True"),
@@ -43,7 +45,16 @@ def recompute(lm: ProbeHFLM, context_ids: list[int], response_ids: list[int], co
     start = len(context_ids) - 1
     states = [h[0, start : start + len(response_ids)] for h in out.hidden_states]
     readout = LensReadout(lm.model)
-    return position_probes(states, readout, config, torch.tensor(response_ids)).summarize(0, len(response_ids))
+    layers = config.resolved_reader_layers(readout.num_layers)
+    prompt = torch.stack([out.hidden_states[layer][0, : len(context_ids)].mean(0) for layer in layers])
+    probes = position_probes(states, readout, config, torch.tensor(response_ids))
+    return probes.summarize(0, len(response_ids), prompt_states=LayerStates(layers, prompt.numpy()))
+
+
+def assert_same_states(got, want, rtol: float) -> None:
+    assert got is not None and want is not None
+    assert got.layers == want.layers and got.values.shape == want.values.shape
+    np.testing.assert_allclose(got.values, want.values, rtol=rtol, atol=rtol * float(np.abs(want.values).max()))
 
 
 def assert_same_probe(got, want, rel: float = 1e-4) -> None:
@@ -56,6 +67,8 @@ def assert_same_probe(got, want, rel: float = 1e-4) -> None:
         assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
     assert got.tcb_argmin == want.tcb_argmin
     assert got.bte_profile == pytest.approx(want.bte_profile, rel=rel, abs=1e-7)
+    assert_same_states(got.answer_states, want.answer_states, rtol=max(rel, 1e-4))
+    assert_same_states(got.prompt_states, want.prompt_states, rtol=max(rel, 1e-4))
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -111,6 +124,15 @@ def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode,
         rel = 1e-4 if mode == "teacher_forced" else 2e-3  # KV-cache decoding vs one full pass
         if n:
             assert_same_probe(text.probe, want, rel=rel)
+            # generation keeps what the answer-span confidence and reader need after filtering
+            probe = text.probe
+            assert len(probe.token_logprobs) == len(probe.token_ends) == n
+            assert np.mean(probe.token_logprobs) == pytest.approx(probe.mean_token_logprob, rel=1e-6)
+            assert list(probe.token_ends) == sorted(probe.token_ends) and probe.token_ends[-1] == len(text)
+            tail = probe.tail_states.values
+            assert tail.shape[:2] == (len(probe.answer_states.layers), min(n, lm.probe_config.reader_tail))
+            if n <= lm.probe_config.reader_tail:  # the tail is the whole response: its mean is answer_states
+                assert_same_states(probe.tail_states.mean_positions(0, n), probe.answer_states, rtol=2e-3)
     assert any(t.probe.n_tokens < 10 for t in texts), "the stop strings should have cut some rows"
 
 

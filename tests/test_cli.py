@@ -29,9 +29,13 @@ def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def load_outputs(out: Path) -> tuple[dict, list[dict]]:
     (results_file,) = out.rglob("results_*.json")
     (samples_file,) = out.rglob("samples_probes_synth_logic_*.jsonl")
-    results = json.loads(results_file.read_text())  # must be valid JSON
+    results = json.loads(results_file.read_text(), parse_constant=_not_json)  # must be valid JSON (no bare NaN)
     samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
     return results, samples
+
+
+def _not_json(token: str) -> None:
+    raise ValueError(f"results JSON holds the non-JSON constant {token}")
 
 
 @needs_regular_install
@@ -39,7 +43,7 @@ def test_plain_lm_eval_cli_reports_probe_rows(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     proc = run(
         [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
-         "--model_args", f"pretrained={tiny_model_dir('llama')},probes=tcb+bte",
+         "--model_args", f"pretrained={tiny_model_dir('llama')},probes=all",
          "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
          "--limit", "12", "--device", "cpu", "--batch_size", "4", "--output_path", str(out), "--log_samples"],
         cwd=tmp_path,
@@ -58,6 +62,9 @@ def test_plain_lm_eval_cli_reports_probe_rows(tiny_model_dir, tmp_path):
     assert row["bte_spearman,none"] == pytest.approx(stats.spearmanr(*zip(*pairs)).statistic, rel=1e-9)
     assert results["higher_is_better"]["probes_synth_logic"]["tcb_log10"] is True
     assert "bte_profile" not in json.dumps(samples[0]), "no vectors in --log_samples files"
+    assert row["length_spearman,none"] is None  # one-token answers: undefined, written as null
+    assert {"ece,none", "selective_auroc,none", "lcr_auroc,none"} <= set(row)
+    assert all(len(json.dumps(s["lcr_auroc"])) < 200 for s in samples)  # the reader's vectors stay out of samples
     assert "tcb_log10" in proc.stdout and "bte_spearman" in proc.stdout  # the printed table
 
 
@@ -70,7 +77,7 @@ def test_bad_model_args_fail_before_loading_with_the_valid_values(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode != 0
-    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte." in proc.stderr
+    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte, reader." in proc.stderr
     proc = run(
         [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
          "--model_args", "pretrained=/does/not/exist,probe_tcb_epsilon=2", "--tasks", "probes_synth_logic",

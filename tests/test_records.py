@@ -8,6 +8,7 @@ import math
 import pickle
 import warnings
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -92,3 +93,51 @@ def test_probe_rows_with_and_without_difficulty():
     assert missing["difficulty_missing"] == 1 and not any("spearman" in k for k in missing)
     undeclared = probe_metric_values(PROBE, 0.7, None)
     assert "difficulty_missing" not in undeclared and "bte_energy" in undeclared
+
+
+def _states(shape, dtype=np.float32, seed=0):
+    import numpy as np
+
+    from lm_eval_probes.records import LayerStates
+
+    values = np.random.default_rng(seed).normal(size=shape).astype(dtype)
+    return LayerStates(tuple(range(3, 3 + shape[0])), values)
+
+
+def test_states_and_reader_records_round_trip_pickle_and_json():
+    from lm_eval_probes.records import LayerStates, ReaderRecord
+
+    probe = dataclasses.replace(
+        PROBE, answer_states=_states((3, 16)), prompt_states=_states((3, 16), seed=1),
+        tail_states=_states((3, 3, 16), np.float16, seed=2), token_logprobs=(-0.1, -0.2, -1.2), token_ends=(2, 5, 7),
+        answer_span=(1, 3),
+    )
+    for value in (probe, ReaderRecord(probe.answer_states, 1, group=4), probe.tail_states):
+        assert pickle.loads(pickle.dumps(value)) == value
+        back = type(value).from_dict(json.loads(json.dumps(value.to_dict(), allow_nan=False)))
+        assert back == value
+    assert probe != dataclasses.replace(probe, answer_states=_states((3, 16), seed=5))
+    record = ReaderRecord(probe.answer_states, 1)
+    assert len(str(record)) < 200 and len(json.dumps({"lcr_auroc": record}, default=str)) < 200  # --log_samples
+    with pytest.raises(ValueError, match="label must be 0 or 1"):
+        ReaderRecord(probe.answer_states, 2)
+    with pytest.raises(ValueError, match=r"\[3, H\]"):
+        LayerStates((1, 2, 3), np.zeros((2, 4), dtype=np.float32))
+
+
+def test_mean_positions_of_per_position_states():
+    tail = _states((2, 5, 4))
+    np.testing.assert_allclose(tail.mean_positions(1, 4).values, tail.values[:, 1:4].mean(1), rtol=1e-6)
+    with pytest.raises(ValueError, match="cannot average"):
+        tail.mean_positions(3, 3)
+
+
+def test_aggregations_report_undefined_as_json_null():
+    from lm_eval_probes.metrics import PROBE_METRICS, aggregation_of
+
+    rows = {m.name: aggregation_of(m) for m in PROBE_METRICS}
+    with pytest.warns(UndefinedMetricWarning):
+        assert rows["bte_spearman"]([(0.1, 1), (0.2, 1), (0.3, 1)]) is None
+    with pytest.warns(UndefinedMetricWarning):
+        assert rows["selective_auroc"]([(0.9, 1), (0.8, 1)]) is None
+    assert json.dumps({"x": rows["ece"]([(0.9, 1), (0.6, 0)])}, allow_nan=False)
