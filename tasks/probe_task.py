@@ -6,8 +6,16 @@ Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.
 
 * re-attaches each response's probe after lm_eval's filters (regex filters build new plain strings);
 * adds the probe rows of :data:`lm_eval_probes.metrics.PROBE_METRICS` to the task's own per-document
-  metrics (rows appear only when the model is ``hf-probes``; with plain ``hf`` the task is the stock task);
-* reads the document's difficulty label from the field named by ``metadata: {difficulty: <field>}``.
+  metrics (rows appear only when the model is ``hf-probes``; with plain ``hf`` the task is the stock task):
+  δ_TCB, BTE and their ρ with difficulty, and the calibration / selective-prediction / reader rows,
+  which pair each document's confidence (``metadata.confidence``) or reader features with its 0/1
+  correctness;
+* reads the document's difficulty label from the field named by ``metadata: {difficulty: <field>}``;
+* for generations, locates each filter's extracted answer in the generated text (its tokens give the
+  answer-span confidence and reader features).
+
+:class:`NoisedProbeTask` evaluates noised documents; :class:`NoisedPairProbeTask` evaluates each
+document clean and noised and adds the corruption-detector rows.
 
 Which response a document's probe describes: multiple choice — the option the model chose (highest
 log-likelihood); generation — the (first) generation; loglikelihood — the target continuation.
@@ -38,6 +46,11 @@ CONFIDENCE_SOURCES: dict[str, tuple[str, ...]] = {"mc": ("option", "option_norm"
 
 CONFIDENCE_ROWS = ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "selective_acc_80")
 """Rows whose per-document value is ``(confidence, correct)``."""
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    eval_logger.warning(message)
 
 
 def locate_answer(text: str, answer: Any, token_ends: Sequence[int]) -> tuple[int, int] | None:
@@ -103,7 +116,7 @@ class ProbeResults(Task):
     @property
     def confidence_source(self) -> str:
         """``metadata: {confidence: ...}``: multiple choice ``option`` (default) or ``option_norm``
-        (softmax over per-character log-likelihoods, paired with ``acc_norm``); generation ``answer``
+        (softmax over per-character log-likelihoods: lm_eval's ``acc_norm`` choice); generation ``answer``
         (default: the tokens of the filter-extracted answer) or ``generation`` (all generated tokens)."""
         sources = CONFIDENCE_SOURCES["mc" if self.OUTPUT_TYPE in ("multiple_choice", "loglikelihood") else "gen"]
         source = self._metadata().get("confidence", sources[0])
@@ -125,10 +138,14 @@ class ProbeResults(Task):
         value = values.get(name) if name is not None else None
         if value is None:
             return None
-        value = float(value)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            value = math.nan
         if value not in (0.0, 1.0):
-            raise ValueError(f"task {self.config.task!r}: correctness metric {name!r} must be 0 or 1 per document, "
-                             f"got {value}; name a 0/1 metric with metadata.correctness")
+            _warn_once(f"task {self.config.task!r}: metric {name!r} is not 0/1 per document (got {values.get(name)!r}); "
+                       "no calibration rows. Name a 0/1 metric with metadata.correctness")
+            return None
         return int(value)
 
     @property

@@ -178,3 +178,13 @@ def test_reader_rows_from_records_and_the_split_protocol_on_too_few_documents():
     assert reader_auroc_row(shuffled) == reader_auroc_row(records)  # canonical order: gather order is irrelevant
     with pytest.warns(UndefinedMetricWarning, match="split"):
         assert math.isnan(reader_auroc_row(records, CalibrationOptions(reader_protocol="split")))
+
+
+def test_correctness_metric_must_be_zero_one(llama, data_dir, caplog):
+    out = evaluate(llama, ["probes_synth_logic"], data_dir, limit=6, metadata={"correctness": "confidence"})
+    results = out["results"]["probes_synth_logic"]
+    assert "ece,none" not in results and "lcr_auroc,none" not in results and "bte_energy,none" in results
+    assert "is not 0/1 per document" in caplog.text
+    named = evaluate(llama, ["probes_synth_logic"], data_dir, limit=6, metadata={"correctness": "acc"})
+    assert [s["ece"][1] for s in named["samples"]["probes_synth_logic"]] == [
+        s["acc"] for s in named["samples"]["probes_synth_logic"]]
