@@ -3,7 +3,8 @@
     python benchmarks/overhead.py [--pretrained DIR --gguf_file F] [--limit N] [--repeats R]
 
 For each task (a loglikelihood/multiple-choice task and a generation task) it runs plain ``hf`` and
-``hf-probes`` (generation: both capture modes) alternately ``--repeats`` times, and prints the ratio
+``hf-probes`` with δ_TCB + BTE, with every probe (+ the reader's hidden-state means) and (generation)
+with teacher-forced capture, alternately ``--repeats`` times, and prints the ratio
 of the best wall times and the ratio of the peak resident-memory growth during the runs (RSS sampled
 every 5 ms; the model is loaded once, and every wrapper runs each task once before timing, so one-time
 costs such as the float64 copy of the unembedding are not counted). Machines are noisy: compare ratios
@@ -89,8 +90,9 @@ def main() -> None:
     common = {"pretrained": model, "tokenizer": tokenizer, "batch_size": args.batch_size, "device": "cpu"}
     wrappers = {
         "hf": HFLM(**common),
-        "hf-probes": ProbeHFLM(**common, probes="tcb,bte"),
-        "hf-probes (gen_capture=generate)": ProbeHFLM(**common, probes="tcb,bte", probe_gen_capture="generate"),
+        "hf-probes tcb+bte": ProbeHFLM(**common, probes="tcb,bte"),
+        "hf-probes all (+reader)": ProbeHFLM(**common, probes="all"),
+        "hf-probes tcb+bte teacher_forced": ProbeHFLM(**common, probes="tcb,bte", probe_gen_capture="teacher_forced"),
     }
 
     def evaluate(lm: HFLM, task: str) -> Callable[[], None]:
@@ -99,7 +101,7 @@ def main() -> None:
 
     print(f"model {folder} {gguf or ''}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}")
     print(f"{'task':28s} {'wrapper':34s} {'wall s':>8s} {'ratio':>7s} {'peak ΔRSS MB':>13s} {'ratio':>7s}")
-    for task, names in ((args.ll_task, ["hf", "hf-probes"]), (args.gen_task, list(wrappers))):
+    for task, names in ((args.ll_task, list(wrappers)[:3]), (args.gen_task, list(wrappers))):
         best: dict[str, tuple[float, int]] = {}
         for name in names:  # warm-up: dataset build, kernels, one-time copies (the fp64 unembedding)
             evaluate(wrappers[name], task)()

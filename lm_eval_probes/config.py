@@ -44,6 +44,9 @@ class ProbeConfig:
         reader_tail: generation only: the last positions whose states are kept one by one (float16), so the
             reader can average over the answer span the task's filter extracts (``probe_reader_tail``);
             an answer outside them falls back to the whole generation.
+        reader_prompt_tail: the prompt states are the mean over the last this-many prompt positions
+            (``probe_reader_prompt_tail``); 0 (default) = the whole prompt. Few-shot examples dilute a
+            whole-prompt mean: a detector of noise in the document's own text reads its tail better.
     """
 
     probes: tuple[str, ...] = PROBE_NAMES
@@ -53,6 +56,7 @@ class ProbeConfig:
     chunk_positions: int = 64
     reader_layers: tuple[int, ...] | None = None
     reader_tail: int = 16
+    reader_prompt_tail: int = 0
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -74,6 +78,8 @@ class ProbeConfig:
             raise ValueError(f"probe_reader_layers must be hidden_states indices >= 0, got {self.reader_layers}")
         if self.reader_tail < 0:
             raise ValueError(f"probe_reader_tail must be >= 0, got {self.reader_tail}")
+        if self.reader_prompt_tail < 0:
+            raise ValueError(f"probe_reader_prompt_tail must be >= 0 (0 = the whole prompt), got {self.reader_prompt_tail}")
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
@@ -110,8 +116,9 @@ class ProbeConfig:
             values["gen_capture"] = str(values["gen_capture"])
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
-        if "reader_tail" in values:
-            values["reader_tail"] = _as_int("probe_reader_tail", values["reader_tail"])
+        for name in ("reader_tail", "reader_prompt_tail"):
+            if name in values:
+                values[name] = _as_int(f"probe_{name}", values[name])
         return cls(**values)
 
 

@@ -138,10 +138,13 @@ class ProbeHFLM(HFLM):
         self._pending_rows, self._pending_answers, self._pending_ends, self._pending_prompts = [], [], [], []
 
     def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
-        """Mean of the reader layers' states over the first ``prompt_tokens`` positions of a row."""
+        """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
+        last ``probe_reader_prompt_tail``)."""
         if not self.reader_layers:
             return None
-        means = torch.stack([h[:prompt_tokens].float().mean(0) for h in row_states])
+        tail = self.probe_config.reader_prompt_tail
+        start = max(0, prompt_tokens - tail) if tail else 0
+        means = torch.stack([h[start:prompt_tokens].float().mean(0) for h in row_states])
         return LayerStates(self.reader_layers, means.cpu().numpy())
 
     # ----------------------------------------------------------------------------- generation
@@ -183,6 +186,9 @@ class ProbeHFLM(HFLM):
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
+        if self.probe_config.reader_prompt_tail:  # left padding: the prompt's last tokens are the last columns
+            prompt_mask = prompt_mask.clone()
+            prompt_mask[:, : max(0, prompt_len - self.probe_config.reader_prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
         bounds = [self._generation_bound(row.tolist()) for row in generated]
         if during:

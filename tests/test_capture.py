@@ -220,3 +220,23 @@ def test_prompt_token_counts(tiny_model_dir):
         assert answer.probe.prompt_tokens == len(ctx_ids)
     for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(until=["\n"]))):
         assert text.probe.prompt_tokens == len(_prompt_ids(lm, prompt))
+
+
+@pytest.mark.parametrize("mode", ["generate", "teacher_forced"])
+def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3, probe_reader_prompt_tail=3,
+                   probe_gen_capture=mode)
+    layers = lm.reader_layers
+
+    def want(context_ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            out = lm.model(torch.tensor([context_ids]), output_hidden_states=True)
+        return torch.stack([out.hidden_states[layer][0, -3:].mean(0) for layer in layers]).numpy()
+
+    for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances())):
+        ctx_ids, _ = lm._encode_pair(context, continuation)
+        np.testing.assert_allclose(answer.probe.prompt_states.values, want(ctx_ids), rtol=1e-4, atol=1e-5)
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(until=["\n"]))):  # left-padded batch of 3
+        np.testing.assert_allclose(text.probe.prompt_states.values, want(_prompt_ids(lm, prompt)), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="probe_reader_prompt_tail must be >= 0"):
+        ProbeConfig(reader_prompt_tail=-1)
