@@ -61,13 +61,13 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
         if unknown:
-            raise ValueError(_unknown_message("probe", unknown[0], PROBE_NAMES))
+            raise ValueError(unknown_message("probe", unknown[0], PROBE_NAMES))
         if len(set(self.probes)) != len(self.probes):
             raise ValueError(f"probes lists a probe twice: {self.probes}")
         if not self.tcb_eps > 0:
             raise ValueError(f"probe_tcb_eps must be > 0, got {self.tcb_eps!r}")
         if self.gen_capture not in GEN_CAPTURE_MODES:
-            raise ValueError(_unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
+            raise ValueError(unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
         if self.bte_window is not None:
             start, stop = self.bte_window
             if not 0 <= start < stop:
@@ -105,7 +105,7 @@ class ProbeConfig:
             elif key in options:
                 values[options[key]] = value
             else:
-                raise ValueError(_unknown_message("hf-probes option", key, ("probes", *options)))
+                raise ValueError(unknown_message("hf-probes option", key, ("probes", *options)))
         if "tcb_eps" in values:
             values["tcb_eps"] = _as_float("probe_tcb_eps", values["tcb_eps"])
         if "chunk_positions" in values:
@@ -227,7 +227,7 @@ def _as_int(name: str, value: Any) -> int:
     return int(number)
 
 
-def _unknown_message(what: str, given: str, valid: Iterable[str]) -> str:
+def unknown_message(what: str, given: str, valid: Iterable[str]) -> str:
     valid = list(valid)
     close = difflib.get_close_matches(str(given), valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""

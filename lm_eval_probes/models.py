@@ -158,8 +158,8 @@ class ProbeHFLM(HFLM):
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
                 generated, rows, prompt_tokens, prompt_states = self._gen_rows.popleft()
-                kept = self._kept_token_count(generated, text)
                 ends = _LazyDecodedLengths(self, generated)
+                kept = _kept_token_count(ends, text)
                 probes[(req[0], text)].append(rows.summarize(
                     0, kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
                     tail=self.probe_config.reader_tail, token_ends=[min(ends[i], len(text)) for i in range(kept)],
@@ -239,14 +239,6 @@ class ProbeHFLM(HFLM):
         stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
         return next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))
 
-    def _kept_token_count(self, tokens: list[int], text: str) -> int:
-        """Fewest leading tokens whose decoding covers the kept text (stop strings are cut at string level)."""
-        if not text:
-            return 0
-        lengths = _LazyDecodedLengths(self, tokens)
-        count = bisect.bisect_left(lengths, len(text)) + 1
-        return min(count, len(tokens))
-
     @contextmanager
     def _answers_tapped(self, on_answer: Callable[[str, Any, Any], None]) -> Iterator[None]:
         inner = self.cache_hook
@@ -258,16 +250,25 @@ class ProbeHFLM(HFLM):
 
 
 class _LazyDecodedLengths:
-    """``lengths[i]`` = length of the decoding of the first i+1 tokens, decoded on demand (for bisect)."""
+    """``lengths[i]`` = length of the decoding of the first i+1 tokens, decoded once on demand (for bisect)."""
 
     def __init__(self, lm: HFLM, tokens: list[int]) -> None:
-        self._lm, self._tokens = lm, tokens
+        self._lm, self._tokens, self._known = lm, tokens, {}
 
     def __len__(self) -> int:
         return len(self._tokens)
 
     def __getitem__(self, i: int) -> int:
-        return len(self._lm.tok_decode(self._tokens[: i + 1]))
+        if i not in self._known:
+            self._known[i] = len(self._lm.tok_decode(self._tokens[: i + 1]))
+        return self._known[i]
+
+
+def _kept_token_count(lengths: _LazyDecodedLengths, text: str) -> int:
+    """Fewest leading tokens whose decoding covers the kept text (stop strings are cut at string level)."""
+    if not text:
+        return 0
+    return min(bisect.bisect_left(lengths, len(text)) + 1, len(lengths))
 
 
 @contextmanager

@@ -20,7 +20,7 @@ __all__ = ["UndefinedMetricWarning", "count", "partial_spearman_score", "spearma
 
 
 
-def _finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:
+def finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:
     """``[n, width]`` float array of the items whose members are all present and finite."""
     rows = []
     for item in items:
@@ -47,7 +47,7 @@ def spearman_score(items: Iterable[Sequence[Any]]) -> float:
     Returns ρ in [-1, 1], or ``nan`` (with :class:`UndefinedMetricWarning`) for fewer than 3 pairs or a
     constant side.
     """
-    rows = _finite_rows(items, 2)
+    rows = finite_rows(items, 2)
     if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
         return _undefined("Spearman rho", len(rows))
     return float(stats.spearmanr(rows[:, 0], rows[:, 1]).statistic)
@@ -63,7 +63,7 @@ def partial_spearman_score(items: Iterable[Sequence[Any]]) -> float:
     a value or difficulty that length explains perfectly. A constant length (one-token answers) controls
     for nothing: the result is then the plain Spearman ρ.
     """
-    rows = _finite_rows(items, 3)
+    rows = finite_rows(items, 3)
     if len(rows) >= 3 and np.ptp(rows[:, 2]) == 0:  # a constant length controls for nothing
         return spearman_score(rows[:, :2].tolist())
     if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):

@@ -15,9 +15,7 @@ fits the reader once per record set (the two reader rows share one fit).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +25,8 @@ from typing import Any
 import numpy as np
 from sklearn.exceptions import UndefinedMetricWarning
 
+from lm_eval_probes.config import unknown_message
+from lm_eval_probes.metrics.aggregations import finite_rows
 from lm_eval_probes.probes.calibration import (
     BINNINGS,
     accuracy_at_coverage_score,
@@ -35,7 +35,7 @@ from lm_eval_probes.probes.calibration import (
     out_of_fold_temperature_scale,
     selective_auroc_score,
 )
-from lm_eval_probes.probes.reader import ReaderScores, reader_scores
+from lm_eval_probes.probes.reader import ReaderScores, reader_auroc_score, reader_scores
 from lm_eval_probes.records import ReaderRecord
 
 READER_PROTOCOLS = ("cross_fit", "split")
@@ -65,9 +65,9 @@ class CalibrationOptions:
 
     def __post_init__(self) -> None:
         if self.ece_binning not in BINNINGS:
-            raise ValueError(_unknown("ece_binning", self.ece_binning, BINNINGS))
+            raise ValueError(unknown_message("metadata ece_binning", self.ece_binning, BINNINGS))
         if self.reader_protocol not in READER_PROTOCOLS:
-            raise ValueError(_unknown("reader_protocol", self.reader_protocol, READER_PROTOCOLS))
+            raise ValueError(unknown_message("metadata reader_protocol", self.reader_protocol, READER_PROTOCOLS))
         for name in ("ece_bins", "reader_calibration_size", "reader_test_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"metadata {name} must be >= 1, got {getattr(self, name)}")
@@ -89,24 +89,10 @@ class CalibrationOptions:
         return cls(**values)
 
 
-def _unknown(what: str, given: Any, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(given), list(valid), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"unknown metadata {what} {given!r}.{hint} Valid: {', '.join(valid)}."
-
-
 def confidence_pairs(items: Iterable[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
     """``(confidence, label)`` records → two arrays, skipping records with a missing or non-finite member."""
-    confidence, labels = [], []
-    for item in items:
-        if len(item) != 2:
-            raise ValueError(f"expected (confidence, label) records, got {item!r}")
-        c, y = item
-        if c is None or y is None or not math.isfinite(float(c)):
-            continue
-        confidence.append(float(c))
-        labels.append(int(y))
-    return np.asarray(confidence, dtype=float), np.asarray(labels, dtype=int)
+    rows = finite_rows(items, 2)
+    return rows[:, 0], rows[:, 1].astype(int)
 
 
 def ece_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
@@ -176,8 +162,7 @@ def _no_scores(options: CalibrationOptions) -> ReaderScores:
 
 
 def reader_auroc_row(items: Iterable[ReaderRecord], options: CalibrationOptions = CalibrationOptions()) -> float:
-    fit = reader_fit(items, options)
-    return selective_auroc_score(fit.scores[fit.scored], fit.labels[fit.scored])
+    return reader_auroc_score(reader_fit(items, options))
 
 
 def reader_ece_row(items: Iterable[ReaderRecord], options: CalibrationOptions = CalibrationOptions()) -> float:

@@ -151,8 +151,7 @@ class ProbeResults(Task):
     @property
     def difficulty_source(self) -> str | Callable[[dict[str, Any]], Any] | None:
         """``metadata: {difficulty: <doc field name>}`` (or a ``!function`` taking the doc); ``None``: no label."""
-        metadata = self.config.metadata if isinstance(self.config.metadata, dict) else {}
-        return metadata.get("difficulty")
+        return self._metadata().get("difficulty")
 
     def difficulty(self, doc: dict[str, Any]) -> float | None:
         """The document's difficulty label, or ``None`` when the doc lacks one."""

@@ -34,11 +34,12 @@ from scipy.stats import rankdata
 from sklearn import config_context
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
+
+from .calibration import selective_auroc_score
 
 __all__ = ["DEFAULT_CS", "PROTOCOLS", "ReaderScores", "reader_auroc_score", "reader_scores"]
 
@@ -190,12 +191,7 @@ def reader_auroc_score(result: ReaderScores) -> float:
     Returns a float in [0, 1] (0.5 = chance). With no scored document, or a single class among
     them, warns ``UndefinedMetricWarning`` and returns nan.
     """
-    mask = result.scored
-    y = result.labels[mask]
-    if y.size == 0 or np.unique(y).size < 2:
-        _warn(f"AUROC undefined: {y.size} scored document(s) with labels {np.unique(y).tolist()}")
-        return float("nan")
-    return float(roc_auc_score(y, result.scores[mask]))
+    return selective_auroc_score(result.scores[result.scored], result.labels[result.scored])
 
 
 # --- validation -------------------------------------------------------------------------------
