@@ -20,7 +20,7 @@ from lm_eval.api.registry import (
     register_metric,
 )
 
-from lm_eval_probes.metrics.aggregations import UndefinedMetricWarning, count, partial_spearman_score, spearman_score
+from lm_eval_probes.probes.correlation import UndefinedMetricWarning, count, partial_spearman_score, spearman_score
 from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOptions
 
 __all__ = [

@@ -26,7 +26,7 @@ import numpy as np
 from sklearn.exceptions import UndefinedMetricWarning
 
 from lm_eval_probes.config import unknown_message
-from lm_eval_probes.metrics.aggregations import finite_rows
+from lm_eval_probes.probes.correlation import finite_rows
 from lm_eval_probes.probes.calibration import (
     BINNINGS,
     accuracy_at_coverage_score,

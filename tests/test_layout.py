@@ -23,7 +23,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_probes_import_nothing_above_them():
     allowed = {"__future__", "math", "dataclasses", "typing", "collections", "torch", "numpy", "scipy", "sklearn",
-               "difflib", "warnings", "operator", "threadpoolctl"}
+               "difflib", "warnings", "operator", "threadpoolctl", "importlib"}
     for path in (PACKAGE / "probes").glob("*.py"):
         extra = imported_modules(path) - allowed
         assert not extra, f"{path.name} imports {extra}"
@@ -43,3 +43,17 @@ def test_importing_the_package_does_not_import_torch():
 
     code = "import sys, lm_eval_probes; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_probes_package_has_no_side_effects():
+    """``import lm_eval_probes.probes`` loads nothing heavy; the numpy modules need neither torch nor lm_eval."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lm_eval_probes.probes as p, lm_eval_probes.probes.calibration, lm_eval_probes.probes.reader, "
+        "lm_eval_probes.probes.correlation; p.spearman_score; "
+        "print(sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr

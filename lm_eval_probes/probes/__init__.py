@@ -2,61 +2,63 @@
 
 One module per method: :mod:`.tcb` (Token Constraint Bound), :mod:`.bte` (Belief-Trajectory
 Energy), :mod:`.confidence` (output confidence of a response), :mod:`.calibration` (ECE, selective
-AUROC, AURC, temperature scaling) and :mod:`.reader` (the latent correctness reader / corruption detector).
+AUROC, AURC, temperature scaling), :mod:`.reader` (the latent correctness reader / corruption
+detector) and :mod:`.correlation` (Spearman and partial Spearman ρ with difficulty).
+
+Importing this package has no side effects and imports nothing heavy: each name loads its module on
+first access, so the numpy-only modules (calibration, reader, correlation) work without torch.
 """
 
-from .bte import (
-    TRANSITION_STATISTIC_NAMES,
-    belief_trajectory_energy,
-    central_window,
-    central_window_energy,
-    depth_profile,
-    js_divergence,
-    transition_statistics,
-)
-from .calibration import (
-    ReliabilityDiagram,
-    accuracy_at_coverage_score,
-    aurc_error,
-    binary_nll_loss,
-    expected_calibration_error,
-    fit_temperature,
-    out_of_fold_temperature_scale,
-    reliability_diagram,
-    risk_coverage_curve,
-    selective_auroc_score,
-    temperature_scale,
-)
-from .confidence import chosen_option_confidence, geometric_mean_probability, option_probabilities
-from .reader import ReaderScores, reader_auroc_score, reader_scores
-from .tcb import PredictionBaselines, distribution_baselines, token_constraint_bound
+from __future__ import annotations
 
-__all__ = [
-    "PredictionBaselines",
-    "ReaderScores",
-    "ReliabilityDiagram",
-    "accuracy_at_coverage_score",
-    "aurc_error",
-    "binary_nll_loss",
-    "expected_calibration_error",
-    "fit_temperature",
-    "out_of_fold_temperature_scale",
-    "reader_auroc_score",
-    "reader_scores",
-    "reliability_diagram",
-    "risk_coverage_curve",
-    "selective_auroc_score",
-    "temperature_scale",
-    "TRANSITION_STATISTIC_NAMES",
-    "belief_trajectory_energy",
-    "central_window",
-    "central_window_energy",
-    "chosen_option_confidence",
-    "depth_profile",
-    "distribution_baselines",
-    "geometric_mean_probability",
-    "js_divergence",
-    "option_probabilities",
-    "token_constraint_bound",
-    "transition_statistics",
-]
+import importlib
+from typing import Any
+
+_SOURCES: dict[str, str] = {
+    "TRANSITION_STATISTIC_NAMES": "bte",
+    "belief_trajectory_energy": "bte",
+    "central_window": "bte",
+    "central_window_energy": "bte",
+    "depth_profile": "bte",
+    "js_divergence": "bte",
+    "transition_statistics": "bte",
+    "ReliabilityDiagram": "calibration",
+    "accuracy_at_coverage_score": "calibration",
+    "aurc_error": "calibration",
+    "binary_nll_loss": "calibration",
+    "expected_calibration_error": "calibration",
+    "fit_temperature": "calibration",
+    "out_of_fold_temperature_scale": "calibration",
+    "reliability_diagram": "calibration",
+    "risk_coverage_curve": "calibration",
+    "selective_auroc_score": "calibration",
+    "temperature_scale": "calibration",
+    "chosen_option_confidence": "confidence",
+    "geometric_mean_probability": "confidence",
+    "option_probabilities": "confidence",
+    "finite_rows": "correlation",
+    "partial_spearman_score": "correlation",
+    "spearman_score": "correlation",
+    "ReaderScores": "reader",
+    "reader_auroc_score": "reader",
+    "reader_scores": "reader",
+    "PredictionBaselines": "tcb",
+    "distribution_baselines": "tcb",
+    "token_constraint_bound": "tcb",
+}
+"""Public name → the module that defines it."""
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))

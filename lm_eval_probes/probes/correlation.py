@@ -1,7 +1,8 @@
-"""Corpus-level aggregations of per-document probe records (pure numpy/scipy; no torch, no lm_eval).
+"""Rank correlations of per-document probe values with difficulty (pure numpy/scipy; no torch, no lm_eval).
 
-Each aggregation maps the list of per-document values that ``process_results`` returned for one metric
-(gathered across ranks by lm_eval) to one float. Undefined cases warn and return ``nan``.
+Each function maps a list of per-document records (as ``process_results`` returns them and lm_eval
+gathers them across ranks, or as a ``--log_samples`` file holds them) to one float. Undefined cases
+warn :class:`UndefinedMetricWarning` and return ``nan``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import numpy as np
 from scipy import stats
 from sklearn.exceptions import UndefinedMetricWarning  # one warning class for every undefined metric
 
-__all__ = ["UndefinedMetricWarning", "count", "partial_spearman_score", "spearman_score"]
-
-
+__all__ = ["UndefinedMetricWarning", "count", "finite_rows", "partial_spearman_score", "spearman_score"]
 
 
 def finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:
