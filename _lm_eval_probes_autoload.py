@@ -1,8 +1,8 @@
-"""Registers a lazy ``hf-probes`` placeholder in lm_eval's model registry at interpreter start.
+"""Registers the lazy ``hf-probes`` placeholder in lm_eval's model registry at interpreter start.
 
-Imported by ``lm_eval_probes.pth`` from site-packages. It must stay tiny: no torch, no
-``lm_eval_probes`` import (that happens on the first ``get_model("hf-probes")``). Any failure is
-swallowed so that a broken environment never breaks an unrelated Python start-up.
+Imported by ``lm_eval_probes.pth`` from site-packages (lm_eval 0.4.13 has no plugin discovery). The
+work is :func:`lm_eval_probes.integration.register_model_placeholder`, which imports no torch. Any
+failure is swallowed so that a broken environment never breaks an unrelated Python start-up.
 """
 
 
@@ -11,11 +11,9 @@ def _register() -> None:
 
     if importlib.util.find_spec("lm_eval") is None:
         return
-    import lm_eval.models  # noqa: F401  (built-in placeholders first; see lm-eval-integration notes)
-    from lm_eval.api.registry import model_registry
+    from lm_eval_probes.integration import register_model_placeholder
 
-    if "hf-probes" not in model_registry:
-        model_registry.register("hf-probes", target="lm_eval_probes.models:ProbeHFLM")
+    register_model_placeholder()
 
 
 try:

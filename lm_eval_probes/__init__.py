@@ -1,9 +1,9 @@
 """lm-eval-probes: hidden-state probes (δ_TCB, BTE, …) reported next to accuracy in lm-evaluation-harness.
 
-Importing this package is cheap (no torch): it registers a lazy ``hf-probes`` placeholder in lm_eval's
-model registry; the model class (and the probe metrics) load on first use. ``TASKS_DIR`` is the folder
-of the packaged task YAMLs, for ``TaskManager(include_path=lm_eval_probes.TASKS_DIR)`` or
-``--include_path``.
+Importing this package has no side effects and imports neither torch nor lm_eval. A regular install
+registers the ``hf-probes`` model with lm_eval at interpreter start (a ``.pth`` file); elsewhere (an
+editable install) call :func:`register` once. ``TASKS_DIR`` is the folder of the packaged task YAMLs,
+for ``ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)`` or ``--include_path``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
-MODEL_NAME = "hf-probes"
 
 
 def package_folder(name: str, hint: str) -> str:
@@ -29,22 +28,17 @@ def tasks_dir() -> str:
 
 
 def register() -> None:
-    """Register the lazy ``hf-probes`` model placeholder (idempotent)."""
-    import lm_eval.models  # noqa: F401  (built-in placeholders first, else they get hidden)
-    from lm_eval.api.registry import model_registry
+    """Register the lazy ``hf-probes`` model placeholder with lm_eval (idempotent)."""
+    from lm_eval_probes.integration import register_model_placeholder
 
-    if MODEL_NAME not in model_registry:
-        model_registry.register(MODEL_NAME, target="lm_eval_probes.models:ProbeHFLM")
+    register_model_placeholder()
 
 
 def __getattr__(name: str) -> Any:
     if name == "TASKS_DIR":
         return tasks_dir()
     if name == "ProbeTaskManager":
-        from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+        from lm_eval_probes import integration
 
-        return ProbeTaskManager
+        return integration.ProbeTaskManager
     raise AttributeError(f"module 'lm_eval_probes' has no attribute {name!r}")
-
-
-register()

@@ -10,10 +10,9 @@ their own prompts, filters and metrics.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from lm_eval_probes.config import join_probe_names
+
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     """Add the packaged task folder and join bare probe names in ``--model_args`` (pure; tested)."""
@@ -37,25 +36,14 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     return out
 
 
-@contextmanager
-def every_task_probed() -> Iterator[None]:
-    """Within the block, the task manager that lm_eval's CLI builds is a ``ProbeTaskManager``."""
-    import lm_eval.tasks
-
-    from lm_eval_probes.tasks.probe_task import ProbeTaskManager
-
-    original = lm_eval.tasks.TaskManager
-    lm_eval.tasks.TaskManager = ProbeTaskManager
-    try:
-        yield
-    finally:
-        lm_eval.tasks.TaskManager = original
-
-
 def main(argv: list[str] | None = None) -> None:
-    import lm_eval_probes
-    import lm_eval_probes.models  # noqa: F401  (model + metrics registered before tasks are built)
     from lm_eval.__main__ import cli_evaluate
+
+    import lm_eval_probes
+    from lm_eval_probes.integration import every_task_probed, register_model_placeholder, register_rows
+
+    register_model_placeholder()
+    register_rows()  # before any task is built
 
     args = rewrite_argv(list(sys.argv[1:] if argv is None else argv), lm_eval_probes.tasks_dir())
     sys.argv = ["lm-eval-probes", *args]

@@ -135,13 +135,15 @@ class PositionProbes:
         prompt_states: LayerStates | None = None,
         tail: int = 0,
         token_ends: Sequence[int] | None = None,
+        empty: bool = False,
     ) -> ResponseProbe:
         """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`.
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
         already know their summed log-probability). Generations pass ``tail`` (keep the last ``tail``
         positions' reader states one by one, float16) and ``token_ends`` (character end of each token
-        in the response text); they then also keep every token's log-probability.
+        in the response text); they then also keep every token's log-probability. ``empty`` marks a
+        generation whose kept text is empty, summarized at the one position that chose to stop.
         """
         if not 0 <= start <= stop <= self.num_positions:
             raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
@@ -189,6 +191,7 @@ class PositionProbes:
             n_tokens=n,
             prompt_tokens=prompt_tokens,
             mean_token_logprob=math.nan if mean_token_logprob is None else float(mean_token_logprob),
+            empty=empty,
             **values,
         )
 
@@ -305,3 +308,91 @@ def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layer
     weights = (weights / weights.sum(-1, keepdim=True).clamp(min=1)).unsqueeze(1)  # [B, 1, T]
     means = torch.stack([torch.bmm(weights, h.float()).squeeze(1) for h in states], dim=1)  # [B, k, H]
     return [LayerStates(tuple(layers), row.float().cpu().numpy()) for row in means]
+
+
+class LoglikelihoodRows:
+    """Bookkeeping of one ``loglikelihood`` call: HFLM's rows in, each answered request's probe out.
+
+    HFLM runs one forward per batch (:meth:`new_batch`), then calls ``_select_cont_toks`` once per row
+    in row order (:meth:`add_row`), then answers the row's requests (one or, with the logits cache,
+    several one-token continuations of one context) through ``cache_hook.add_partial``
+    (:meth:`on_answer`). A batch's rows are probed together when the next batch starts or the call
+    ends (:meth:`flush`): all of them go through the lens at once, and only the few response
+    positions' states (and the reader layers' prompt states) are kept until then.
+
+    Use it through :func:`loglikelihood_rows`, which also holds the hidden-state hooks.
+    """
+
+    def __init__(self, tap: HiddenStateTap, readout: LensReadout, config: ProbeConfig, reader_layers: Sequence[int]) -> None:
+        self.tap = tap
+        self.readout = readout
+        self.config = config
+        self.reader_layers = tuple(reader_layers)
+        self.probes: dict[Any, ResponseProbe] = {}
+        """Each answered request's probe, keyed by its ``(context, continuation)``."""
+        self._continuation_lengths: dict[Any, int] = {}
+        self._next_row = 0
+        self._rows: list[list[torch.Tensor]] = []  # per row: L+1 tensors [contlen, H]
+        self._input_lengths: list[int] = []  # per row: its input length (the end of its response span)
+        self._prompt_layers: list[list[torch.Tensor]] = []  # per row: the reader layers' states [inplen, H]
+        self._answers: list[tuple[Any, int, int, float]] = []  # (request key, row, continuation tokens, loglik)
+
+    def note_requests(self, requests: Sequence[Any]) -> None:
+        """HFLM's tokenized requests ``((context, continuation), context ids, continuation ids)``."""
+        self._continuation_lengths.update({req[0]: len(req[2]) for req in requests if req[0] is not None})
+
+    def new_batch(self) -> None:
+        """A forward is about to replace the states of the previous batch: probe that batch first."""
+        self.flush()
+        self._next_row = 0
+
+    def add_row(self, input_length: int, continuation_length: int) -> None:
+        """The next row of the latest forward scores ``continuation_length`` tokens ending at ``input_length``."""
+        states = self.tap.latest
+        if states is None:
+            return
+        row, self._next_row = self._next_row, self._next_row + 1
+        self._rows.append([h[row, input_length - continuation_length : input_length] for h in states])
+        self._input_lengths.append(input_length)
+        self._prompt_layers.append([states[layer][row, :input_length] for layer in self.reader_layers])
+
+    def on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
+        """HFLM answered ``request_key`` from the latest row (a ``cache_hook.add_partial`` call)."""
+        if attr == "loglikelihood" and self._rows:
+            n = self._continuation_lengths[request_key]
+            self._answers.append((request_key, len(self._rows) - 1, n, float(answer[0])))
+
+    def flush(self) -> None:
+        """Probe the pending rows at once and hand each answered request its trailing slice."""
+        rows = position_probes_of_spans(self._rows, self.readout, self.config)
+        for key, row, n, loglik in self._answers:
+            probes = rows[row]
+            end = probes.num_positions
+            prompt_tokens = self._input_lengths[row] - n + 1  # the last context position predicts token 1
+            self.probes[key] = probes.summarize(
+                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
+                prompt_states=self._prompt_states(self._prompt_layers[row], prompt_tokens),
+            )
+        self._rows, self._answers, self._input_lengths, self._prompt_layers = [], [], [], []
+
+    def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
+        """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
+        last ``reader_prompt_tail``)."""
+        if not self.reader_layers:
+            return None
+        tail = self.config.reader_prompt_tail
+        start = max(0, prompt_tokens - tail) if tail else 0
+        means = torch.stack([h[start:prompt_tokens].float().mean(0) for h in row_states])
+        return LayerStates(self.reader_layers, means.cpu().numpy())
+
+
+@contextmanager
+def loglikelihood_rows(
+    model: nn.Module, readout: LensReadout, config: ProbeConfig, reader_layers: Sequence[int]
+) -> Iterator[LoglikelihoodRows]:
+    """Hooks on ``model`` and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call; the last batch is
+    probed when the block ends without an error."""
+    with hidden_state_tap(model) as tap:
+        rows = LoglikelihoodRows(tap, readout, config, reader_layers)
+        yield rows
+        rows.flush()

@@ -8,6 +8,7 @@ valid values (and a did-you-mean) *before* any model is loaded.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -64,8 +65,8 @@ class ProbeConfig:
             raise ValueError(unknown_message("probe", unknown[0], PROBE_NAMES))
         if len(set(self.probes)) != len(self.probes):
             raise ValueError(f"probes lists a probe twice: {self.probes}")
-        if not self.tcb_eps > 0:
-            raise ValueError(f"probe_tcb_eps must be > 0, got {self.tcb_eps!r}")
+        if not (math.isfinite(self.tcb_eps) and self.tcb_eps > 0):
+            raise ValueError(f"probe_tcb_eps must be finite and > 0, got {self.tcb_eps!r}")
         if self.gen_capture not in GEN_CAPTURE_MODES:
             raise ValueError(unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
         if self.bte_window is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,33 +27,31 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from lm_eval_probes import metrics as _metrics  # noqa: F401  (registers probe metrics before tasks are built)
+import lm_eval_probes
 from lm_eval_probes.architectures import LensReadout
 from lm_eval_probes.capture import (
-    HiddenStateTap,
+    LoglikelihoodRows,
     PositionProbes,
     hidden_state_tap,
+    loglikelihood_rows,
     masked_mean_states,
     position_probes_of_spans,
 )
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
+from lm_eval_probes.integration import (
+    MODEL_NAME,
+    answers_tapped,
+    namespace_response_cache,
+    note_unprobed_requests,
+    register_rows,
+)
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
 
-
-class _CacheHookTap:
-    """Stands in for HFLM's ``cache_hook``: calls ``on_answer`` first, then the real hook."""
-
-    def __init__(self, inner: Any, on_answer: Callable[[str, Any, Any], None]) -> None:
-        self._inner = inner
-        self._on_answer = on_answer
-
-    def add_partial(self, attr: str, req: Any, res: Any) -> None:
-        self._on_answer(attr, req, res)
-        self._inner.add_partial(attr, req, res)
+register_rows()  # before any task is built: the model is looked up first
 
 
-@register_model("hf-probes")
+@register_model(MODEL_NAME)
 class ProbeHFLM(HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
@@ -62,8 +60,8 @@ class ProbeHFLM(HFLM):
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
-        self._tap: HiddenStateTap | None = None  # set inside loglikelihood
-        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None]] | None = None  # set inside generate_until
+        self._loglikelihood_rows: LoglikelihoodRows | None = None  # set inside loglikelihood
+        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None]] | None = None  # inside generate_until
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
@@ -79,79 +77,48 @@ class ProbeHFLM(HFLM):
         """As HFLM's, but ``probes=tcb,bte`` keeps its comma-separated names together."""
         return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
 
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """``--use_cache``: this run's responses (and their probes) live in a table of their probe configuration."""
+        if self.probe_config.enabled:
+            namespace_response_cache(cache_hook, f"lm-eval-probes {lm_eval_probes.__version__} {self.probe_config!r}")
+        super().set_cache_hook(cache_hook)
+
     # ----------------------------------------------------------------------------- loglikelihood
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         if self.readout is None:
             return super().loglikelihood(requests, disable_tqdm)
-        self._probes_by_request: dict[tuple[str, str], ResponseProbe] = {}
-        self._pending_rows: list[list[torch.Tensor]] = []
-        self._pending_ends: list[int] = []  # per row: its input length (the end of its response span)
-        self._pending_prompts: list[list[torch.Tensor]] = []  # per row: the reader layers' states [inplen, H]
-        self._pending_answers: list[tuple[Any, int, int, float]] = []
-
-        def on_answer(attr: str, req: Any, answer: Any) -> None:
-            if attr == "loglikelihood" and self._pending_rows:
-                self._pending_answers.append((req, len(self._pending_rows) - 1, self._cont_lengths[req], answer[0]))
-
-        with self._answers_tapped(on_answer), hidden_state_tap(self.model) as tap:
-            self._tap = tap
+        note_unprobed_requests(requests)
+        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers) as rows:
+            self._loglikelihood_rows = rows
             try:
-                answers = super().loglikelihood(requests, disable_tqdm)
-                self._flush_rows()
+                with answers_tapped(self, rows.on_answer, forward_partials=False):
+                    answers = super().loglikelihood(requests, disable_tqdm)
             finally:
-                self._tap = None
-                self._pending_rows, self._pending_answers, self._pending_ends, self._cont_lengths = [], [], [], {}
-                self._pending_prompts = []
-        probes, self._probes_by_request = self._probes_by_request, {}
-        return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+                self._loglikelihood_rows = None
+        return [ProbeLL(answer, rows.probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
-        self._cont_lengths = {req[0]: len(req[2]) for req in requests if req[0] is not None}
+        if self._loglikelihood_rows is not None:
+            self._loglikelihood_rows.note_requests(requests)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self._tap is not None:
-            self._flush_rows()  # the previous batch's states are about to be replaced
-            self._next_row = 0
+        if self._loglikelihood_rows is not None:
+            self._loglikelihood_rows.new_batch()
         return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
     def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:
-        if self._tap is not None and self._tap.latest is not None:
-            row, self._next_row = self._next_row, self._next_row + 1
-            self._pending_rows.append([h[row, inplen - contlen : inplen] for h in self._tap.latest])
-            self._pending_ends.append(inplen)
-            self._pending_prompts.append([self._tap.latest[layer][row, :inplen] for layer in self.reader_layers])
+        if self._loglikelihood_rows is not None:
+            self._loglikelihood_rows.add_row(inplen, contlen)
         return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
-
-    def _flush_rows(self) -> None:
-        """Probe all rows of the current batch at once and hand each answered request its trailing slice."""
-        rows = position_probes_of_spans(self._pending_rows, self.readout, self.probe_config)
-        for req, row, n, loglik in self._pending_answers:
-            probes = rows[row]
-            end = probes.num_positions
-            prompt_tokens = self._pending_ends[row] - n + 1  # the last context position predicts token 1
-            self._probes_by_request[req] = probes.summarize(
-                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
-                prompt_states=self._prompt_states(self._pending_prompts[row], prompt_tokens),
-            )
-        self._pending_rows, self._pending_answers, self._pending_ends, self._pending_prompts = [], [], [], []
-
-    def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
-        """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
-        last ``probe_reader_prompt_tail``)."""
-        if not self.reader_layers:
-            return None
-        tail = self.probe_config.reader_prompt_tail
-        start = max(0, prompt_tokens - tail) if tail else 0
-        means = torch.stack([h[start:prompt_tokens].float().mean(0) for h in row_states])
-        return LayerStates(self.reader_layers, means.cpu().numpy())
 
     # ----------------------------------------------------------------------------- generation
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         if self.readout is None:
             return super().generate_until(requests, disable_tqdm)
+        note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
         self._gen_rows = deque()
 
@@ -160,13 +127,15 @@ class ProbeHFLM(HFLM):
                 generated, rows, prompt_tokens, prompt_states = self._gen_rows.popleft()
                 ends = _LazyDecodedLengths(self, generated)
                 kept = _kept_token_count(ends, text)
+                empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
                 probes[(req[0], text)].append(rows.summarize(
-                    0, kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
-                    tail=self.probe_config.reader_tail, token_ends=[min(ends[i], len(text)) for i in range(kept)],
+                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
+                    tail=self.probe_config.reader_tail, empty=empty,
+                    token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                 ))
 
         try:
-            with self._answers_tapped(on_answer):
+            with answers_tapped(self, on_answer, forward_partials=False):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
             self._gen_rows = None
@@ -235,18 +204,10 @@ class ProbeHFLM(HFLM):
         return out.hidden_states
 
     def _generation_bound(self, tokens: list[int]) -> int:
-        """Tokens up to (excluding) the first EOS or pad: an upper bound on the kept tokens."""
+        """Tokens up to (excluding) the first EOS or pad — an upper bound on the kept tokens — and at least
+        one: the first position is probed even when it chose to stop (an empty generation)."""
         stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
-        return next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))
-
-    @contextmanager
-    def _answers_tapped(self, on_answer: Callable[[str, Any, Any], None]) -> Iterator[None]:
-        inner = self.cache_hook
-        self.cache_hook = _CacheHookTap(inner, on_answer)
-        try:
-            yield
-        finally:
-            self.cache_hook = inner
+        return min(len(tokens), max(1, next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))))
 
 
 class _LazyDecodedLengths:

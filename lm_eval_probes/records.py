@@ -10,7 +10,6 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 from __future__ import annotations
 
 import base64
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -106,6 +105,11 @@ class ResponseProbe:
         token_ends: generation only: the character offset where each response token ends in the text.
         answer_span: ``[start, stop)`` response-token indices of the filter-extracted answer (set by the
             task after filtering; ``None``: not located).
+        empty: a generation whose kept text is empty: the probed span is then the one position that chose
+            to stop (its token: EOS or the first token of a stop string), so its confidence is the
+            probability of stopping there and every probe value describes that position.
+        document: the document's index in its task (lm_eval's ``doc_id``, set by the task after filtering):
+            the identity that orders records before a seeded split.
     """
 
     n_tokens: int
@@ -126,10 +130,8 @@ class ResponseProbe:
     token_logprobs: tuple[float, ...] | None = None
     token_ends: tuple[int, ...] | None = None
     answer_span: tuple[int, int] | None = None
-
-    @property
-    def geometric_mean_probability(self) -> float:
-        return math.exp(self.mean_token_logprob) if self.n_tokens else math.nan
+    empty: bool = False
+    document: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form (lists, numbers, ``None``; states as :meth:`LayerStates.to_dict`)."""
@@ -213,13 +215,15 @@ class ReaderRecord:
 
     ``features``: the hidden-state summary the reader reads (``[k, H]``); ``label``: 0/1 (correct, or
     noised); ``group``: documents sharing a group (a clean prompt and its noised twin) never straddle a
-    train/test split. Pickles in full through lm_eval's gather; its ``str`` (what ``--log_samples``
+    train/test split; ``document``: the document's index in its task, which puts the records in a
+    canonical order before any seeded split (so no float value decides a fold). Pickles in full through lm_eval's gather; its ``str`` (what ``--log_samples``
     writes) is one short line.
     """
 
     features: LayerStates | None
     label: int
     group: Any = None
+    document: int | None = None
 
     def __post_init__(self) -> None:
         if self.label not in (0, 1):
@@ -227,9 +231,10 @@ class ReaderRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"features": None if self.features is None else self.features.to_dict(), "label": self.label,
-                "group": self.group}
+                "group": self.group, "document": self.document}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReaderRecord:
         features = data.get("features")
-        return cls(None if features is None else LayerStates.from_dict(features), int(data["label"]), data.get("group"))
+        return cls(None if features is None else LayerStates.from_dict(features), int(data["label"]), data.get("group"),
+                   data.get("document"))

@@ -2,13 +2,15 @@
 
 Per-document values come from ``ProbeResults.process_results`` (gathered across ranks by lm_eval):
 
-* ``(confidence, correct)`` pairs for ``ece``, ``ece_scaled``, ``selective_auroc``, ``aurc`` and
-  ``selective_acc_50/80``, and ``(confidence, noised)`` for ``corruption_confidence_auroc``;
+* ``(confidence, correct)`` pairs for ``ece``, ``selective_auroc``, ``aurc`` and ``selective_acc_50/80``,
+  ``(confidence, correct, document)`` for ``ece_scaled`` and ``(1 − confidence, noised)`` for
+  ``corruption_confidence_auroc``;
 * :class:`~lm_eval_probes.records.ReaderRecord` for ``lcr_auroc``, ``lcr_ece`` and ``corruption_auroc``.
 
 Options come from the task's ``metadata`` (:class:`CalibrationOptions`), bound per task when the
-task adds its rows. Records are put in a canonical order before any seeded split, so a run's rows do
-not depend on how many ranks produced the records or in which order lm_eval gathered them. The math lives in :mod:`lm_eval_probes.probes.calibration` and
+task adds its rows. Records are put in a canonical order — by the document's index in its task, never
+by a float value — before any seeded split, so a run's rows depend neither on how many ranks produced
+the records nor on the batch size (which moves hidden states and confidences by an ulp). The math lives in :mod:`lm_eval_probes.probes.calibration` and
 :mod:`lm_eval_probes.probes.reader`; this module only collects records, skips incomplete ones and
 fits the reader once per record set (the two reader rows share one fit).
 """
@@ -101,12 +103,19 @@ def ece_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = Calibr
 
 
 def scaled_ece_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
-    """ECE after temperature scaling fitted out-of-fold (each document scaled by a T fitted without it)."""
-    c, y = confidence_pairs(items)
-    if len(c) < 2:
-        return expected_calibration_error(c, y, n_bins=options.ece_bins, binning=options.ece_binning)
-    order = np.lexsort((y, c))  # a canonical order: the folds do not depend on how ranks gathered the records
-    c, y = c[order], y[order]
+    """ECE after temperature scaling fitted out-of-fold (each document scaled by a T fitted without it).
+
+    ``items``: ``(confidence, correct, document)`` records; the folds follow the documents' order.
+    Fewer than 3 usable records (a fold needs another fold to fit on, with at least 2 documents):
+    :class:`UndefinedMetricWarning` and ``nan``.
+    """
+    rows = finite_rows(items, 3)
+    if len(rows) < 3:
+        warnings.warn(f"ece_scaled is undefined for {len(rows)} documents (needs >= 3)", UndefinedMetricWarning,
+                      stacklevel=2)
+        return float("nan")
+    rows = rows[np.argsort(rows[:, 2], kind="stable")]
+    c, y = rows[:, 0], rows[:, 1].astype(int)
     scaled = out_of_fold_temperature_scale(c, y, n_splits=options.reader_folds, seed=options.reader_seed)
     return expected_calibration_error(scaled, y, n_bins=options.ece_bins, binning=options.ece_binning)
 
@@ -135,7 +144,7 @@ def reader_fit(items: Iterable[ReaderRecord], options: CalibrationOptions = Cali
     records = [item for item in items if item is not None and item.features is not None]
     if not records:
         return _no_scores(options)
-    records.sort(key=_record_key)  # a canonical order: the folds do not depend on how ranks gathered the records
+    records.sort(key=_record_key)  # a canonical order: the folds depend neither on ranks nor on float values
     shapes = {(r.features.layers, r.features.values.shape) for r in records}
     if len(shapes) != 1:
         raise ValueError(f"reader records of different layers or shapes in one task: {sorted(map(str, shapes))}")
@@ -183,10 +192,10 @@ def _reader_kwargs(options: CalibrationOptions, groups: np.ndarray | None) -> di
     }
 
 
-def _record_key(record: ReaderRecord) -> bytes:
-    h = hashlib.sha256(np.ascontiguousarray(record.features.values).tobytes())
-    h.update(repr((record.label, record.group)).encode())
-    return h.digest()
+def _record_key(record: ReaderRecord) -> tuple[int, str, int]:
+    """The document's index first; records without one (built by hand) by their group and label."""
+    document = -1 if record.document is None else int(record.document)
+    return (document, repr(record.group), record.label)
 
 
 _READER_CACHE: OrderedDict[str, ReaderScores] = OrderedDict()

@@ -1,51 +1,53 @@
-"""``ProbeTask``: a ConfigurableTask that reports probe metrics next to the task's own metrics.
+"""``ProbeTask``: a ConfigurableTask that reports probe rows next to the task's own metrics (a thin adapter).
 
 Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.ProbeTask``
 (``NoisedProbeTask`` for noised-input variants), or give a built stock task the same rows with
-:func:`with_probe_metrics`. It
+:func:`~lm_eval_probes.integration.with_probe_metrics` (the ``lm-eval-probes`` command does it for every
+task). The rows are those of :func:`lm_eval_probes.rows.rows_for`; each document's values come from
+:mod:`lm_eval_probes.estimators`. Rows appear only when the model is ``hf-probes``; with plain ``hf``
+the task is the stock task.
 
-* re-attaches each response's probe after lm_eval's filters (regex filters build new plain strings);
-* adds the probe rows of :data:`lm_eval_probes.metrics.PROBE_METRICS` to the task's own per-document
-  metrics (rows appear only when the model is ``hf-probes``; with plain ``hf`` the task is the stock task):
-  δ_TCB, BTE and their ρ with difficulty, and the calibration / selective-prediction / reader rows,
-  which pair each document's confidence (``metadata.confidence``) or reader features with its 0/1
-  correctness;
-* reads the document's difficulty label from the field named by ``metadata: {difficulty: <field>}``;
-* for generations, locates each filter's extracted answer in the generated text (its tokens give the
-  answer-span confidence and reader features).
-
-:class:`NoisedProbeTask` evaluates noised documents; :class:`NoisedPairProbeTask` evaluates each
-document clean and noised and adds the corruption-detector rows.
+Task metadata read here: ``difficulty`` (a document field or a ``!function``; adds the ρ rows),
+``confidence`` (the confidence source), ``correctness`` (the 0/1 metric that judges a document, or
+``none``), and the calibration options of :class:`~lm_eval_probes.metrics.CalibrationOptions`.
 
 Which response a document's probe describes: multiple choice — the option the model chose (highest
 log-likelihood); generation — the (first) generation; loglikelihood — the target continuation.
+Correctness is defined for multiple choice (the chosen option is gold) and generation (``exact_match``
+or ``acc``); a loglikelihood task's ``acc`` only asks whether the target is the greedy continuation,
+so such a task shows calibration, selective and reader rows only when ``metadata.correctness`` names
+a metric.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import datasets
 from lm_eval.api.task import ConfigurableTask, Task
-from lm_eval.tasks import TaskManager
 
-from lm_eval_probes.metrics import CORRUPTION_METRICS, PROBE_METRICS, CalibrationOptions, task_aggregation
-from lm_eval_probes.probes.confidence import option_probabilities
+from lm_eval_probes import estimators, rows
+from lm_eval_probes.integration import note_probed_task, task_aggregation, with_probe_metrics
+from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.records import LayerStates, ReaderRecord, ResponseProbe, probe_of, with_probe
+
+__all__ = [
+    "CONFIDENCE_SOURCES", "NoisedPairProbeTask", "NoisedProbeTask", "ProbeResults", "ProbeTask", "ProbeTaskManager",
+    "probe_metric_values", "with_probe_metrics",
+]
 
 eval_logger = logging.getLogger(__name__)
 
 CONFIDENCE_SOURCES: dict[str, tuple[str, ...]] = {"mc": ("option", "option_norm"), "gen": ("answer", "generation")}
 """Confidence sources a task may name in ``metadata.confidence`` (first = default)."""
 
-CONFIDENCE_ROWS = ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "selective_acc_80")
-"""Rows whose per-document value is ``(confidence, correct)``."""
+NO_CORRECTNESS = "none"
+"""``metadata: {correctness: none}``: the task's correctness is not defined (no calibration rows)."""
 
 
 @functools.cache
@@ -53,65 +55,31 @@ def _warn_once(message: str) -> None:
     eval_logger.warning(message)
 
 
-def locate_answer(text: str, answer: Any, token_ends: Sequence[int]) -> tuple[int, int] | None:
-    """Token span ``[start, stop)`` of the last occurrence of the filter-extracted ``answer`` in ``text``.
-
-    ``token_ends[i]`` is the character offset where token i ends in ``text``. ``None`` when the answer
-    is empty or not a substring of the text (e.g. a filter's ``[invalid]`` fallback).
-    """
-    answer = str(answer).strip() if answer is not None else ""
-    if not answer:
-        return None
-    begin = text.rfind(answer)
-    if begin < 0:
-        return None
-    end = begin + len(answer)
-    start = bisect.bisect_right(token_ends, begin)  # first token ending after the answer begins
-    stop = bisect.bisect_left(token_ends, end) + 1  # through the first token ending at or after its end
-    stop = min(stop, len(token_ends))
-    return (start, stop) if start < stop else None
-
-
-def answer_confidence_and_states(probe: ResponseProbe) -> tuple[float, LayerStates | None]:
-    """Geometric-mean probability of the answer tokens and the mean reader states over them.
-
-    Without a located answer span: the whole generation's values. The states come from the kept tail
-    of per-position states; an answer that begins before the tail falls back to the whole generation's
-    mean states.
-    """
-    span = probe.answer_span
-    if span is None or probe.token_logprobs is None:
-        return probe.geometric_mean_probability, probe.answer_states
-    start, stop = span
-    confidence = math.exp(sum(probe.token_logprobs[start:stop]) / (stop - start))
-    states = probe.answer_states
-    tail = probe.tail_states
-    if tail is not None:
-        offset = probe.n_tokens - tail.values.shape[1]  # response index of the tail's first position
-        if start >= offset:
-            states = tail.mean_positions(start - offset, stop - offset)
-    return confidence, states
-
-
 class ProbeResults(Task):
     """Mixin for a ``ConfigurableTask`` (or any subclass, e.g. a stock Python task): adds the probe rows."""
 
     # a Task subclass adding no instance layout, so that a built task's class can be swapped in place
-    # (with_probe_metrics); CPython refuses __class__ assignment across a mixin with another base chain
     __slots__ = ()
+
+    is_detector_task = False
+    """Whether the task's documents are clean/noised twins (adds the corruption-detector rows)."""
 
     def _add_probe_metrics(self) -> None:
         options = CalibrationOptions.from_metadata(self._metadata())
         self.confidence_source  # noqa: B018  (validates metadata.confidence now, not after the model ran)
-        for metric in PROBE_METRICS + (CORRUPTION_METRICS if self.is_detector_task else ()):
-            self._aggregation_list.setdefault(metric.name, task_aggregation(metric, options))
-            self._higher_is_better.setdefault(metric.name, metric.higher_is_better)
+        for row in self.probe_rows:
+            self._aggregation_list.setdefault(row.name, task_aggregation(row, options))
+            self._higher_is_better.setdefault(row.name, row.higher_is_better)
+        note_probed_task(self.config.task)
+
+    @property
+    def probe_rows(self) -> tuple[rows.Row, ...]:
+        """The rows this task reports."""
+        return rows.rows_for(difficulty=self.difficulty_source is not None, correctness=self.correctness_defined,
+                             detector=self.is_detector_task)
 
     def _metadata(self) -> dict[str, Any]:
         return self.config.metadata if isinstance(self.config.metadata, dict) else {}
-
-    is_detector_task = False
-    """Whether the task's documents are clean/noised twins (adds the corruption-detector rows)."""
 
     @property
     def confidence_source(self) -> str:
@@ -125,28 +93,39 @@ class ProbeResults(Task):
                              f"{self.OUTPUT_TYPE} tasks, got {source!r}")
         return source
 
-    def correctness(self, doc: dict[str, Any], values: dict[str, Any], chosen: int | None) -> int | None:
-        """0/1 correctness of the document: the task's own metric named by ``metadata: {correctness: <metric>}``;
-        by default, multiple choice: whether the option the confidence describes (``chosen``) is a gold
-        option (as ``acc`` / ``acc_norm`` judge it); generation: the first of ``exact_match`` / ``acc``."""
+    @property
+    def correctness_metric(self) -> str | None:
+        """``metadata: {correctness: <metric>}``, or ``None`` for the default judgement."""
         name = self._metadata().get("correctness")
+        return None if name is None else str(name)
+
+    @property
+    def correctness_defined(self) -> bool:
+        """Whether a document can be judged right or wrong: multiple choice and generation by default;
+        a loglikelihood task only when ``metadata.correctness`` names a metric; never with ``none``."""
+        name = self.correctness_metric
+        if name is not None:
+            return name.lower() != NO_CORRECTNESS
+        return self.OUTPUT_TYPE in ("multiple_choice", "generate_until")
+
+    def correctness(self, doc: dict[str, Any], values: dict[str, Any], chosen: int | None) -> int | None:
+        """0/1 correctness of the document: the task's own metric named by ``metadata.correctness``; by
+        default, multiple choice: whether the option the confidence describes (``chosen``) is a gold option
+        (as ``acc`` / ``acc_norm`` judge it); generation: the first of ``exact_match`` / ``acc``."""
+        if not self.correctness_defined:
+            return None
+        name = self.correctness_metric
         if name is None and chosen is not None:
-            golds = self._gold_indices(doc)
-            return None if golds is None else int(chosen in golds)
+            return estimators.option_correctness(chosen, self._gold_indices(doc))
         if name is None:
             name = next((n for n in ("exact_match", "acc") if n in values), None)
-        value = values.get(name) if name is not None else None
-        if value is None:
+        if name is None or values.get(name) is None:
             return None
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            value = math.nan
-        if value not in (0.0, 1.0):
-            _warn_once(f"task {self.config.task!r}: metric {name!r} is not 0/1 per document (got {values.get(name)!r}); "
+        correct = estimators.binary_correctness(values[name])
+        if correct is None:
+            _warn_once(f"task {self.config.task!r}: metric {name!r} is not 0/1 per document (got {values[name]!r}); "
                        "no calibration rows. Name a 0/1 metric with metadata.correctness")
-            return None
-        return int(value)
+        return correct
 
     @property
     def difficulty_source(self) -> str | Callable[[dict[str, Any]], Any] | None:
@@ -177,15 +156,20 @@ class ProbeResults(Task):
         return indices
 
     def apply_filters(self) -> Any:
+        """lm_eval's filters, then each response's probe re-attached (regex filters build plain strings),
+        with the document's index and, for generations, the filtered answer's token span."""
         out = super().apply_filters()
         for inst in self._instances or []:
             raw = inst.resps[0] if inst.resps else None
             probe = probe_of(raw)
+            if probe is None:
+                continue
+            probe = replace(probe, document=int(inst.doc_id))
             for key, value in inst.filtered_resps.items():
                 located = probe
-                if probe is not None and probe.token_ends is not None and isinstance(raw, str):
+                if probe.token_ends is not None and isinstance(raw, str) and not probe.empty:
                     answer = value[0] if isinstance(value, list) and value else value
-                    located = replace(probe, answer_span=locate_answer(str(raw), answer, probe.token_ends))
+                    located = replace(probe, answer_span=estimators.locate_answer(str(raw), answer, probe.token_ends))
                 inst.filtered_resps[key] = with_probe(value, located)
         return out
 
@@ -197,18 +181,19 @@ class ProbeResults(Task):
         probe, confidence, features, chosen = response
         declared = self.difficulty_source is not None
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
-        if probe.token_ends is not None and self.confidence_source == "answer":
+        if probe.token_ends is not None and self.confidence_source == "answer" and not probe.empty:
             values["answer_unlocated"] = int(probe.answer_span is None)
         correct = self.correctness(doc, values, chosen)
         if correct is not None and math.isfinite(confidence):
-            for name in CONFIDENCE_ROWS:
-                values[name] = (confidence, correct)
+            for name in rows.names("confidence"):
+                values[name] = (confidence, correct, probe.document) if rows.ROWS_BY_NAME[name].value == "confidence_keyed" \
+                    else (confidence, correct)
         if correct is not None and features is not None:
-            record = ReaderRecord(features, correct)
-            values["lcr_auroc"] = values["lcr_ece"] = record
+            values["lcr_auroc"] = values["lcr_ece"] = ReaderRecord(features, correct, document=probe.document)
         if self.is_detector_task:
             noised = int(doc.get("noised", 0))
-            values["corruption_auroc"] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"))
+            values["corruption_auroc"] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"),
+                                                      document=probe.document)
             if math.isfinite(confidence):
                 values["corruption_confidence_auroc"] = (1.0 - confidence, noised)
         return values
@@ -222,10 +207,9 @@ class ProbeResults(Task):
             choices = self.doc_to_choice(doc)
             options = results[: len(choices)]  # acc_mutual_info appends unconditional requests after these
             lengths = [float(len(c)) for c in choices] if self.confidence_source == "option_norm" else None
-            probabilities = option_probabilities([float(r[0]) for r in options], lengths)
-            chosen = int(probabilities.argmax())
+            chosen, confidence = estimators.chosen_option([r[0] for r in options], lengths)
             probe = probe_of(options[chosen])
-            return None if probe is None else (probe, float(probabilities[chosen]), probe.answer_states, chosen)
+            return None if probe is None else (probe, confidence, probe.answer_states, chosen)
         first = results[0] if results else None
         if isinstance(first, list):  # repeats > 1 without take_first
             first = first[0] if first else None
@@ -233,16 +217,16 @@ class ProbeResults(Task):
         if probe is None:
             return None
         if self.OUTPUT_TYPE != "generate_until" or probe.token_ends is None or self.confidence_source == "generation":
-            return probe, probe.geometric_mean_probability, probe.answer_states, None
-        return probe, *answer_confidence_and_states(probe), None
+            return probe, estimators.response_confidence(probe), probe.answer_states, None
+        return probe, estimators.answer_confidence(probe), estimators.answer_states(probe), None
 
 
 class ProbeTask(ProbeResults, ConfigurableTask):
-    """A YAML task plus probe metrics (see module docstring)."""
+    """A YAML task plus probe rows (see module docstring)."""
 
     def __init__(self, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         config = dict(config or {})
-        config.pop("class", None)
+        config.pop("class", None)  # lm_eval passes the YAML's `class:` key on, and TaskConfig rejects it
         super().__init__(config=config, **kwargs)
         self._add_probe_metrics()
 
@@ -322,68 +306,45 @@ class NoisedPairProbeTask(NoisedProbeTask):
         return self._noised_docs
 
 
-def with_probe_metrics(task: Any) -> Any:
-    """Give an already built task (a stock lm_eval task, say) the probe rows, keeping everything it has.
+def __getattr__(name: str) -> Any:
+    if name == "ProbeTaskManager":
+        from lm_eval_probes import integration
 
-    The instance's class becomes a subclass of its own class with :class:`ProbeResults` mixed in, so its
-    prompts, filters, metrics and any Python overrides stay as they were. Idempotent.
-    """
-    if isinstance(task, ProbeResults):
-        return task
-    if not isinstance(task, ConfigurableTask):
-        raise TypeError(f"probe metrics need a ConfigurableTask, got {type(task).__name__}")
-    task.__class__ = _probed_class(type(task))
-    task._add_probe_metrics()
-    return task
-
-
-@functools.cache
-def _probed_class(cls: type) -> type:
-    return type(f"Probe{cls.__name__}", (ProbeResults, cls), {"__module__": __name__, "__slots__": ()})
-
-
-class ProbeTaskManager(TaskManager):
-    """A ``TaskManager`` whose loaded tasks all report probe rows (stock tasks keep their prompts,
-    filters and metrics). ``simple_evaluate(..., task_manager=ProbeTaskManager(include_path=TASKS_DIR))``."""
-
-    def load(self, task_list: Any) -> Any:
-        loaded = super().load(task_list)
-        for name, task in loaded["tasks"].items():
-            if isinstance(task, ConfigurableTask):
-                with_probe_metrics(task)
-            else:
-                eval_logger.warning("task %s is not a ConfigurableTask: no probe rows", name)
-        return loaded
+        return integration.ProbeTaskManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def probe_metric_values(
     probe: ResponseProbe, confidence: float, difficulty: float | None, *, declared: bool = False
 ) -> dict[str, Any]:
-    """Per-document values of the probe rows; non-finite values are left out (so ``mean`` skips them).
+    """Per-document values of the probe and difficulty rows.
 
-    With a declared difficulty: ρ records ``(value, difficulty)`` and length-controlled records
-    ``(value, difficulty, response tokens)`` and ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt tokens, difficulty)``,
-    plus ``difficulty_missing`` (1 for a document without a
-    label, which then contributes to no ρ).
+    ``response_tokens`` counts the probed positions (an empty generation: its one stop position) and
+    ``empty_responses`` flags generations whose kept text is empty. A probe value that is not finite is
+    left out (so ``mean`` skips it). With a declared difficulty every ρ record is present, with ``None``
+    for a document without a label (so a run without any label shows the ρ rows as ``null``): ρ records
+    ``(value, difficulty)``, length-controlled records ``(value, difficulty, response tokens)`` and
+    ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt tokens, difficulty)``, and
+    ``difficulty_missing`` (1 for a document without a label).
     """
     values: dict[str, Any] = {"response_tokens": probe.n_tokens}
+    if probe.token_ends is not None:
+        values["empty_responses"] = int(probe.empty)
     if math.isfinite(confidence):
         values["confidence"] = confidence
-    labelled = difficulty is not None
     if declared:
-        values["difficulty_missing"] = int(not labelled)
-        if labelled and probe.n_tokens:
-            values["length_spearman"] = (probe.n_tokens, difficulty)
-        if labelled and probe.prompt_tokens is not None:
+        values["difficulty_missing"] = int(difficulty is None)
+        values["length_spearman"] = (probe.n_tokens, difficulty)
+        if probe.prompt_tokens is not None:
             values["prompt_length_spearman"] = (probe.prompt_tokens, difficulty)
-    for name, value, rows in (
+    for name, value, probe_rows in (
         ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
         ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),
     ):
         if value is None or not math.isfinite(value):
             continue
-        values.update(rows)
-        if labelled:
+        values.update(probe_rows)
+        if declared:
             values[f"{name}_spearman"] = (value, difficulty)
             values[f"{name}_spearman_partial"] = (value, difficulty, probe.n_tokens)
             if probe.prompt_tokens is not None:

@@ -19,7 +19,12 @@ from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.models import ProbeHFLM
 from lm_eval_probes.probes.calibration import expected_calibration_error, out_of_fold_temperature_scale
 from lm_eval_probes.records import LayerStates, ResponseProbe
-from lm_eval_probes.tasks.probe_task import ProbeTaskManager, answer_confidence_and_states, locate_answer
+from lm_eval_probes.estimators import answer_confidence, answer_states, locate_answer, response_confidence
+from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+
+
+def answer_confidence_and_states(probe: ResponseProbe):
+    return answer_confidence(probe), answer_states(probe)
 
 ROWS = ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "selective_acc_80", "lcr_auroc", "lcr_ece")
 
@@ -53,7 +58,7 @@ def test_answer_confidence_uses_the_answer_tokens_and_their_states():
     early = answer_confidence_and_states(ResponseProbe(**{**probe.__dict__, "answer_span": (1, 3)}))
     assert early[0] == pytest.approx(math.exp((-2.0 - 0.5) / 2)) and early[1] is probe.answer_states
     unlocated = answer_confidence_and_states(ResponseProbe(**{**probe.__dict__, "answer_span": None}))
-    assert unlocated == (probe.geometric_mean_probability, probe.answer_states)
+    assert unlocated == (response_confidence(probe), probe.answer_states)
 
 
 def test_calibration_options_from_metadata():
@@ -95,9 +100,11 @@ def test_rows_match_an_independent_recomputation_from_the_samples(llama, data_di
     pairs = np.array([s["ece"] for s in samples], dtype=float)
     assert [tuple(s["ece"]) for s in samples] == [(s["confidence"], s["acc"]) for s in samples]
     assert results["ece,none"] == pytest.approx(expected_calibration_error(pairs[:, 0], pairs[:, 1].astype(int)))
-    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
-    scaled = out_of_fold_temperature_scale(pairs[order, 0], pairs[order, 1].astype(int), n_splits=5, seed=0)
-    assert results["ece_scaled,none"] == pytest.approx(expected_calibration_error(scaled, pairs[order, 1].astype(int)))
+    keyed = np.array([s["ece_scaled"] for s in samples], dtype=float)
+    assert keyed[:, 2].tolist() == [s["doc_id"] for s in samples]  # the document's identity orders the folds
+    order = np.argsort(keyed[:, 2])
+    scaled = out_of_fold_temperature_scale(keyed[order, 0], keyed[order, 1].astype(int), n_splits=5, seed=0)
+    assert results["ece_scaled,none"] == pytest.approx(expected_calibration_error(scaled, keyed[order, 1].astype(int)))
     # --log_samples stays small: the reader's vectors appear as one short line per document
     for sample in samples:
         assert len(json.dumps(sample["lcr_auroc"], default=str)) < 200
@@ -171,7 +178,7 @@ def test_reader_rows_from_records_and_the_split_protocol_on_too_few_documents():
     labels = rng.integers(0, 2, 120)
     features = rng.normal(size=(120, 2, 8)).astype(np.float32)
     features[:, 1, 0] += 3.0 * labels  # layer 1 knows the label
-    records = [ReaderRecord(LayerStates((4, 6), f), int(y)) for f, y in zip(features, labels)]
+    records = [ReaderRecord(LayerStates((4, 6), f), int(y), document=i) for i, (f, y) in enumerate(zip(features, labels))]
     assert reader_auroc_row(records) > 0.95
     assert 0.0 <= reader_ece_row(records) < 0.2
     shuffled = [records[i] for i in rng.permutation(len(records))]

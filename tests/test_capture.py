@@ -14,6 +14,7 @@ from conftest import TINY_ARCHS
 from lm_eval_probes.architectures import LensReadout
 from lm_eval_probes.capture import position_probes
 from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.estimators import response_confidence
 from lm_eval_probes.models import ProbeHFLM
 from lm_eval_probes.records import LayerStates
 
@@ -152,7 +153,7 @@ def test_generation_stops_at_early_eos(tiny_model_dir):
             for prompt, text in zip(PROMPTS, texts):
                 generated = _free_generation(lm, prompt, 10)
                 n = text.probe.n_tokens
-                assert lm.eot_token_id not in generated[:n]
+                assert lm.eot_token_id not in generated[:n] or (text.probe.empty and n == 1)
                 assert_same_probe(text.probe, recompute(lm, _prompt_ids(lm, prompt), generated[:n], lm.probe_config))
         finally:
             head[lm.eot_token_id] = original
@@ -167,12 +168,19 @@ def test_repeats_each_get_their_probe(tiny_model_dir):
     assert_same_probe(texts[0].probe, texts[1].probe)
 
 
-def test_empty_generation_is_nan_not_error(tiny_model_dir):
-    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
-    first = lm.tok_decode(_free_generation(lm, PROMPTS[0], 1))
-    (text,) = lm.generate_until(gen_instances(until=[first])[:1])
-    assert text == "" and text.probe.n_tokens == 0
-    assert math.isnan(text.probe.tcb_log10_mean) and math.isnan(text.probe.bte_energy)
+@pytest.mark.parametrize("mode", ["generate", "teacher_forced"])
+def test_empty_generation_is_probed_at_the_position_that_chose_to_stop(tiny_model_dir, mode):
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1, probe_gen_capture=mode)
+    first_token = _free_generation(lm, PROMPTS[0], 1)
+    (text,) = lm.generate_until(gen_instances(until=[lm.tok_decode(first_token)])[:1])
+    probe = text.probe
+    assert text == "" and probe.empty and probe.n_tokens == 1 and probe.token_ends == (0,)
+    assert_same_probe(probe, recompute(lm, _prompt_ids(lm, PROMPTS[0]), first_token, lm.probe_config))
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([_prompt_ids(lm, PROMPTS[0])])).logits[0, -1].double()
+    p_stop = float(torch.softmax(logits, -1)[first_token[0]])
+    assert response_confidence(probe) == pytest.approx(p_stop, rel=1e-5)
+    assert math.isfinite(probe.tcb_log10_mean) and math.isfinite(probe.bte_energy)
 
 
 def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):

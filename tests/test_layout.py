@@ -50,10 +50,11 @@ def test_probes_package_has_no_side_effects():
     import subprocess
     import sys
 
-    code = (
-        "import sys, lm_eval_probes.probes as p, lm_eval_probes.probes.calibration, lm_eval_probes.probes.reader, "
-        "lm_eval_probes.probes.correlation; p.spearman_score; "
-        "print(sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules))"
+    code = (  # the .pth autoload of a regular install may already have imported lm_eval: compare before/after
+        "import sys; before = set(sys.modules); import lm_eval_probes.probes as p, lm_eval_probes.probes.calibration, "
+        "lm_eval_probes.probes.reader, lm_eval_probes.probes.correlation, lm_eval_probes.metrics, lm_eval_probes.rows; "
+        "p.spearman_score; new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(sorted(new & {'torch', 'lm_eval', 'transformers'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from lm_eval_probes.estimators import response_confidence
 from lm_eval_probes.metrics import UndefinedMetricWarning, spearman_score
 from lm_eval_probes.records import ProbeLL, ProbeStr, ResponseProbe, probe_of, with_probe
 
@@ -35,7 +36,7 @@ def test_responses_behave_like_plain_values():
 
 def test_record_is_json_native():
     assert json.loads(json.dumps(PROBE.to_dict()))["bte_profile"] == [0.1, 0.2]
-    assert math.isclose(PROBE.geometric_mean_probability, math.exp(-0.5))
+    assert math.isclose(response_confidence(PROBE), math.exp(-0.5))
 
 
 def test_spearman_matches_scipy_and_skips_missing():
@@ -90,7 +91,8 @@ def test_probe_rows_with_and_without_difficulty():
     with_prompt = probe_metric_values(dataclasses.replace(PROBE, prompt_tokens=40), 0.7, 3.0, declared=True)
     assert with_prompt["bte_spearman_partial_prompt"] == (0.15, 3.0, 40) and with_prompt["prompt_length_spearman"] == (40, 3.0)
     missing = probe_metric_values(PROBE, 0.7, None, declared=True)
-    assert missing["difficulty_missing"] == 1 and not any("spearman" in k for k in missing)
+    assert missing["difficulty_missing"] == 1  # an unlabelled document's ρ records carry no difficulty (skipped)
+    assert missing["bte_spearman"] == (0.15, None) and missing["bte_spearman_partial"] == (0.15, None, 3)
     undeclared = probe_metric_values(PROBE, 0.7, None)
     assert "difficulty_missing" not in undeclared and "bte_energy" in undeclared
 
@@ -133,9 +135,11 @@ def test_mean_positions_of_per_position_states():
 
 
 def test_aggregations_report_undefined_as_json_null():
-    from lm_eval_probes.metrics import PROBE_METRICS, aggregation_of
+    from lm_eval_probes.integration import task_aggregation
+    from lm_eval_probes.metrics import CalibrationOptions
+    from lm_eval_probes.rows import ROWS
 
-    rows = {m.name: aggregation_of(m) for m in PROBE_METRICS}
+    rows = {row.name: task_aggregation(row, CalibrationOptions()) for row in ROWS}
     with pytest.warns(UndefinedMetricWarning):
         assert rows["bte_spearman"]([(0.1, 1), (0.2, 1), (0.3, 1)]) is None
     with pytest.warns(UndefinedMetricWarning):

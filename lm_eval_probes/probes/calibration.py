@@ -588,6 +588,5 @@ def out_of_fold_temperature_scale(
     low, high = 1e-2, 1e2
     scaled = np.empty(n, dtype=np.float64)
     for train, test in _splitter(y, int(n_splits), seed).split(c.reshape(-1, 1), y.astype(np.int64)):
-        t = _fit_temperature(c[train], y[train], low, high)
-        scaled[test] = expit(_logit(c[test]) / t)
+        scaled[test] = temperature_scale(c[test], _fit_temperature(c[train], y[train], low, high))
     return scaled

@@ -1,0 +1,151 @@
+"""Every results row of the plugin, declared once: name, per-document value, aggregation, direction.
+
+Everything else is derived from :data:`ROWS`: the registration with lm_eval
+(:mod:`lm_eval_probes.integration`), the rows a task adds (:func:`rows_for`), the row families the
+task adapter fills (confidence pairs, reader records, difficulty records) and the tests' list.
+Torch-free and lm_eval-free, so reports can read it.
+
+Per-document value kinds (what ``process_results`` returns for the row, and what ``--log_samples``
+files hold):
+
+* ``float``: a number (``None`` when undefined for the document); aggregated by ``mean``.
+* ``flag``: 0/1; aggregated by a sum (``probe_count``).
+* ``ranked``: ``(value, difficulty)``; ``partial``: ``(value, difficulty, length)`` (difficulty
+  ``None`` when the document has no label: skipped).
+* ``confidence``: ``(confidence, correct)``; ``confidence_keyed``: ``(confidence, correct, document)``
+  (the document's identity orders the records before a seeded split, so no float decides a fold).
+* ``reader``: a :class:`~lm_eval_probes.records.ReaderRecord`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOptions
+from lm_eval_probes.probes.correlation import count, partial_spearman_score, spearman_score
+
+VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader")
+FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One results row.
+
+    Attributes:
+        name: the metric name in lm_eval's results (``<name>,<filter>``).
+        value: the per-document value kind (see the module docstring).
+        aggregation: the registered aggregation name (``mean`` or ``probe_*``).
+        higher_is_better: the direction lm_eval shows as an arrow.
+        family: ``probe`` (a probe value), ``difficulty`` (ρ with difficulty and its baselines; tasks
+            that declare a difficulty), ``confidence`` (calibration and selective prediction; tasks
+            whose correctness is defined), ``reader`` (the latent correctness reader; same tasks),
+            ``detector`` (paired clean/noised tasks only).
+        description: what the row measures.
+    """
+
+    name: str
+    value: str
+    aggregation: str
+    higher_is_better: bool
+    family: str
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.value not in VALUE_KINDS:
+            raise ValueError(f"row {self.name!r}: unknown value kind {self.value!r}; valid: {VALUE_KINDS}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"row {self.name!r}: unknown family {self.family!r}; valid: {FAMILIES}")
+
+
+ROWS: tuple[Row, ...] = (
+    Row("tcb_log10", "float", "mean", True, "probe", "mean over documents of the mean log10 δ_TCB over response positions"),
+    Row("tcb_log10_min", "float", "mean", True, "probe", "mean over documents of the smallest log10 δ_TCB of the response"),
+    Row("bte_energy", "float", "mean", False, "probe", "mean over documents of the BTE central-window energy ē_M (nats)"),
+    Row("confidence", "float", "mean", True, "probe", "chosen option's probability (MC) / geometric-mean token probability of the answer (generation; an empty generation: the probability of the token that ended it)"),
+    Row("response_tokens", "float", "mean", False, "probe", "number of response positions probed (an empty generation: 1, the position that chose to stop)"),
+    Row("empty_responses", "flag", "probe_count", False, "probe", "generations whose kept text is empty (probed at the position that chose to stop)"),
+    Row("answer_unlocated", "flag", "probe_count", False, "probe", "non-empty generations whose filtered answer was not found in the text (whole generation used)"),
+    Row("tcb_spearman", "ranked", "probe_spearman", True, "difficulty", "Spearman ρ of the document's mean log10 δ_TCB with difficulty"),
+    Row("bte_spearman", "ranked", "probe_spearman", True, "difficulty", "Spearman ρ of ē_M with the document's difficulty label"),
+    Row("tcb_spearman_partial", "partial", "probe_partial_spearman", True, "difficulty", "tcb_spearman with response length partialled out"),
+    Row("bte_spearman_partial", "partial", "probe_partial_spearman", True, "difficulty", "bte_spearman with response length partialled out"),
+    Row("tcb_spearman_partial_prompt", "partial", "probe_partial_spearman", True, "difficulty", "tcb_spearman with prompt length partialled out"),
+    Row("bte_spearman_partial_prompt", "partial", "probe_partial_spearman", True, "difficulty", "bte_spearman with prompt length partialled out"),
+    Row("length_spearman", "ranked", "probe_spearman", True, "difficulty", "baseline: Spearman ρ of the response length (tokens) with difficulty"),
+    Row("prompt_length_spearman", "ranked", "probe_spearman", True, "difficulty", "baseline: Spearman ρ of the prompt length (tokens) with difficulty"),
+    Row("difficulty_missing", "flag", "probe_count", False, "difficulty", "documents without a difficulty label (skipped for every ρ)"),
+    Row("ece", "confidence", "probe_ece", False, "confidence", "expected calibration error of confidence vs correctness (15 equal-width bins)"),
+    Row("ece_scaled", "confidence_keyed", "probe_ece_scaled", False, "confidence", "ECE after temperature scaling fitted out-of-fold"),
+    Row("selective_auroc", "confidence", "probe_selective_auroc", True, "confidence", "AUROC of confidence ranking correct above wrong answers"),
+    Row("aurc", "confidence", "probe_aurc", False, "confidence", "area under the risk–coverage curve of confidence"),
+    Row("selective_acc_50", "confidence", "probe_selective_acc_50", True, "confidence", "accuracy on the 50% most confident documents"),
+    Row("selective_acc_80", "confidence", "probe_selective_acc_80", True, "confidence", "accuracy on the 80% most confident documents"),
+    Row("lcr_auroc", "reader", "probe_lcr_auroc", True, "reader", "latent correctness reader: out-of-fold AUROC of P(correct) from answer hidden states"),
+    Row("lcr_ece", "reader", "probe_lcr_ece", False, "reader", "latent correctness reader: ECE of its out-of-fold P(correct)"),
+    Row("corruption_auroc", "reader", "probe_corruption_auroc", True, "detector", "corruption detector: cross-fitted AUROC of clean vs noised prompts from prompt hidden states"),
+    Row("corruption_confidence_auroc", "confidence", "probe_corruption_confidence_auroc", True, "detector", "AUROC of (1 − confidence) as a detector of noised prompts"),
+)
+"""Every row the plugin can add to a task's results."""
+
+ROWS_BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
+
+
+def names(*families: str) -> tuple[str, ...]:
+    """Names of the rows of these families, in table order."""
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown row families {sorted(unknown)}; valid: {FAMILIES}")
+    return tuple(row.name for row in ROWS if row.family in families)
+
+
+def rows_for(*, difficulty: bool, correctness: bool, detector: bool) -> tuple[Row, ...]:
+    """The rows a task reports: probe rows always; difficulty rows when it declares a difficulty;
+    confidence and reader rows when its correctness is defined; detector rows on paired tasks."""
+    wanted = {"probe"} | ({"difficulty"} if difficulty else set()) | ({"confidence", "reader"} if correctness else set())
+    wanted |= {"detector"} if detector else set()
+    return tuple(row for row in ROWS if row.family in wanted)
+
+
+def undefined_as_none(fn: Callable[..., float]) -> Callable[..., float | None]:
+    """The aggregation with an undefined (``nan``) value reported as ``None``, which lm_eval writes as JSON
+    ``null`` (a float ``nan`` would become a bare ``NaN``, which is not JSON)."""
+
+    @functools.wraps(fn)
+    def aggregate(items: Iterable[Any], *args: Any, **kwargs: Any) -> float | None:
+        value = fn(items, *args, **kwargs)
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+    return aggregate
+
+
+AGGREGATIONS: dict[str, Callable[..., Any]] = {
+    "probe_spearman": undefined_as_none(spearman_score),
+    "probe_partial_spearman": undefined_as_none(partial_spearman_score),
+    "probe_count": count,
+    **{f"probe_{name}": undefined_as_none(fn) for name, fn in CALIBRATION_ROWS.items()},
+}
+"""The plugin's registered aggregations (``mean`` is lm_eval's own, with its closed-form stderr)."""
+
+
+def bound_aggregation(row: Row, options: CalibrationOptions) -> Callable[..., Any] | None:
+    """The plugin's aggregation of ``row`` for one task (calibration rows bound to the task's options);
+    ``None`` for ``mean``, which is lm_eval's own (so that lm_eval computes its stderr)."""
+    if row.aggregation == "mean":
+        return None
+    if row.name in CALIBRATION_ROWS:
+        return functools.partial(AGGREGATIONS[row.aggregation], options=options)
+    return AGGREGATIONS[row.aggregation]
+
+
+def _check_table() -> None:
+    unknown = [row.name for row in ROWS if row.aggregation != "mean" and row.aggregation not in AGGREGATIONS]
+    if unknown or len(ROWS_BY_NAME) != len(ROWS):
+        raise RuntimeError(f"rows without a known aggregation or declared twice: {unknown}")
+
+
+_check_table()
