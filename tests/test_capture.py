@@ -248,3 +248,45 @@ def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
         np.testing.assert_allclose(text.probe.prompt_states.values, want(_prompt_ids(lm, prompt)), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="probe_reader_prompt_tail must be >= 0"):
         ProbeConfig(reader_prompt_tail=-1)
+
+
+def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir):
+    """Without HFLM: two batches, a row answering two grouped requests, each request gets its trailing slice."""
+    from lm_eval_probes.capture import LoglikelihoodRows, hidden_state_tap, position_probes
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
+    config, readout = lm.probe_config, lm.readout
+    layers = config.resolved_reader_layers(readout.num_layers)
+    rows_in = [torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]), torch.tensor([[20, 21, 22, 23, 24, 25]])]
+    with hidden_state_tap(lm.model) as tap:
+        rows = LoglikelihoodRows(tap, readout, config, layers)
+        rows.note_requests([(("a", " x y"), [5, 6, 7, 8], [9, 10]), (("a", " y"), [5, 6, 7, 8, 9], [10]),
+                            (("b", " q r s"), [11, 12, 13], [14, 15, 16]), (("c", " t"), [20, 21, 22, 23, 24], [25])])
+        rows.new_batch()
+        with torch.no_grad():
+            first = lm.model(rows_in[0], output_hidden_states=True).hidden_states
+        rows.add_row(input_length=5, continuation_length=2)  # row 0 scores [9, 10]: inputs end at position 5
+        rows.on_answer("loglikelihood", ("a", " x y"), (-3.0, False))
+        rows.on_answer("loglikelihood", ("a", " y"), (-1.0, True))  # the same row, a one-token suffix
+        rows.on_answer("generate_until", ("a", " y"), "ignored")
+        rows.add_row(input_length=5, continuation_length=3)
+        rows.on_answer("loglikelihood", ("b", " q r s"), (-4.5, False))
+        rows.new_batch()  # the first batch is probed before its states are replaced
+        assert set(rows.probes) == {("a", " x y"), ("a", " y"), ("b", " q r s")}
+        with torch.no_grad():
+            lm.model(rows_in[1], output_hidden_states=True)
+        rows.add_row(input_length=5, continuation_length=1)
+        rows.on_answer("loglikelihood", ("c", " t"), (-0.5, True))
+        rows.flush()
+    want = position_probes([h[0, 3:5] for h in first], readout, config).summarize(0, 2)
+    got = rows.probes[("a", " x y")]
+    assert got.n_tokens == 2 and got.mean_token_logprob == -1.5 and got.prompt_tokens == 4
+    assert got.tcb_log10_mean == pytest.approx(want.tcb_log10_mean, rel=1e-6)
+    assert got.bte_energy == pytest.approx(want.bte_energy, rel=1e-6)
+    suffix = rows.probes[("a", " y")]  # the trailing slice: only the last position
+    want_suffix = position_probes([h[0, 4:5] for h in first], readout, config).summarize(0, 1)
+    assert suffix.n_tokens == 1 and suffix.prompt_tokens == 5
+    assert suffix.tcb_log10_mean == pytest.approx(want_suffix.tcb_log10_mean, rel=1e-6)
+    assert rows.probes[("b", " q r s")].n_tokens == 3 and rows.probes[("c", " t")].n_tokens == 1
+    np.testing.assert_allclose(got.prompt_states.values,
+                               torch.stack([first[layer][0, :4].mean(0) for layer in layers]).numpy(), rtol=1e-5)

@@ -74,8 +74,8 @@ def _assert_rows_equal(got: dict, want: dict, where: str) -> None:
 
 
 def test_no_row_depends_on_the_batch_size(tiny_model_dir):
-    """Every row, MC and generation, at batch sizes 1, 3 and auto agrees to 1e-6 (the reader's folds once
-    followed a hash of the feature bytes, which an ulp of batching noise reshuffled)."""
+    """Every row, MC and generation, at batch sizes 1, 3 and auto agrees to 1e-6 (batching moves hidden
+    states by an ulp: no fold may depend on their bytes)."""
     outs = {}
     for batch_size in (1, 3, "auto"):
         lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size)
