@@ -5,6 +5,10 @@ as ``--include_path`` unless you give one yourself (the flag takes a single fold
 by YAML path), ``--model_args ...,probes=tcb,bte`` keeps the comma-separated probe names together, and
 every task gets the probe rows — stock tasks too (``lm-eval-probes run --tasks gsm8k,arc_easy``), with
 their own prompts, filters and metrics.
+
+Two subcommands of the plugin come first: ``lm-eval-probes sweep CONFIG.yaml`` (models × tasks, resumable,
+sharded; :mod:`lm_eval_probes.sweep`) and ``lm-eval-probes report RUN_DIR... --out DIR`` (the leaderboard;
+:mod:`lm_eval_probes.reports.report`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,19 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
     return out
 
 
+SUBCOMMANDS: dict[str, str] = {
+    "report": "lm_eval_probes.reports.report",
+    "sweep": "lm_eval_probes.sweep",
+}
+"""The plugin's own subcommands (``lm-eval-probes report ...``); everything else goes to lm_eval's CLI."""
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SUBCOMMANDS:
+        import importlib
+
+        raise SystemExit(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]))
     from lm_eval.__main__ import cli_evaluate
 
     import lm_eval_probes
@@ -45,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     register_model_placeholder()
     register_rows()  # before any task is built
 
-    args = rewrite_argv(list(sys.argv[1:] if argv is None else argv), lm_eval_probes.tasks_dir())
+    args = rewrite_argv(args, lm_eval_probes.tasks_dir())
     sys.argv = ["lm-eval-probes", *args]
     with every_task_probed():
         cli_evaluate()

@@ -1,0 +1,14 @@
+"""Leaderboard reports from lm_eval output files (``results_*.json``, ``samples_*.jsonl``).
+
+Torch-free and lm_eval-free: :mod:`.reading` finds and parses the files and merges runs of one model,
+:mod:`.corpus_rows` recomputes corpus-level rows from per-document records, :mod:`.bootstrap` draws
+their confidence intervals, :mod:`.tables` builds and renders the tables (Markdown, CSV), :mod:`.plots`
+the figures (matplotlib) and :mod:`.html` the self-contained page (jinja2); :mod:`.report` ties them
+together (``lm-eval-probes report``).
+"""
+
+from __future__ import annotations
+
+from lm_eval_probes.reports.report import Report, build_report, main
+
+__all__ = ["Report", "build_report", "main"]

@@ -1,0 +1,278 @@
+"""The report's figures (matplotlib, Agg backend, PNG bytes), drawn from the per-document samples.
+
+Each function returns :class:`Figure` objects (or none when the runs lack what it needs):
+
+* :func:`reliability_figures` — reliability diagram per task (accuracy vs mean confidence per bin);
+* :func:`risk_coverage_figures` — risk–coverage curve per task;
+* :func:`robustness_figures` — clean vs noised accuracy and selective AUROC per clean task and operator;
+* :func:`difficulty_figures` — accuracy, confidence, BTE energy and δ_TCB per difficulty level;
+* :func:`bte_figures` — BTE depth profiles (mean over documents of e(l)) where samples carry
+  ``bte_profile``; otherwise the distribution of the central-window energy ē_M, with a note that the
+  samples hold no profile.
+
+Model names go into legends as plain text (``$`` escaped, so mathtext never parses them).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lm_eval_probes.probes.calibration import reliability_diagram, risk_coverage_curve  # noqa: E402
+from lm_eval_probes.reports.corpus_rows import RowOptions, records  # noqa: E402
+from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
+from lm_eval_probes.reports.tables import RobustnessRow, primary_metric  # noqa: E402
+
+DIFFICULTY_SOURCES: tuple[str, ...] = ("bte_spearman", "tcb_spearman", "length_spearman", "prompt_length_spearman")
+"""Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
+
+DIFFICULTY_METRICS: tuple[tuple[str, str], ...] = (
+    ("correct", "accuracy"), ("confidence", "confidence"), ("bte_energy", "BTE energy ē_M (nats)"),
+    ("tcb_log10", "log10 δ_TCB"),
+)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A rendered figure: ``name`` (file stem, ASCII), ``title``, ``caption``, ``png`` bytes."""
+
+    name: str
+    title: str
+    caption: str
+    png: bytes
+
+
+def plain_label(text: str) -> str:
+    """A model or task name safe as matplotlib text (no mathtext)."""
+    return text.replace("$", r"\$")
+
+
+def _file_stem(*parts: str) -> str:
+    raw = "_".join(parts)
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "_" for ch in raw)[:120]
+
+
+def _render(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _confidence_records(result: TaskResult) -> tuple[np.ndarray, np.ndarray] | None:
+    primary = primary_metric(result)
+    if primary is None:
+        return None
+    rows = records(result.samples_of(primary[1]), "ece", 2)
+    return (rows[:, 0], rows[:, 1]) if len(rows) else None
+
+
+def _tasks(models: Sequence[ModelResults]) -> list[str]:
+    return sorted({task for m in models for task in m.tasks})
+
+
+def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
+    """One reliability diagram per task with confidence records: per model, accuracy against mean
+    confidence of each non-empty bin (the task's ECE binning), marker area ∝ documents in the bin."""
+    figures = []
+    for task in _tasks(models):
+        fig, ax = plt.subplots(figsize=(5.5, 4.2))
+        drawn = False
+        for model in models:
+            result = model.tasks.get(task)
+            pairs = _confidence_records(result) if result else None
+            if pairs is None:
+                continue
+            options = RowOptions.from_metadata(result.metadata)
+            diagram = reliability_diagram(*pairs, n_bins=options.ece_bins, binning=options.ece_binning)
+            filled = diagram.count > 0
+            line, = ax.plot(diagram.mean_confidence[filled], diagram.accuracy[filled], marker="o", markersize=3,
+                            label=plain_label(model.name))
+            ax.scatter(diagram.mean_confidence[filled], diagram.accuracy[filled], s=8 + 60 * diagram.count[filled] / max(1, diagram.count.sum()),
+                       color=line.get_color(), alpha=0.5)
+            drawn = True
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+        ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="mean confidence in bin", ylabel="accuracy in bin",
+               title=plain_label(f"Reliability: {task}"))
+        ax.legend(fontsize=7)
+        figures.append(Figure(_file_stem("reliability", task), f"Reliability diagram — {task}",
+                              "Accuracy against mean confidence per confidence bin (the task's ECE bins); "
+                              "marker size ∝ documents in the bin; the dashed diagonal is perfect calibration.",
+                              _render(fig)))
+    return figures
+
+
+def risk_coverage_figures(models: Sequence[ModelResults]) -> list[Figure]:
+    """One risk–coverage plot per task: error rate among the k most confident documents against k/n."""
+    figures = []
+    for task in _tasks(models):
+        fig, ax = plt.subplots(figsize=(5.5, 4.2))
+        drawn = False
+        for model in models:
+            result = model.tasks.get(task)
+            pairs = _confidence_records(result) if result else None
+            if pairs is None:
+                continue
+            coverage, risk = risk_coverage_curve(*pairs)
+            ax.step(coverage, risk, where="post", label=plain_label(model.name))
+            drawn = True
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="coverage (fraction kept, most confident first)",
+               ylabel="risk (error rate of the kept)", title=plain_label(f"Risk–coverage: {task}"))
+        ax.legend(fontsize=7)
+        figures.append(Figure(_file_stem("risk_coverage", task), f"Risk–coverage — {task}",
+                              "Lower is better; the area under each curve is AURC.", _render(fig)))
+    return figures
+
+
+def robustness_figures(rows: Sequence[RobustnessRow]) -> list[Figure]:
+    """Per clean task: grouped bars of accuracy and selective AUROC, clean and under each operator, one
+    bar per model; an undefined value gets no bar and an ``undefined`` mark."""
+    figures = []
+    for base in sorted({r.base for r in rows}):
+        mine = [r for r in rows if r.base == base]
+        operators = sorted({r.operator for r in mine})
+        model_names = sorted({r.model for r in mine})
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, key, label in zip(axes, ("primary", "selective_auroc"), ("accuracy", "selective AUROC")):
+            width = 0.8 / max(1, len(model_names))
+            for i, name in enumerate(model_names):
+                by_op = {r.operator: r for r in mine if r.model == name}
+                first = next(iter(by_op.values()))
+                values = [first.clean[key].value] + [by_op[op].noised[key].value if op in by_op else math.nan for op in operators]
+                x = np.arange(len(values)) + (i - (len(model_names) - 1) / 2) * width
+                heights = [v if math.isfinite(v) else 0.0 for v in values]
+                bars = ax.bar(x, heights, width=width, label=plain_label(name))
+                for xi, v, bar in zip(x, values, bars):
+                    if not math.isfinite(v):
+                        bar.set_visible(False)
+                        ax.text(xi, 0.02, "undefined", rotation=90, ha="center", va="bottom", fontsize=6)
+            ax.set_xticks(np.arange(len(operators) + 1), ["clean", *operators])
+            ax.set(ylim=(0, 1.05), ylabel=label, title=plain_label(f"{base}: {label}"))
+        axes[0].legend(fontsize=7)
+        figures.append(Figure(_file_stem("robustness", base), f"Clean vs noised — {base}",
+                              "Accuracy and selective AUROC on the clean task and on each noised twin.", _render(fig)))
+    return figures
+
+
+def document_difficulties(samples: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """Each sample's difficulty label, from the second member of its first ``[value, difficulty]`` record
+    (:data:`DIFFICULTY_SOURCES`); ``None`` when the document has none."""
+    out: list[float | None] = []
+    for sample in samples:
+        label = None
+        for name in DIFFICULTY_SOURCES:
+            record = sample.get(name)
+            if isinstance(record, (list, tuple)) and len(record) == 2 and isinstance(record[1], (int, float)):
+                label = float(record[1])
+                break
+        out.append(label)
+    return out
+
+
+def _document_value(sample: Mapping[str, Any], metric: str, primary: str) -> float:
+    value = sample.get(primary if metric == "correct" else metric)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else math.nan
+
+
+def difficulty_figures(models: Sequence[ModelResults]) -> list[Figure]:
+    """Per task with difficulty labels: the mean per difficulty level of accuracy, confidence, ē_M and
+    log10 δ_TCB, one line per model (levels with no defined value are skipped)."""
+    figures = []
+    for task in _tasks(models):
+        panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {m: [] for m, _ in DIFFICULTY_METRICS}
+        for model in models:
+            result = model.tasks.get(task)
+            primary = primary_metric(result) if result else None
+            if primary is None:
+                continue
+            samples = result.samples_of(primary[1])
+            levels = document_difficulties(samples)
+            for metric, _ in DIFFICULTY_METRICS:
+                pairs = [(lv, _document_value(s, metric, primary[0])) for s, lv in zip(samples, levels) if lv is not None]
+                pairs = [(lv, v) for lv, v in pairs if math.isfinite(v)]
+                if not pairs:
+                    continue
+                xs = sorted({lv for lv, _ in pairs})
+                means = [float(np.mean([v for lv, v in pairs if lv == x])) for x in xs]
+                panels[metric].append((model.name, np.asarray(xs), np.asarray(means)))
+        shown = [(m, label) for m, label in DIFFICULTY_METRICS if panels[m]]
+        if not shown:
+            continue
+        fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 3.4), squeeze=False)
+        for ax, (metric, label) in zip(axes[0], shown):
+            for name, xs, means in panels[metric]:
+                ax.plot(xs, means, marker="o", markersize=3, label=plain_label(name))
+            ax.set(xlabel="difficulty level", ylabel=label, title=label)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(plain_label(task), fontsize=10)
+        figures.append(Figure(_file_stem("difficulty", task), f"Against difficulty — {task}",
+                              "Mean per difficulty level of the task's label (steps, depth, hops, level).", _render(fig)))
+    return figures
+
+
+def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
+    """BTE per model: depth profiles when samples carry ``bte_profile``, else ē_M distributions.
+
+    Returns:
+        (figures, profiles_found): ``profiles_found`` False means no sample held a profile (lm_eval
+        ``--log_samples`` files of this plugin carry only ē_M), so the figures show ē_M per task.
+    """
+    figures: list[Figure] = []
+    profiles: dict[str, list[np.ndarray]] = {}
+    for model in models:
+        for result in model.tasks.values():
+            for sample in result.samples:
+                profile = sample.get("bte_profile")
+                if isinstance(profile, list) and profile and all(isinstance(v, (int, float)) for v in profile):
+                    profiles.setdefault(model.name, []).append(np.asarray(profile, dtype=float))
+    if profiles:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, rows in profiles.items():
+            depth = max(len(r) for r in rows)
+            stacked = np.full((len(rows), depth), np.nan)
+            for i, r in enumerate(rows):
+                stacked[i, : len(r)] = r
+            relative = np.arange(depth) / max(1, depth - 1)
+            ax.plot(relative, np.nanmean(stacked, axis=0), label=plain_label(f"{name} ({depth} transitions)"))
+        ax.set(xlabel="relative depth (transition l → l+1)", ylabel="mean JSD (nats)", title="BTE depth profile")
+        ax.legend(fontsize=7)
+        figures.append(Figure("bte_profiles", "BTE depth profiles",
+                              "Mean over documents of the per-transition JSD e(l).", _render(fig)))
+        return figures, True
+    for task in _tasks(models):
+        data = []
+        for model in models:
+            result = model.tasks.get(task)
+            if result is None:
+                continue
+            primary = primary_metric(result)
+            samples = result.samples_of(primary[1]) if primary else result.samples
+            values = [float(s["bte_energy"]) for s in samples
+                      if isinstance(s.get("bte_energy"), (int, float)) and math.isfinite(float(s["bte_energy"]))]
+            if values:
+                data.append((model.name, values))
+        if not data:
+            continue
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(data) + 2), 3.6))
+        ax.boxplot([v for _, v in data])
+        ax.set_xticks(range(1, len(data) + 1), [plain_label(n) for n, _ in data], rotation=20, ha="right", fontsize=7)
+        ax.set(ylabel="ē_M (nats)", title=plain_label(f"BTE central-window energy: {task}"))
+        figures.append(Figure(_file_stem("bte_energy", task), f"BTE energy — {task}",
+                              "Per-document ē_M. The samples carry no per-layer profile, so no depth profile is drawn.",
+                              _render(fig)))
+    return figures, False

@@ -1,0 +1,384 @@
+"""The leaderboard's tables: cells with stderr or bootstrap CI, per-task tables, the overview, robustness.
+
+Everything here is data plus plain-text rendering (Markdown, CSV); :mod:`.html` renders the same
+objects as a page. Cells distinguish *missing* (the model has no such task or row) from *undefined*
+(the row exists and is ``null``/``NaN``: e.g. AUROC when every answer is wrong); neither is 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lm_eval_probes.reports.bootstrap import ConfidenceInterval, percentile_interval, resample_indices
+from lm_eval_probes.reports.corpus_rows import RowOptions, corpus_row, records
+from lm_eval_probes.reports.reading import ModelResults, TaskResult
+
+PRIMARY_METRICS: tuple[str, ...] = ("acc", "exact_match", "acc_norm")
+"""The correctness row of a task: the first of these it has."""
+
+METRIC_ORDER: tuple[str, ...] = (
+    "acc", "acc_norm", "exact_match", "confidence", "ece", "ece_scaled", "selective_auroc", "aurc",
+    "selective_acc_50", "selective_acc_80", "lcr_auroc", "lcr_ece", "corruption_auroc",
+    "corruption_confidence_auroc", "tcb_log10", "tcb_log10_min", "tcb_spearman", "tcb_spearman_partial",
+    "tcb_spearman_partial_prompt", "bte_energy", "bte_spearman", "bte_spearman_partial",
+    "bte_spearman_partial_prompt", "length_spearman", "prompt_length_spearman", "response_tokens",
+    "difficulty_missing", "answer_unlocated",
+)
+"""Column order inside a task; rows not listed (new probes, stock metrics) follow alphabetically."""
+
+NOISE_TASK = re.compile(r"^(?P<base>.+)_noise_(?P<operator>[A-Za-z0-9]+)$")
+MISSING_TEXT = "—"
+UNDEFINED_TEXT = "undefined"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One value of the leaderboard.
+
+    Attributes:
+        present: False when the model has no such task/row (shown as missing, ``—``).
+        value: the results value; ``nan`` when undefined (``null``/``NaN`` in the file).
+        stderr: lm_eval's standard error, if it gave one.
+        ci: bootstrap interval from the samples, for rows lm_eval leaves without stderr.
+    """
+
+    present: bool
+    value: float = math.nan
+    stderr: float | None = None
+    ci: ConfidenceInterval | None = None
+
+    @property
+    def defined(self) -> bool:
+        return self.present and math.isfinite(self.value)
+
+    def text(self, digits: int = 3) -> str:
+        """``0.512 ± 0.020``, ``0.512 [0.431, 0.590]``, ``undefined`` or ``—``."""
+        if not self.present:
+            return MISSING_TEXT
+        if not math.isfinite(self.value):
+            return UNDEFINED_TEXT
+        text = f"{self.value:.{digits}f}"
+        if self.stderr is not None:
+            text += f" ± {self.stderr:.{digits}f}"
+        elif self.ci is not None and self.ci.defined:
+            text += f" [{self.ci.low:.{digits}f}, {self.ci.high:.{digits}f}]"
+        return text
+
+    def to_json(self) -> dict[str, object] | None:
+        if not self.present:
+            return None
+        ci = None
+        if self.ci is not None:
+            ci = {"low": _json_float(self.ci.low), "high": _json_float(self.ci.high), "level": self.ci.level,
+                  "n_resamples": self.ci.n_resamples, "n_defined": self.ci.n_defined, "n_documents": self.ci.n_documents}
+        return {"value": _json_float(self.value), "stderr": self.stderr, "ci": ci}
+
+
+MISSING = Cell(present=False)
+
+
+def _json_float(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Column:
+    """A (task, metric, filter) column with its direction."""
+
+    task: str
+    metric: str
+    filter: str
+    higher_is_better: bool | None
+
+    @property
+    def label(self) -> str:
+        """``metric`` or ``metric [filter]`` (filter ``none`` omitted), with ↑/↓ when known."""
+        arrow = {True: " ↑", False: " ↓", None: ""}[self.higher_is_better]
+        name = self.metric if self.filter == "none" else f"{self.metric} [{self.filter}]"
+        return name + arrow
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """How CIs are drawn (recorded in summary.json)."""
+
+    n_resamples: int = 1000
+    seed: int = 0
+    level: float = 0.95
+
+
+def metric_sort_key(name: str) -> tuple[int, str]:
+    return (METRIC_ORDER.index(name), "") if name in METRIC_ORDER else (len(METRIC_ORDER), name)
+
+
+def primary_metric(task: TaskResult) -> tuple[str, str] | None:
+    """(metric, filter) of the task's correctness row: the first of :data:`PRIMARY_METRICS` present,
+    in its first filter (``none`` first); ``None`` when the task has none of them."""
+    for name in PRIMARY_METRICS:
+        for filter_name in task.filters():
+            if task.metric(name, filter_name) is not None:
+                return name, filter_name
+    return None
+
+
+def task_cell(model: ModelResults, task: str, metric: str, filter_name: str, settings: BootstrapSettings) -> Cell:
+    """The cell of one model's row, with a bootstrap CI when lm_eval gave no stderr and the samples hold
+    the row's records."""
+    result = model.tasks.get(task)
+    found = result.metric(metric, filter_name) if result is not None else None
+    if result is None or found is None:
+        return MISSING
+    ci = None
+    row = corpus_row(metric)
+    if found.stderr is None and row is not None and result.samples:
+        rows = records(result.samples_of(filter_name), metric, row.width)
+        if len(rows):
+            options = RowOptions.from_metadata(result.metadata)
+            indices = resample_indices(len(rows), n_resamples=settings.n_resamples, seed=settings.seed,
+                                       key=(model.name, model.model_args, task, filter_name))
+            ci = percentile_interval(row.on_resamples(rows, indices, options), n_documents=len(rows), level=settings.level)
+    return Cell(present=True, value=found.value, stderr=found.stderr, ci=ci)
+
+
+@dataclass(frozen=True)
+class TaskTable:
+    """Models × the task's rows, sorted by the task's correctness row (best first, undefined/missing last)."""
+
+    task: str
+    columns: tuple[Column, ...]
+    models: tuple[str, ...]
+    cells: tuple[tuple[Cell, ...], ...]
+    sorted_by: Column | None
+
+
+def _sort_models(names: Sequence[str], cells: Sequence[Cell], higher_is_better: bool | None) -> list[int]:
+    """Indices of ``names`` ordered best first by ``cells`` (undefined and missing last, ties by name)."""
+    sign = -1.0 if higher_is_better is not False else 1.0
+
+    def key(i: int) -> tuple[int, float, str]:
+        cell = cells[i]
+        return (0, sign * cell.value, names[i]) if cell.defined else (1, 0.0, names[i])
+
+    return sorted(range(len(names)), key=key)
+
+
+def task_table(models: Sequence[ModelResults], task: str, settings: BootstrapSettings) -> TaskTable:
+    """The table of one task over every model that ran it (models without it are left out)."""
+    ran = [m for m in models if task in m.tasks]
+    keys: dict[tuple[str, str], bool | None] = {}
+    for model in ran:
+        for metric in model.tasks[task].metrics:
+            if keys.get(metric.key) is None:
+                keys[metric.key] = metric.higher_is_better
+    ordered = sorted(keys, key=lambda k: (metric_sort_key(k[0]), k[1] != "none", k[1]))
+    columns = tuple(Column(task, name, filter_name, keys[(name, filter_name)]) for name, filter_name in ordered)
+    cells = [tuple(task_cell(m, task, c.metric, c.filter, settings) for c in columns) for m in ran]
+    primaries = [primary_metric(m.tasks[task]) for m in ran]
+    primary = next((p for p in primaries if p is not None), None)
+    sorted_by = next((c for c in columns if (c.metric, c.filter) == primary), None)
+    names = [m.name for m in ran]
+    if sorted_by is not None:
+        at = columns.index(sorted_by)
+        order = _sort_models(names, [row[at] for row in cells], sorted_by.higher_is_better)
+    else:
+        order = sorted(range(len(names)), key=lambda i: names[i])
+    return TaskTable(task, columns, tuple(names[i] for i in order), tuple(cells[i] for i in order), sorted_by)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Models × each task's correctness row, plus size and HELM-style mean win rate.
+
+    ``win_rate[m]``: over the columns where m's value is defined, the mean fraction of the other models
+    with a defined value that m beats (ties count half); ``nan`` when m has no defined value or no other
+    model to compare with. Rows are sorted by win rate (best first), then by name.
+    """
+
+    columns: tuple[Column, ...]
+    models: tuple[str, ...]
+    num_parameters: tuple[int | None, ...]
+    win_rate: tuple[float, ...]
+    cells: tuple[tuple[Cell, ...], ...]
+
+
+def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable]) -> Overview:
+    columns = tuple(t.sorted_by for t in tables if t.sorted_by is not None)
+    by_name = {m.name: m for m in models}
+    tables_by_task = {t.task: t for t in tables}
+    names = [m.name for m in models]
+    cells: list[tuple[Cell, ...]] = []
+    for name in names:
+        row = []
+        for column in columns:
+            table = tables_by_task[column.task]
+            if name in table.models:
+                row.append(table.cells[table.models.index(name)][table.columns.index(column)])
+            else:
+                row.append(MISSING)
+        cells.append(tuple(row))
+    win = [_win_rate(i, cells, columns) for i in range(len(names))]
+    order = sorted(range(len(names)), key=lambda i: (0 if math.isfinite(win[i]) else 1, -win[i] if math.isfinite(win[i]) else 0, names[i]))
+    return Overview(columns, tuple(names[i] for i in order), tuple(by_name[names[i]].num_parameters for i in order),
+                    tuple(win[i] for i in order), tuple(cells[i] for i in order))
+
+
+def _win_rate(i: int, cells: Sequence[Sequence[Cell]], columns: Sequence[Column]) -> float:
+    rates = []
+    for j, column in enumerate(columns):
+        mine = cells[i][j]
+        others = [row[j] for k, row in enumerate(cells) if k != i and row[j].defined]
+        if not mine.defined or not others:
+            continue
+        sign = -1.0 if column.higher_is_better is False else 1.0
+        wins = sum(1.0 if sign * mine.value > sign * o.value else 0.5 if mine.value == o.value else 0.0 for o in others)
+        rates.append(wins / len(others))
+    return sum(rates) / len(rates) if rates else math.nan
+
+
+ROBUSTNESS_METRICS: tuple[str, ...] = ("primary", "confidence", "ece", "selective_auroc")
+
+
+@dataclass(frozen=True)
+class RobustnessRow:
+    """One model on one noised twin ``<base>_noise_<operator>`` against its clean ``<base>``.
+
+    ``clean[k]``/``noised[k]`` for k in :data:`ROBUSTNESS_METRICS` (``primary`` = the correctness row,
+    named in ``primary_metric``); ``delta[k]`` = noised − clean (``nan`` when either is undefined or missing).
+    """
+
+    model: str
+    base: str
+    operator: str
+    primary_metric: str
+    filter: str
+    clean: dict[str, Cell]
+    noised: dict[str, Cell]
+    delta: dict[str, float]
+
+
+def robustness_rows(models: Sequence[ModelResults], settings: BootstrapSettings) -> list[RobustnessRow]:
+    """Every (model, noised twin) whose clean task the model also ran, sorted by base, operator, model."""
+    rows = []
+    for model in models:
+        for task in model.tasks:
+            match = NOISE_TASK.match(task)
+            if not match or match.group("base") not in model.tasks:
+                continue
+            base = match.group("base")
+            primary = primary_metric(model.tasks[base])
+            if primary is None:
+                continue
+            name, filter_name = primary
+            clean, noised, delta = {}, {}, {}
+            for key in ROBUSTNESS_METRICS:
+                metric = name if key == "primary" else key
+                clean[key] = task_cell(model, base, metric, filter_name, settings)
+                noised[key] = task_cell(model, task, metric, filter_name, settings)
+                both = clean[key].defined and noised[key].defined
+                delta[key] = noised[key].value - clean[key].value if both else math.nan
+            rows.append(RobustnessRow(model.name, base, match.group("operator"), name, filter_name, clean, noised, delta))
+    return sorted(rows, key=lambda r: (r.base, r.operator, r.model))
+
+
+# --------------------------------------------------------------------------- plain-text rendering
+
+
+def markdown_escape(text: str) -> str:
+    """A string from a model, task or file made inert in a Markdown table cell: HTML special characters
+    as entities (Markdown renderers pass raw HTML through), ``|`` and backslash escaped, newlines as spaces."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    return " ".join(text.splitlines())
+
+
+def format_parameters(n: int | None) -> str:
+    """``135M``, ``1.2B``; ``unknown`` when lm_eval did not record it."""
+    if n is None:
+        return "unknown"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def format_delta(value: float, digits: int = 3) -> str:
+    return f"{value:+.{digits}f}" if math.isfinite(value) else UNDEFINED_TEXT
+
+
+def _markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def overview_markdown(view: Overview) -> str:
+    header = ["model", "size", "mean win rate ↑"] + [markdown_escape(f"{c.task}: {c.label}") for c in view.columns]
+    rows = []
+    for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
+        rows.append([markdown_escape(name), format_parameters(size),
+                     f"{win:.3f}" if math.isfinite(win) else UNDEFINED_TEXT] + [c.text() for c in cells])
+    return _markdown_table(header, rows)
+
+
+def task_markdown(table: TaskTable) -> str:
+    header = ["model"] + [markdown_escape(c.label) for c in table.columns]
+    return _markdown_table(header, ([markdown_escape(name)] + [c.text() for c in cells]
+                                    for name, cells in zip(table.models, table.cells)))
+
+
+def robustness_markdown(rows: Sequence[RobustnessRow]) -> str:
+    header = ["model", "task", "operator", "metric", "clean acc", "noised acc", "Δ acc", "clean conf", "noised conf",
+              "Δ conf", "clean ECE", "noised ECE", "Δ ECE", "clean AUROC", "noised AUROC", "Δ AUROC"]
+    out = []
+    for r in rows:
+        line = [markdown_escape(r.model), markdown_escape(r.base), markdown_escape(r.operator),
+                markdown_escape(r.primary_metric if r.filter == "none" else f"{r.primary_metric} [{r.filter}]")]
+        for key in ROBUSTNESS_METRICS:
+            line += [r.clean[key].text(), r.noised[key].text(), format_delta(r.delta[key])]
+        out.append(line)
+    return _markdown_table(header, out)
+
+
+def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dict[str, int | None]) -> str:
+    """Wide CSV: one row per model, one column per (task, metric, filter) point value; then
+    ``<column> ci_low``/``ci_high``/``stderr`` where any model has one. Undefined is ``nan``, missing empty."""
+    columns = [c for t in tables for c in t.columns]
+    cell_of: dict[tuple[str, Column], Cell] = {}
+    for table in tables:
+        for name, cells in zip(table.models, table.cells):
+            for column, cell in zip(table.columns, cells):
+                cell_of[(name, column)] = cell
+    def name_of(c: Column) -> str:
+        return f"{c.task}/{c.metric}" + ("" if c.filter == "none" else f"[{c.filter}]")
+
+    def value(cell: Cell, part: str) -> str:
+        if not cell.present:
+            return ""
+        number = {"value": cell.value, "stderr": cell.stderr,
+                  "ci_low": cell.ci.low if cell.ci else None, "ci_high": cell.ci.high if cell.ci else None}[part]
+        if number is None:
+            return ""
+        return repr(float(number)) if math.isfinite(number) else "nan"
+
+    extra = []
+    for column in columns:
+        cells = [cell_of.get((n, column), MISSING) for n in view.models]
+        if any(c.stderr is not None for c in cells):
+            extra.append((column, "stderr"))
+        if any(c.ci is not None for c in cells):
+            extra += [(column, "ci_low"), (column, "ci_high")]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["model", "num_parameters", "mean_win_rate"] + [name_of(c) for c in columns]
+                    + [f"{name_of(c)} {part}" for c, part in extra])
+    for name, win in zip(view.models, view.win_rate):
+        size = parameters.get(name)
+        writer.writerow([name, "" if size is None else size, repr(win) if math.isfinite(win) else "nan"]
+                        + [value(cell_of.get((name, c), MISSING), "value") for c in columns]
+                        + [value(cell_of.get((name, c), MISSING), part) for c, part in extra])
+    return buffer.getvalue()

@@ -1,0 +1,421 @@
+"""``lm-eval-probes report``: leaderboard files from recorded lm_eval runs (tiny random models, real files)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmark_fixtures import write_data_dir
+from lm_eval_probes.reports import build_report
+from lm_eval_probes.reports.bootstrap import percentile_interval, resample_indices
+from lm_eval_probes.reports.corpus_rows import (
+    RowOptions,
+    auroc_resampled,
+    corpus_row,
+    partial_spearman_resampled,
+    records,
+    spearman_resampled,
+)
+from lm_eval_probes.reports.reading import find_results_files, read_results_file, read_runs
+from lm_eval_probes.reports.tables import Cell, markdown_escape
+
+LIMIT = 12
+EVIL = '<script>alert("x")</script>'
+
+
+def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path) -> Path:
+    """What ``lm-eval-probes --log_samples --output_path out`` writes, done in-process (faster)."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    import lm_eval_probes
+
+    tracker = EvaluationTracker(output_path=str(out))
+    results = lm_eval.simple_evaluate(
+        model="hf-probes", model_args={"pretrained": model_dir, "probes": "all"}, tasks=tasks, limit=LIMIT,
+        device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker, gen_kwargs={"max_gen_toks": 4},
+        task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),
+                                                     metadata={"probes_data_dir": str(data_dir)}),
+    )
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task in results["configs"]:
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """Run a: llama on synth_logic + proofwriter + its swap twin; run b: llama again later (synth_logic again
+    + synth_arith_gen); run c: gpt2 on synth_logic only."""
+    root = tmp_path_factory.mktemp("runs")
+    data = write_data_dir(root / "data")
+    llama, gpt2 = tiny_model_dir("llama"), tiny_model_dir("gpt2")
+    out = {
+        "a": record_run(llama, ["probes_synth_logic", "probes_proofwriter", "probes_proofwriter_noise_swap"], root / "a", data),
+    }
+    time.sleep(1.1)  # a later date id
+    out["b"] = record_run(llama, ["probes_synth_logic", "probes_synth_arith_gen"], root / "b", data)
+    out["c"] = record_run(gpt2, ["probes_synth_logic"], root / "c", data)
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    built = build_report([runs["a"], runs["b"], runs["c"]], out, n_resamples=300, seed=7)
+    return built, out
+
+
+def results_json(run: Path) -> tuple[Path, dict]:
+    (path,) = run.rglob("results_*.json")
+    return path, json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def test_samples_records_match_the_results_rows(runs):
+    """The report's reading of the samples files recomputes lm_eval's own corpus-level values."""
+    path, data = results_json(runs["a"])
+    run = read_results_file(path)
+    result = run.tasks["probes_proofwriter"]
+    assert result.samples_file is not None and len(result.samples) == LIMIT
+    options = RowOptions.from_metadata(result.metadata)
+    checked = 0
+    for metric in result.metrics:
+        row = corpus_row(metric.name)
+        if row is None or not math.isfinite(metric.value):
+            continue
+        rows = records(result.samples_of(metric.filter), metric.name, row.width)
+        assert row.statistic(rows, options) == pytest.approx(metric.value, abs=1e-12), metric.name
+        checked += 1
+    assert checked >= 8  # ece, selective_auroc, aurc, selective_acc_50/80, several ρ
+    assert run.num_parameters == data["config"]["model_num_parameters"] > 0
+    assert result.metric("length_spearman", "none").value != result.metric("length_spearman", "none").value  # null → nan
+
+
+def test_bare_nan_and_null_read_as_undefined(runs, tmp_path):
+    path, data = results_json(runs["c"])
+    text = path.read_text().replace('"acc,none": ' + json.dumps(data["results"]["probes_synth_logic"]["acc,none"]),
+                                    '"acc,none": NaN')
+    copy = tmp_path / path.name
+    copy.write_text(text)
+    run = read_results_file(copy)
+    assert math.isnan(run.tasks["probes_synth_logic"].metric("acc", "none").value)
+    assert math.isnan(run.tasks["probes_synth_logic"].metric("length_spearman", "none").value)  # null
+    assert run.tasks["probes_synth_logic"].samples_file is None  # the samples stayed beside the original
+
+
+def test_two_runs_of_one_model_are_merged_newest_task_kept(runs):
+    models = read_runs([runs["a"], runs["b"], runs["c"]])
+    assert len(models) == 2
+    llama = next(m for m in models if "llama" in m.name)
+    assert set(llama.tasks) == {"probes_synth_logic", "probes_proofwriter", "probes_proofwriter_noise_swap",
+                                "probes_synth_arith_gen"}
+    assert len(llama.sources) == 2
+    (note,) = llama.replaced
+    assert note["task"] == "probes_synth_logic" and str(runs["b"]) in note["kept"] and str(runs["a"]) in note["dropped"]
+    assert str(runs["b"]) in str(llama.tasks["probes_synth_logic"].results_file)
+
+
+def test_missing_run_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no lm_eval results"):
+        find_results_files([tmp_path])
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        find_results_files([tmp_path / "nope"])
+
+
+# ---------------------------------------------------------------------------------------------- bootstrap
+
+
+def test_resampled_statistics_equal_the_project_functions():
+    rng = np.random.default_rng(0)
+    n = 15
+    rows = np.c_[rng.integers(0, 5, n) / 4, rng.integers(0, 2, n), rng.integers(1, 4, n)].astype(float)
+    indices = resample_indices(n, n_resamples=60, seed=1, key=("m", "t"))
+    options = RowOptions()
+    for name, batched in (("selective_auroc", auroc_resampled), ("bte_spearman", spearman_resampled),
+                          ("bte_spearman_partial", partial_spearman_resampled)):
+        row = corpus_row(name)
+        width_rows = rows[:, : row.width]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # undefined resamples warn and give nan
+            expected = np.array([row.statistic(width_rows[i], options) for i in indices])
+        got = batched(width_rows[indices], options)
+        np.testing.assert_allclose(got, expected, atol=1e-12, equal_nan=True, err_msg=name)
+    constant_length = np.c_[rows[:, :2], np.ones(n)]
+    np.testing.assert_allclose(partial_spearman_resampled(constant_length[indices]),
+                               spearman_resampled(rows[:, :2][indices]), equal_nan=True)
+    one_class = np.c_[rows[:, 0], np.ones(n)]
+    assert np.isnan(auroc_resampled(one_class[indices])).all()
+
+
+def test_resample_indices_are_seeded_and_keyed():
+    a = resample_indices(10, n_resamples=5, seed=3, key=("m", "t"))
+    assert np.array_equal(a, resample_indices(10, n_resamples=5, seed=3, key=("m", "t")))
+    assert not np.array_equal(a, resample_indices(10, n_resamples=5, seed=4, key=("m", "t")))
+    assert not np.array_equal(a, resample_indices(10, n_resamples=5, seed=3, key=("m", "u")))
+    with pytest.raises(ValueError, match="n_resamples"):
+        resample_indices(10, n_resamples=0, seed=0, key=())
+
+
+def test_percentile_interval_undefined_cases():
+    assert not percentile_interval(np.array([0.1, np.nan, np.nan]), n_documents=10).defined
+    assert not percentile_interval(np.array([0.1, 0.2]), n_documents=1).defined
+    ci = percentile_interval(np.arange(101) / 100, n_documents=10, level=0.9)
+    assert (ci.low, ci.high) == pytest.approx((0.05, 0.95))
+    with pytest.raises(ValueError, match="level"):
+        percentile_interval(np.arange(3.0), n_documents=3, level=1.0)
+
+
+def test_ci_reproducible_for_a_seed_and_covering_the_point(runs, report, tmp_path):
+    _, out = report
+    first = json.loads((out / "summary.json").read_text())
+    assert first["bootstrap"] == {"method": "percentile bootstrap over documents", "n_resamples": 300, "seed": 7,
+                                  "level": 0.95}
+    again = tmp_path / "again"
+    build_report([runs["a"], runs["b"], runs["c"]], again, n_resamples=300, seed=7, plots=False)
+    assert json.loads((again / "summary.json").read_text())["models"] == first["models"]
+    other = tmp_path / "other"
+    build_report([runs["a"], runs["b"], runs["c"]], other, n_resamples=300, seed=8, plots=False)
+    assert json.loads((other / "summary.json").read_text())["models"] != first["models"]
+    intervals = 0
+    for model in first["models"]:
+        for task in model["tasks"].values():
+            for key, cell in task["metrics"].items():
+                name = key.split(",")[0]
+                if corpus_row(name) is None:
+                    assert cell["ci"] is None, key
+                    continue
+                assert cell["stderr"] is None
+                if cell["value"] is None or cell["ci"] is None or cell["ci"]["low"] is None:
+                    continue
+                assert cell["ci"]["low"] <= cell["value"] <= cell["ci"]["high"], (model["name"], key, cell)
+                intervals += 1
+    assert intervals >= 20
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def markdown_section(text: str, title: str) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def markdown_rows(section: str) -> list[list[str]]:
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in lines]
+
+
+def test_task_table_contents_and_sort_order(runs, report):
+    built, out = report
+    text = (out / "leaderboard.md").read_text()
+    header, *rows = markdown_rows(markdown_section(text, "probes_synth_logic"))
+    assert header[:4] == ["model", "acc ↑", "confidence ↑", "ece ↓"] and "bte_energy ↓" in header
+    assert len(rows) == 2
+    accs = [float(r[1].split(" ")[0]) for r in rows]
+    assert accs == sorted(accs, reverse=True)  # best first
+    table = next(t for t in built.tables if t.task == "probes_synth_logic")
+    for name, row in zip(table.models, rows):
+        model = next(m for m in built.models if m.name == name)
+        expected = model.tasks["probes_synth_logic"].metric("acc", "none")
+        assert row[0] == markdown_escape(name)
+        assert row[1] == f"{expected.value:.3f} ± {expected.stderr:.3f}"
+    ece = header.index("ece ↓")
+    assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", rows[0][ece])  # a CI where lm_eval gives no stderr
+    assert rows[0][header.index("lcr_auroc ↑")].count("[") == 0  # reader rows: no CI
+    assert rows[0][header.index("length_spearman ↑")] == "undefined"  # null in the results: never 0
+
+
+def test_overview_missing_tasks_and_csv(runs, report):
+    built, out = report
+    text = (out / "leaderboard.md").read_text()
+    header, *rows = markdown_rows(text.split("\n## ", 1)[0])
+    assert header[:3] == ["model", "size", "mean win rate ↑"]
+    gpt2 = next(r for r in rows if "gpt2" in r[0])
+    proofwriter = header.index("probes_proofwriter: acc ↑")
+    assert gpt2[proofwriter] == "—"  # not run: missing, not 0
+    assert re.fullmatch(r"\d+(\.\d+)?K", gpt2[1])  # size from model_num_parameters
+    wins = [float(r[2]) for r in rows]
+    assert wins == sorted(wins, reverse=True) and built.overview.models[0] == rows[0][0]
+    table = list(csv.reader(io.StringIO((out / "leaderboard.csv").read_text())))
+    head, body = table[0], table[1:]
+    gpt2_csv = next(r for r in body if "gpt2" in r[0])
+    assert gpt2_csv[head.index("probes_proofwriter/acc")] == ""  # missing
+    assert gpt2_csv[head.index("probes_synth_logic/length_spearman")] == "nan"  # undefined
+    assert float(gpt2_csv[head.index("probes_synth_logic/acc")]) >= 0
+    assert "probes_synth_logic/ece ci_low" in head
+
+
+def test_robustness_table(report):
+    built, out = report
+    (row,) = built.robustness
+    assert (row.base, row.operator, row.primary_metric) == ("probes_proofwriter", "swap", "acc")
+    clean = next(m for m in built.models if row.model == m.name).tasks["probes_proofwriter"].metric("acc", "none").value
+    assert row.clean["primary"].value == clean
+    assert row.delta["primary"] == pytest.approx(row.noised["primary"].value - clean)
+    header, line = markdown_rows(markdown_section((out / "leaderboard.md").read_text(), "Robustness to noised inputs"))
+    assert line[1:4] == ["probes_proofwriter", "swap", "acc"]
+    assert line[header.index("Δ acc")] == f"{row.delta['primary']:+.3f}"
+
+
+def test_summary_json_is_strict_json_with_merges(report):
+    _, out = report
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    llama = next(m for m in summary["models"] if "llama" in m["name"])
+    assert [d["task"] for d in llama["merged_duplicates"]] == ["probes_synth_logic"]
+    assert llama["tasks"]["probes_synth_logic"]["metrics"]["length_spearman,none"]["value"] is None
+    assert summary["ranking"] == [m["name"] for m in sorted(summary["models"], key=lambda m: m["rank"])]
+
+
+def test_cell_text_never_shows_zero_for_missing_or_undefined():
+    assert Cell(present=False).text() == "—"
+    assert Cell(present=True, value=math.nan).text() == "undefined"
+    assert Cell(present=True, value=0.0).text() == "0.000"
+
+
+# ---------------------------------------------------------------------------------------------- escaping, html
+
+
+def test_script_in_a_model_name_is_inert(runs, tmp_path):
+    path, data = results_json(runs["c"])
+    evil_dir = tmp_path / "evil" / "m"
+    evil_dir.mkdir(parents=True)
+    data["model_name"] = EVIL
+    data["results"]["probes_synth_logic"]["acc,none"] = None
+    (evil_dir / path.name).write_text(json.dumps(data))
+    for samples in path.parent.glob("samples_*.jsonl"):
+        shutil.copy(samples, evil_dir / samples.name)
+    out = tmp_path / "out"
+    build_report([evil_dir], out, n_resamples=20)
+    page = (out / "index.html").read_text()
+    assert EVIL not in page and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page
+    assert page.count("<script>") == 1  # the page's own sort script only
+    markdown = (out / "leaderboard.md").read_text()
+    assert "<script>" not in markdown and "&lt;script&gt;" in markdown
+    assert "undefined" in markdown  # acc null
+
+
+def test_html_is_self_contained(report):
+    _, out = report
+    page = (out / "index.html").read_text()
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)
+    images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    pngs = sorted((out / "plots").glob("*.png"))
+    assert len(images) == len(pngs) >= 8
+    kinds = {p.name.split("_probes_")[0] for p in pngs}
+    assert {"reliability", "risk_coverage", "robustness", "difficulty", "bte_energy"} <= kinds
+    assert "no per-layer profile" in page
+
+
+@pytest.fixture(scope="module")
+def report_subprocess_modules(runs, tmp_path_factory) -> list[str]:
+    """Heavy modules loaded by ``import lm_eval_probes.reports`` plus a full report, in a fresh interpreter."""
+    out = tmp_path_factory.mktemp("subprocess-report")
+    code = (
+        # a regular install's .pth autoload may have imported lm_eval at start-up: count what the report adds
+        "import sys\nbefore = set(sys.modules)\nimport lm_eval_probes.reports as r\n"
+        f"r.build_report([{str(runs['c'])!r}], {str(out)!r}, n_resamples=5)\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in new))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "index.html").is_file()
+    return json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"'))
+
+
+def test_reports_do_not_import_torch(report_subprocess_modules):
+    assert "torch" not in report_subprocess_modules and "transformers" not in report_subprocess_modules
+
+
+def test_reports_do_not_import_lm_eval(report_subprocess_modules):
+    assert "lm_eval" not in report_subprocess_modules
+
+
+def test_cli_writes_the_report_and_fails_cleanly(runs, tmp_path):
+    out = tmp_path / "cli"
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "report", str(runs["c"]), "--out", str(out),
+                           "--resamples", "20", "--no-plots"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert str(out / "index.html") in proc.stdout
+    assert {p.name for p in out.iterdir()} >= {"leaderboard.md", "leaderboard.csv", "summary.json", "index.html"}
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "report", str(tmp_path / "nowhere"), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "no such file or folder" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "report", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--resamples" in proc.stdout and "RUN_DIR" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- headless Chromium
+
+PAGE_CHECK = """<script>
+window.pageErrors = [];
+window.addEventListener("error", function (e) { window.pageErrors.push(String(e.message || e.type)); }, true);
+var pageConsoleError = console.error;
+console.error = function () { window.pageErrors.push(Array.prototype.join.call(arguments, " ")); pageConsoleError.apply(console, arguments); };
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var broken = images.filter(function (im) { return !im.complete || im.naturalWidth === 0; }).length;
+  var th = document.querySelectorAll("#overview thead th")[2];
+  th.click(); var bestFirst = document.querySelector("#overview tbody tr td").textContent;
+  th.click(); var worstFirst = document.querySelector("#overview tbody tr td").textContent;
+  var out = document.createElement("pre"); out.id = "page-check";
+  out.textContent = JSON.stringify({images: images.length, broken: broken,
+    tables: document.querySelectorAll("table.sortable").length,
+    overviewRows: document.querySelectorAll("#overview tbody tr").length,
+    bestFirst: bestFirst, worstFirst: worstFirst, sortedClass: th.className, errors: window.pageErrors});
+  document.body.appendChild(out);
+  console.log("page-check done");
+});
+</script>"""
+
+
+def chromium_binary() -> str | None:
+    return next((path for path in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if path), None)
+
+
+def test_page_renders_in_headless_chromium(report, tmp_path):
+    """The page loaded in headless Chromium: every image decodes, the tables are there, sorting works and the
+    console shows no error. ``make test`` installs Chromium with apt-get where it can."""
+    import html as html_module
+
+    browser = chromium_binary()
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian package `chromium`; `make test` installs it where apt-get is available)")
+    built, out = report
+    page = (out / "index.html").read_text()
+    checked = tmp_path / "checked.html"
+    checked.write_text(page.replace("<head>", "<head>\n" + PAGE_CHECK, 1))
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom", checked.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    match = re.search(r'<pre id="page-check">(.*?)</pre>', proc.stdout, re.S)
+    assert match, proc.stderr[-3000:]
+    check = json.loads(html_module.unescape(match.group(1)))
+    pngs = list((out / "plots").glob("*.png"))
+    assert check["images"] == len(pngs) and check["broken"] == 0
+    assert check["tables"] == 2 + len(built.tables)  # overview, robustness, one per task
+    assert check["overviewRows"] == len(built.overview.models) == 2
+    assert check["bestFirst"] == built.overview.models[0] and check["worstFirst"] == built.overview.models[-1]
+    assert check["sortedClass"].endswith("sorted-asc")
+    assert check["errors"] == []
+    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
+    assert any("page-check done" in line for line in console), proc.stderr[-3000:]
+    assert not [line for line in console if "page-check done" not in line], console

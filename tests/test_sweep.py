@@ -1,0 +1,175 @@
+"""``lm-eval-probes sweep``: config validation, sharding, resume, failures (tiny random models, real runs)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lm_eval_probes import sweep
+from lm_eval_probes.sweep import Shard, SweepConfigError, load_config, parse_config, run_sweep
+
+TASKS = ["probes_synth_logic", "probes_synth_arith"]
+
+
+def config_dict(out: Path, models: list[dict], **extra) -> dict:
+    return {"output_dir": str(out), "models": models, "tasks": TASKS, "limit": 4, "batch_size": 4, "device": "cpu",
+            "probes": "tcb+bte", "bootstrap_iters": 0, **extra}
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"task": ["x"]}, "unknown sweep config key 'task'. Did you mean 'tasks'?"),
+    ({"models": [{"name": "a", "model_arg": {}}]}, "unknown models[0] key 'model_arg'. Did you mean 'model_args'? Valid: name, model, model_args."),
+    ({"models": [{"name": "a", "model_args": {"dtype": "float32"}}]}, "models[0].model_args needs 'pretrained'"),
+    ({"models": [{"name": "a", "model_args": {"pretrained": "x", "probe_tcb_epsilon": 2}}]},
+     "unknown hf-probes option 'probe_tcb_epsilon'. Did you mean 'probe_tcb_eps'?"),
+    ({"models": [{"name": "a", "model_args": {"pretrained": "x", "probes": "tcb"}}]}, "'probes' is a sweep-level key"),
+    ({"models": [{"name": "a/b", "model_args": {"pretrained": "x"}}]}, "models[0].name must be letters"),
+    ({"models": [{"name": "a", "model_args": {"pretrained": "x"}}] * 2}, "model names must be unique"),
+    ({"probes": "tcb+bet"}, "unknown probe 'bet'. Did you mean 'bte'?"),
+    ({"batch_size": "big"}, "batch_size must be an integer >= 1, 'auto' or 'auto:N'"),
+    ({"limit": 0}, "limit must be a positive integer"),
+    ({"seeds": [1, 2]}, "seeds must be one integer or 4 integers"),
+    ({"tasks": []}, "tasks must be a non-empty list"),
+])
+def test_bad_configs_name_the_key_and_the_valid_ones(tmp_path, change, message):
+    raw = {**config_dict(tmp_path, [{"name": "a", "model_args": {"pretrained": "x"}}]), **change}
+    with pytest.raises(SweepConfigError) as error:
+        parse_config(raw)
+    assert message in str(error.value)
+
+
+def test_config_file_defaults_and_relative_output_dir(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("output_dir: out\nmodels:\n  - name: m\n    model_args: {pretrained: p, dtype: float32}\n"
+                    "tasks: probes_synth_logic,probes_synth_arith\nseeds: 3\nbatch_size: auto:4\n")
+    config = load_config(path)
+    assert config.output_dir == tmp_path / "out"
+    assert config.tasks == ("probes_synth_logic", "probes_synth_arith") and config.seeds == (3, 3, 3, 3)
+    assert config.model_args(config.models[0]) == {"pretrained": "p", "dtype": "float32", "probes": "all"}
+    assert config.pairs() == [("m", "probes_synth_arith"), ("m", "probes_synth_logic")]
+    path.write_text("models: [\n")
+    with pytest.raises(SweepConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+def test_sweep_module_imports_lm_eval_only_inside_functions():
+    """Config validation needs no lm_eval: no module-level import of lm_eval, torch or transformers."""
+    tree = ast.parse(Path(sweep.__file__).read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            top.add(node.module.split(".")[0])
+    assert not top & {"lm_eval", "torch", "transformers", "yaml"}, top
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_shards_are_disjoint_and_cover_every_pair(count):
+    pairs = [(f"m{i}", f"t{j}") for i in range(3) for j in range(4)]
+    chosen = [pair for k in range(count) for pair in Shard(k, count).select(pairs)]
+    assert sorted(chosen) == sorted(pairs)
+
+
+def test_bad_shards():
+    for text in ("2/2", "1", "a/b", "-1/2"):
+        with pytest.raises(SweepConfigError, match="K/N"):
+            Shard.parse(text)
+    assert Shard.parse(" 1 / 3 ") == Shard(1, 3)
+
+
+def test_unknown_task_fails_before_any_model_loads(tmp_path):
+    raw = config_dict(tmp_path / "out", [{"name": "m", "model_args": {"pretrained": "/does/not/exist"}}],
+                      tasks=["probes_synth_logik"])
+    with pytest.raises(SweepConfigError, match="unknown task 'probes_synth_logik'. Did you mean 'probes_synth_logic'"):
+        run_sweep(parse_config(raw))
+    assert not (tmp_path / "out" / "status").exists()
+
+
+# ---------------------------------------------------------------------------------------------- real runs
+
+
+def results_of(out: Path) -> dict[tuple[str, str], Path]:
+    found = {}
+    for path in (out / "runs").rglob("results_*.json"):
+        data = json.loads(path.read_text())
+        key = (data[sweep.SWEEP_KEY]["model"], data[sweep.SWEEP_KEY]["task"])
+        assert key not in found, f"{key} written twice"
+        found[key] = path
+    return found
+
+
+def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
+    out = tmp_path / "out"
+    models = [{"name": "llama", "model_args": {"pretrained": tiny_model_dir("llama")}},
+              {"name": "broken", "model_args": {"pretrained": str(tmp_path / "no-such-model")}},
+              {"name": "gpt2", "model_args": {"pretrained": tiny_model_dir("gpt2")}}]
+    config = parse_config(config_dict(out, models))
+    good = {(m, t) for m in ("llama", "gpt2") for t in TASKS}
+
+    # two shards: every pair exactly once; the broken model fails without stopping the others
+    with caplog.at_level(logging.INFO, logger="lm_eval_probes.sweep"):
+        first = run_sweep(config, shard=Shard(0, 2))
+        assert first["counts"]["pending"] > 0
+        summary = run_sweep(config, shard=Shard(1, 2))
+    written = results_of(out)
+    assert set(written) == good
+    shards = {key: json.loads(path.read_text())[sweep.SWEEP_KEY]["shard"] for key, path in written.items()}
+    expected = {pair: f"{i % 2}/2" for i, pair in enumerate(config.pairs())}
+    assert all(shards[key] == expected[key] for key in good)
+    assert summary["counts"] == {"done": 4, "failed": 2, "pending": 0}
+    failed = [p for p in summary["pairs"] if p["state"] == "failed"]
+    assert {p["model"] for p in failed} == {"broken"} and all("model failed to load" in p["error"] for p in failed)
+    assert json.loads((out / "sweep_status.json").read_text())["counts"] == summary["counts"]
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
+    assert any("llama × probes_synth_logic: done in" in line and "ETA" in line for line in progress)
+
+    # a killed run: one pair lost its folder mid-write (only a partial folder is left); the rest must not rerun
+    lost = ("gpt2", "probes_synth_arith")
+    kept = {key: (path.name, path.stat().st_mtime_ns) for key, path in written.items() if key != lost}
+    partial = out / ".partial" / "gpt2" / "probes_synth_arith.999.deadbeef"
+    written[lost].parent.rename(partial)
+    (partial / "results_truncated.json").write_text("{")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lm_eval_probes.sweep"):
+        again = run_sweep(config)
+    after = results_of(out)
+    assert set(after) == good
+    assert {key: (p.name, p.stat().st_mtime_ns) for key, p in after.items() if key != lost} == kept  # nothing repeated
+    assert not partial.exists()  # the partial attempt was ignored and removed
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
+    assert sum("already done, skipped" in line for line in lines) == 3
+    assert any("gpt2 × probes_synth_arith: done" in line for line in lines)
+    assert again["counts"] == {"done": 4, "failed": 2, "pending": 0}  # the broken model was retried, failed again
+
+    # the sweep's output is a report's input: one row per model, runs merged
+    from lm_eval_probes.reports import build_report
+
+    report = build_report([out / "runs"], tmp_path / "report", n_resamples=10, plots=False)
+    assert sorted(m.name for m in report.models) == ["gpt2", "llama"]
+    assert all(set(m.tasks) == set(TASKS) for m in report.models)
+
+
+def test_cli_check_and_help(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\nmodels:\n  - name: m\n    model_args: {{pretrained: p}}\n"
+                    "tasks: [probes_synth_logic, probes_synth_arith]\n")
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", str(path), "--check", "--shard", "1/2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["m\tprobes_synth_logic\tto run"]
+    path.write_text("output_dir: o\nmodel: []\n")
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "unknown sweep config key 'model'. Did you mean 'models'?" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--shard" in proc.stdout and "example config" in proc.stdout
