@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmark_fixtures import write_data_dir
-from lm_eval_probes import TASKS_DIR
+from lm_eval_probes import TASKS_DIR, rows
 from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.models import ProbeHFLM
 from lm_eval_probes.probes.calibration import expected_calibration_error, out_of_fold_temperature_scale
@@ -26,7 +26,7 @@ from lm_eval_probes.tasks.probe_task import ProbeTaskManager
 def answer_confidence_and_states(probe: ResponseProbe):
     return answer_confidence(probe), answer_states(probe)
 
-ROWS = ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "selective_acc_80", "lcr_auroc", "lcr_ece")
+ROWS = rows.names("confidence", "reader")
 
 
 # ------------------------------------------------------------------------------------------ answer spans

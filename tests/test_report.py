@@ -21,7 +21,7 @@ from benchmark_fixtures import write_data_dir
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.bootstrap import percentile_interval, resample_indices
 from lm_eval_probes.reports.corpus_rows import (
-    RowOptions,
+    CalibrationOptions,
     auroc_resampled,
     corpus_row,
     partial_spearman_resampled,
@@ -93,7 +93,7 @@ def test_samples_records_match_the_results_rows(runs):
     run = read_results_file(path)
     result = run.tasks["probes_proofwriter"]
     assert result.samples_file is not None and len(result.samples) == LIMIT
-    options = RowOptions.from_metadata(result.metadata)
+    options = CalibrationOptions.from_metadata(result.metadata)
     checked = 0
     for metric in result.metrics:
         row = corpus_row(metric.name)
@@ -146,7 +146,7 @@ def test_resampled_statistics_equal_the_project_functions():
     n = 15
     rows = np.c_[rng.integers(0, 5, n) / 4, rng.integers(0, 2, n), rng.integers(1, 4, n)].astype(float)
     indices = resample_indices(n, n_resamples=60, seed=1, key=("m", "t"))
-    options = RowOptions()
+    options = CalibrationOptions()
     for name, batched in (("selective_auroc", auroc_resampled), ("bte_spearman", spearman_resampled),
                           ("bte_spearman_partial", partial_spearman_resampled)):
         row = corpus_row(name)

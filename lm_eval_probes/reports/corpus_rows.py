@@ -1,21 +1,19 @@
 """Corpus-level rows recomputed from the per-document records of ``--log_samples`` files.
 
 lm_eval gives no standard error for these rows (their aggregation is not ``mean``); the report
-recomputes them from the records to bootstrap them. The records in a samples line, per row:
-
-* ``ece``, ``selective_auroc``, ``aurc``, ``selective_acc_50/80``: ``[confidence, correct]``;
-  ``corruption_confidence_auroc``: ``[1 − confidence, noised]``;
-* ``*_spearman``: ``[value, difficulty]``; ``*_spearman_partial*``: ``[value, difficulty, length]``.
-
-The reader rows (``lcr_*``, ``corruption_auroc``) are written to samples as one-line strings: their
-features are not recoverable, so they have no recomputation (and no CI). ``ece_scaled`` is fitted out-of-fold (see
-:data:`CROSS_FITTED`): no CI either. The math is the project's
-pure functions (:mod:`lm_eval_probes.probes.calibration`, :mod:`lm_eval_probes.probes.correlation`),
-with the task's ``metadata`` options (``ece_bins``, ``ece_binning``) as the aggregation used them.
+recomputes them from the records to bootstrap them, with exactly the aggregation lm_eval ran: which
+row holds which record and is aggregated how comes from the one table, :mod:`lm_eval_probes.rows`.
+Recomputable rows are those whose per-document value is numbers: ``confidence`` records
+``[confidence, correct]`` (``corruption_confidence_auroc``: ``[1 − confidence, noised]``), ``ranked``
+``[value, difficulty]`` and ``partial`` ``[value, difficulty, length]``. The reader rows (``lcr_*``,
+``corruption_auroc``) are written to samples as one-line strings, so their features are not
+recoverable (no CI); ``ece_scaled`` is fitted out-of-fold (:data:`CROSS_FITTED`): no CI either. The
+task's ``metadata`` options (``ece_bins``, ``ece_binning``) apply as in the run.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,67 +22,25 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from lm_eval_probes.probes.calibration import (
-    accuracy_at_coverage_score,
-    aurc_error,
-    expected_calibration_error,
-    selective_auroc_score,
-)
-from lm_eval_probes.probes.correlation import finite_rows, partial_spearman_score, spearman_score
+from lm_eval_probes.metrics.calibration import CalibrationOptions
+from lm_eval_probes.probes.correlation import finite_rows
+from lm_eval_probes.rows import ROWS_BY_NAME, bound_aggregation
 
+RECORD_WIDTHS: dict[str, int] = {"confidence": 2, "ranked": 2, "partial": 3}
+"""Per-document value kind of :mod:`lm_eval_probes.rows` → numbers per record (the recomputable kinds)."""
 
-@dataclass(frozen=True)
-class RowOptions:
-    """The task ``metadata`` options that change a recomputed row (defaults as in ``CalibrationOptions``)."""
-
-    ece_bins: int = 15
-    ece_binning: str = "uniform"
-
-    @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> RowOptions:
-        """Read ``ece_bins`` and ``ece_binning``; other keys are the task's own.
-
-        Raises:
-            ValueError: a present option of the wrong type.
-        """
-        try:
-            return cls(
-                ece_bins=int(metadata.get("ece_bins", cls.ece_bins)),
-                ece_binning=str(metadata.get("ece_binning", cls.ece_binning)),
-            )
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"bad calibration option in task metadata {dict(metadata)!r}: {error}") from None
-
-
-Statistic = Callable[[np.ndarray, RowOptions], float]
+Statistic = Callable[[np.ndarray, CalibrationOptions], float]
 """``statistic(rows, options)``: rows ``[n, width]`` of finite floats → the row's value (``nan`` if undefined)."""
 
 
-def _ece(rows: np.ndarray, options: RowOptions) -> float:
-    return expected_calibration_error(rows[:, 0], rows[:, 1], n_bins=options.ece_bins, binning=options.ece_binning)
+def _aggregation_statistic(name: str) -> Statistic:
+    """Row ``name``'s own aggregation (as lm_eval ran it) on a record array; ``nan`` where it is undefined."""
 
-
-def _aurc(rows: np.ndarray, options: RowOptions) -> float:
-    return aurc_error(rows[:, 0], rows[:, 1])
-
-
-def _coverage(coverage: float) -> Statistic:
-    def statistic(rows: np.ndarray, options: RowOptions) -> float:
-        return accuracy_at_coverage_score(rows[:, 0], rows[:, 1], coverage=coverage)
+    def statistic(rows: np.ndarray, options: CalibrationOptions) -> float:
+        value = bound_aggregation(ROWS_BY_NAME[name], options)(rows.tolist())
+        return math.nan if value is None else float(value)
 
     return statistic
-
-
-def _auroc(rows: np.ndarray, options: RowOptions) -> float:
-    return selective_auroc_score(rows[:, 0], rows[:, 1])
-
-
-def _spearman(rows: np.ndarray, options: RowOptions) -> float:
-    return spearman_score(rows.tolist())
-
-
-def _partial_spearman(rows: np.ndarray, options: RowOptions) -> float:
-    return partial_spearman_score(rows.tolist())
 
 
 # ----------------------------------------------------------------- the same statistics over many resamples
@@ -107,7 +63,7 @@ def _row_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(denominator > 0, (a * b).sum(axis=-1) / np.where(denominator > 0, denominator, 1.0), np.nan)
 
 
-def auroc_resampled(resampled: np.ndarray, options: RowOptions | None = None) -> np.ndarray:
+def auroc_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
     """Mann–Whitney AUROC of confidence (column 0) for correct (column 1 = 1) over wrong, per resample:
     (Σ ranks of the correct − n₁(n₁+1)/2) / (n₁·n₀), ties ½ via average ranks; ``nan`` with one class."""
     ranks = _ranks(resampled[..., 0])
@@ -119,7 +75,7 @@ def auroc_resampled(resampled: np.ndarray, options: RowOptions | None = None) ->
         return np.where((n_pos > 0) & (n_neg > 0), u / np.maximum(n_pos * n_neg, 1), np.nan)
 
 
-def spearman_resampled(resampled: np.ndarray, options: RowOptions | None = None) -> np.ndarray:
+def spearman_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
     """Spearman ρ of column 0 with column 1 per resample (Pearson of average ranks); ``nan`` for a constant
     side or fewer than 3 documents, as :func:`~lm_eval_probes.probes.correlation.spearman_score`."""
     if resampled.shape[-2] < 3:
@@ -127,7 +83,7 @@ def spearman_resampled(resampled: np.ndarray, options: RowOptions | None = None)
     return _row_pearson(_ranks(resampled[..., 0]), _ranks(resampled[..., 1]))
 
 
-def partial_spearman_resampled(resampled: np.ndarray, options: RowOptions | None = None) -> np.ndarray:
+def partial_spearman_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
     """Partial Spearman ρ of columns 0 and 1 given column 2, per resample, as
     :func:`~lm_eval_probes.probes.correlation.partial_spearman_score` (a constant column 2 gives plain ρ)."""
     if resampled.shape[-2] < 3:
@@ -141,7 +97,7 @@ def partial_spearman_resampled(resampled: np.ndarray, options: RowOptions | None
     return np.where(constant_z, r_xy, partial)
 
 
-Resampled = Callable[[np.ndarray, RowOptions], np.ndarray]
+Resampled = Callable[[np.ndarray, CalibrationOptions], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -156,7 +112,7 @@ class CorpusRow:
     statistic: Statistic
     resampled: Resampled | None = None
 
-    def on_resamples(self, rows: np.ndarray, indices: np.ndarray, options: RowOptions) -> np.ndarray:
+    def on_resamples(self, rows: np.ndarray, indices: np.ndarray, options: CalibrationOptions) -> np.ndarray:
         """``[B]`` values of the row on ``rows[indices[b]]`` (``nan`` where undefined; warnings silenced)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -165,36 +121,29 @@ class CorpusRow:
             return np.array([self.statistic(rows[i], options) for i in indices], dtype=float)
 
 
-CONFIDENCE_ROWS: dict[str, CorpusRow] = {
-    "ece": CorpusRow(2, _ece),
-    "selective_auroc": CorpusRow(2, _auroc, auroc_resampled),
-    "aurc": CorpusRow(2, _aurc),
-    "selective_acc_50": CorpusRow(2, _coverage(0.5)),
-    "selective_acc_80": CorpusRow(2, _coverage(0.8)),
-    "corruption_confidence_auroc": CorpusRow(2, _auroc, auroc_resampled),
+FAST_RESAMPLED: dict[str, Resampled] = {
+    "probe_selective_auroc": auroc_resampled,
+    "probe_corruption_confidence_auroc": auroc_resampled,
+    "probe_spearman": spearman_resampled,
+    "probe_partial_spearman": partial_spearman_resampled,
 }
+"""Aggregation name → its all-resamples-at-once form (tested equal to the aggregation)."""
 
-NOT_RECOVERABLE: frozenset[str] = frozenset({"lcr_auroc", "lcr_ece", "corruption_auroc"})
+NOT_RECOVERABLE: frozenset[str] = frozenset(name for name, row in ROWS_BY_NAME.items() if row.value == "reader")
 """Reader rows: samples hold a one-line description of their records, not the features."""
 
-CROSS_FITTED: frozenset[str] = frozenset({"ece_scaled"})
+CROSS_FITTED: frozenset[str] = frozenset(name for name, row in ROWS_BY_NAME.items() if row.value == "confidence_keyed")
 """Rows fitted out-of-fold inside the aggregation: a bootstrap resample repeats documents, which would land
 in training and test folds at once, so these get no interval."""
 
 
 def corpus_row(name: str) -> CorpusRow | None:
-    """The recomputation of row ``name``, or ``None`` for rows that are means, cross-fitted or not recoverable.
-
-    Besides :data:`CONFIDENCE_ROWS`: any ``*_spearman`` row (width 2) and ``*_spearman_partial*`` row
-    (width 3), so rows added later under the same naming are covered.
-    """
-    if name in CONFIDENCE_ROWS:
-        return CONFIDENCE_ROWS[name]
-    if "_spearman_partial" in name:
-        return CorpusRow(3, _partial_spearman, partial_spearman_resampled)
-    if name.endswith("_spearman"):
-        return CorpusRow(2, _spearman, spearman_resampled)
-    return None
+    """The recomputation of row ``name``, or ``None`` for rows that are means, counts, cross-fitted, not
+    recoverable from samples, or not the plugin's."""
+    row = ROWS_BY_NAME.get(name)
+    if row is None or row.value not in RECORD_WIDTHS:
+        return None
+    return CorpusRow(RECORD_WIDTHS[row.value], _aggregation_statistic(name), FAST_RESAMPLED.get(row.aggregation))
 
 
 def records(samples: Sequence[Mapping[str, Any]], name: str, width: int) -> np.ndarray:

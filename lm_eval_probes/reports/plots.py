@@ -28,7 +28,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lm_eval_probes.probes.calibration import reliability_diagram, risk_coverage_curve  # noqa: E402
-from lm_eval_probes.reports.corpus_rows import RowOptions, records  # noqa: E402
+from lm_eval_probes.metrics.calibration import CalibrationOptions
+from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
 from lm_eval_probes.reports.tables import RobustnessRow, primary_metric  # noqa: E402
 
@@ -92,7 +93,7 @@ def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
             pairs = _confidence_records(result) if result else None
             if pairs is None:
                 continue
-            options = RowOptions.from_metadata(result.metadata)
+            options = CalibrationOptions.from_metadata(result.metadata)
             diagram = reliability_diagram(*pairs, n_bins=options.ece_bins, binning=options.ece_binning)
             filled = diagram.count > 0
             line, = ax.plot(diagram.mean_confidence[filled], diagram.accuracy[filled], marker="o", markersize=3,

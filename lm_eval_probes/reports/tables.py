@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, percentile_interval, resample_indices
-from lm_eval_probes.reports.corpus_rows import RowOptions, corpus_row, records
+from lm_eval_probes.metrics.calibration import CalibrationOptions
+from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 
 PRIMARY_METRICS: tuple[str, ...] = ("acc", "exact_match", "acc_norm")
@@ -138,7 +139,7 @@ def task_cell(model: ModelResults, task: str, metric: str, filter_name: str, set
     if found.stderr is None and row is not None and result.samples:
         rows = records(result.samples_of(filter_name), metric, row.width)
         if len(rows):
-            options = RowOptions.from_metadata(result.metadata)
+            options = CalibrationOptions.from_metadata(result.metadata)
             indices = resample_indices(len(rows), n_resamples=settings.n_resamples, seed=settings.seed,
                                        key=(model.name, model.model_args, task, filter_name))
             ci = percentile_interval(row.on_resamples(rows, indices, options), n_documents=len(rows), level=settings.level)
