@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark_fixtures import write_data_dir
+from loader_fixtures import write_data_dir
 from lm_eval_probes import TASKS_DIR
 from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.models import ProbeHFLM
