@@ -38,16 +38,17 @@ draws only with ``random.Random(seed).random()``, whose sequence Python guarante
 and it draws the same two numbers (select, detail) for every eligible unit whatever η is, so noise
 levels are nested: with one seed, the units corrupted at η = 0.05 are corrupted, in the same way, at
 η = 0.30. :func:`document_seed` derives a per-document seed from a SHA-256 of the document and a
-global seed (never ``hash()``), so every run and every rank corrupts a document identically.
-:func:`noise_fields` applies all this to an lm-eval document and keeps the clean twin.
+global seed (the recipe of :func:`seeded_generation.sha256_seed`, never ``hash()``), so every run and
+every rank corrupts a document identically. :func:`noise_fields` applies all this to an lm-eval
+document and keeps the clean twin.
 
-This file imports only the standard library and defines no dataclasses: lm-eval may execute it by
-file path before registering it in ``sys.modules``.
+This file imports only the standard library and :mod:`seeded_generation` (itself standard library
+only) and defines no dataclasses: lm-eval may execute it by file path before registering it in
+``sys.modules``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -56,6 +57,8 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from lm_eval_probes.tasks.seeded_generation import sha256_seed
 
 OPERATORS: tuple[str, ...] = ("swap", "keyboard", "insert", "delete")
 ETAS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.30)
@@ -133,8 +136,9 @@ def noise_text(
 def document_seed(content: str, global_seed: int, operator: str = "") -> int:
     """A 64-bit seed for one document, stable across processes, ranks and Python versions.
 
-    The seed is the first 8 bytes (big-endian) of the SHA-256 of the canonical JSON string
-    ``[content, global_seed, operator]``; it changes with each of the three.
+    The seed is ``sha256_seed(content, global_seed, operator)``: the first 8 bytes (big-endian) of the
+    SHA-256 of the canonical JSON string ``[content, global_seed, operator]``; it changes with each of
+    the three.
 
     Raises:
         TypeError: ``content`` or ``operator`` is not a string, or ``global_seed`` not an int.
@@ -145,8 +149,7 @@ def document_seed(content: str, global_seed: int, operator: str = "") -> int:
         raise TypeError(f"operator must be a str, got {type(operator).__name__}: {operator!r}")
     if isinstance(global_seed, bool) or not isinstance(global_seed, int):
         raise TypeError(f"global_seed must be an int, got {type(global_seed).__name__}: {global_seed!r}")
-    key = json.dumps([content, global_seed, operator], ensure_ascii=True, separators=(",", ":"))
-    return int.from_bytes(hashlib.sha256(key.encode("ascii")).digest()[:8], "big")
+    return sha256_seed(content, global_seed, operator)
 
 
 def noise_fields(

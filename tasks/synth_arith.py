@@ -7,7 +7,7 @@ does Mia have now?") is rendered *from* that program and the answer is computed 
 parsed back from text. All intermediate values and the answer are integers in ``[1, MAX_VALUE]``.
 
 Nothing is copied from an existing data set; everything follows from ``(seed, level, index)``
-through ``random.Random`` instances seeded by a SHA-256 of those values (no global seeding).
+through private ``random.Random`` instances seeded by :mod:`seeded_generation` (no global seeding).
 
 Public API:
 
@@ -19,12 +19,13 @@ Public API:
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import datasets
+
+from lm_eval_probes.tasks.seeded_generation import LeveledGenerator, dataset_splits, generate_round_robin
 
 MIN_STEPS = 1
 MAX_STEPS = 5
@@ -38,8 +39,6 @@ _MAX_FACTOR = 5
 _OPERATION_WEIGHTS = {"+": 0.35, "-": 0.35, "*": 0.15, "/": 0.15}
 _NEAR_MISS_OFFSETS = (1, -1, 2, -2, 3, -3, 5, -5, 10, -10)
 _MAX_STRUCTURAL_DISTRACTORS = 2
-_FEWSHOT_STREAM = "fewshot"
-_TEST_STREAM = "main"
 
 
 class _Person(NamedTuple):
@@ -142,12 +141,6 @@ def evaluate_program(start: int, program: Sequence[Sequence[Any]]) -> int:
     return values[-1]
 
 
-def _doc_rng(seed: int, stream: str, steps: int, attempt: int) -> random.Random:
-    """A private generator per candidate document, independent of ``n_per_level`` and of Python's hash seed."""
-    key = f"synth_arith|{stream}|{seed}|{steps}|{attempt}".encode()
-    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
-
-
 def _allowed_operations(value: int, previous: tuple[str, int] | None) -> dict[str, list[int]]:
     """Operands each operation may take from ``value`` keeping results in ``[1, MAX_VALUE]``."""
     allowed = {
@@ -240,7 +233,8 @@ def _distractors(
     return chosen
 
 
-def _make_doc(rng: random.Random, *, steps: int, index: int) -> dict[str, Any]:
+def _make_doc(rng: random.Random, *, level: int, index: int, round_seed: int) -> dict[str, Any]:
+    steps = level
     start, program = _sample_program(rng, steps)
     answer = evaluate_program(start, program)
     question = _render_question(rng, start, program)
@@ -260,52 +254,14 @@ def _make_doc(rng: random.Random, *, steps: int, index: int) -> dict[str, Any]:
     }
 
 
-def _check_count(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+def _question(doc: dict[str, Any]) -> str:
+    return doc["question"]
 
 
-def _check_levels(levels: Iterable[int]) -> tuple[int, ...]:
-    checked = tuple(levels)
-    if not checked:
-        raise ValueError("levels must not be empty")
-    for level in checked:
-        if isinstance(level, bool) or not isinstance(level, int) or not MIN_STEPS <= level <= MAX_STEPS:
-            raise ValueError(f"levels must be ints in [{MIN_STEPS}, {MAX_STEPS}], got {level!r} in {checked}")
-    if len(set(checked)) != len(checked):
-        raise ValueError(f"levels must be distinct, got {checked}")
-    return checked
-
-
-def _generate(
-    n_per_level: int,
-    *,
-    seed: int,
-    levels: tuple[int, ...],
-    stream: str,
-    excluded_questions: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Documents for each level (no repeated or excluded question), interleaved round-robin."""
-    by_level: dict[int, list[dict[str, Any]]] = {}
-    for steps in levels:
-        seen = set(excluded_questions)
-        docs: list[dict[str, Any]] = []
-        max_attempts = 100 * n_per_level + 1000
-        attempt = 0
-        while len(docs) < n_per_level:
-            if attempt >= max_attempts:
-                raise RuntimeError(
-                    f"could not generate {n_per_level} distinct problems with {steps} steps "
-                    f"in {max_attempts} attempts"
-                )
-            doc = _make_doc(_doc_rng(seed, stream, steps, attempt), steps=steps, index=len(docs))
-            attempt += 1
-            if doc["question"] not in seen:
-                seen.add(doc["question"])
-                docs.append(doc)
-        by_level[steps] = docs
-    return [by_level[steps][index] for index in range(n_per_level) for steps in levels]
+_ARITH = LeveledGenerator(
+    name="synth_arith", make_document=_make_doc, identity=_question,
+    level_name="levels", min_level=MIN_STEPS, max_level=MAX_STEPS,
+)  # fmt: skip
 
 
 def generate_arith(
@@ -327,10 +283,7 @@ def generate_arith(
         (int) and ``program`` (list of ``[op, operand]`` with ``op`` in ``"+-*/"``; the answer is
         ``evaluate_program(start, program)``). Questions are distinct within a level.
     """
-    _check_count("n_per_level", n_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return _generate(n_per_level, seed=seed, levels=_check_levels(levels), stream=_TEST_STREAM)
+    return generate_round_robin(_ARITH, n_per_level, seed=seed, levels=levels)
 
 
 _FEATURES = datasets.Features(
@@ -365,18 +318,8 @@ def arith_dataset(
     ``model_args`` here) are ignored. In the dataset, ``program`` is a list of
     ``{"op": str, "operand": int}`` records instead of ``[op, operand]`` pairs.
     """
-    _check_count("n_per_level", n_per_level, minimum=1)
-    _check_count("fewshot_per_level", fewshot_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    levels = tuple(range(MIN_STEPS, MAX_STEPS + 1))
-    test_docs = _generate(n_per_level, seed=seed, levels=levels, stream=_TEST_STREAM)
-    train_docs = _generate(
-        fewshot_per_level,
-        seed=seed,
-        levels=levels,
-        stream=_FEWSHOT_STREAM,
-        excluded_questions=frozenset(doc["question"] for doc in test_docs),
+    test_docs, train_docs = dataset_splits(
+        _ARITH, n_per_level=n_per_level, fewshot_per_level=fewshot_per_level, seed=seed
     )
     return datasets.DatasetDict(
         {

@@ -43,12 +43,13 @@ Public API: :data:`VARIABLE`, :func:`proof_depths`, :func:`generate_logic`, :fun
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import datasets
+
+from lm_eval_probes.tasks.seeded_generation import LeveledGenerator, dataset_splits, generate_round_robin
 
 VARIABLE = "?x"
 MIN_DEPTH = 0
@@ -74,8 +75,6 @@ _CHAIN_RULE_FORMS = ("general", "general", "specific", "general_and", "specific_
 # True/False, and every 4 consecutive documents of a depth (and the first round over depths 0-5)
 # hold all four kinds, so negation is True exactly as often as it is False.
 _KIND_CYCLE = ((True, False), (False, False), (False, True), (True, True))
-_FEWSHOT_STREAM = "fewshot"
-_TEST_STREAM = "main"
 
 
 def _is_general(rule: Rule) -> bool:
@@ -126,12 +125,6 @@ def proof_depths(facts: Iterable[Atom], rules: Sequence[Rule]) -> dict[Atom, int
             return depths
         for atom in derived:
             depths[atom] = round_number
-
-
-def _doc_rng(seed: int, stream: str, depth: int, attempt: int) -> random.Random:
-    """A private generator per candidate document, independent of ``n_per_level`` and of Python's hash seed."""
-    key = f"synth_logic|{stream}|{seed}|{depth}|{attempt}".encode()
-    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
 
 
 def _capitalize(text: str) -> str:
@@ -270,7 +263,8 @@ def _query_status(
     return proof_depths([*facts, missing], rules).get(query) == depth
 
 
-def _make_doc(rng: random.Random, *, depth: int, index: int) -> dict[str, Any]:
+def _make_doc(rng: random.Random, *, level: int, index: int, round_seed: int) -> dict[str, Any]:
+    depth = level
     provable, negated = _KIND_CYCLE[(index + depth) % len(_KIND_CYCLE)]
     answer_is_true = provable != negated  # closed-world assumption, negation as failure
     for _ in range(_MAX_ATTEMPTS_PER_DOC):
@@ -306,57 +300,14 @@ def _make_doc(rng: random.Random, *, depth: int, index: int) -> dict[str, Any]:
     raise RuntimeError(f"no theory with {kind} query depth {depth} in {_MAX_ATTEMPTS_PER_DOC} attempts")
 
 
-def _check_count(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_depths(depths: Iterable[int]) -> tuple[int, ...]:
-    checked = tuple(depths)
-    if not checked:
-        raise ValueError("depths must not be empty")
-    for depth in checked:
-        if isinstance(depth, bool) or not isinstance(depth, int) or not MIN_DEPTH <= depth <= MAX_DEPTH:
-            raise ValueError(f"depths must be ints in [{MIN_DEPTH}, {MAX_DEPTH}], got {depth!r} in {checked}")
-    if len(set(checked)) != len(checked):
-        raise ValueError(f"depths must be distinct, got {checked}")
-    return checked
-
-
-def _generate(
-    n_per_level: int,
-    *,
-    seed: int,
-    depths: tuple[int, ...],
-    stream: str,
-    excluded_prompts: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Documents for each depth (no repeated or excluded theory+question), interleaved round-robin."""
-    by_depth: dict[int, list[dict[str, Any]]] = {}
-    for depth in depths:
-        seen = set(excluded_prompts)
-        docs: list[dict[str, Any]] = []
-        max_attempts = 10 * n_per_level + 100
-        attempt = 0
-        while len(docs) < n_per_level:
-            if attempt >= max_attempts:
-                raise RuntimeError(
-                    f"could not generate {n_per_level} distinct theories of depth {depth} "
-                    f"in {max_attempts} attempts"
-                )
-            doc = _make_doc(_doc_rng(seed, stream, depth, attempt), depth=depth, index=len(docs))
-            attempt += 1
-            prompt = _prompt_key(doc)
-            if prompt not in seen:
-                seen.add(prompt)
-                docs.append(doc)
-        by_depth[depth] = docs
-    return [by_depth[depth][index] for index in range(n_per_level) for depth in depths]
-
-
 def _prompt_key(doc: dict[str, Any]) -> str:
     return f"{doc['theory']}\n{doc['question']}"
+
+
+_LOGIC = LeveledGenerator(
+    name="synth_logic", make_document=_make_doc, identity=_prompt_key,
+    level_name="depths", min_level=MIN_DEPTH, max_level=MAX_DEPTH,
+)  # fmt: skip
 
 
 def generate_logic(
@@ -386,10 +337,7 @@ def generate_logic(
         are balanced within a depth (exactly when ``n_per_level`` is a multiple of 4), and the
         first round over depths 0-5 holds all four.
     """
-    _check_count("n_per_level", n_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return _generate(n_per_level, seed=seed, depths=_check_depths(depths), stream=_TEST_STREAM)
+    return generate_round_robin(_LOGIC, n_per_level, seed=seed, levels=depths)
 
 
 _ATOM_FEATURE = [datasets.Value("string")]
@@ -423,18 +371,8 @@ def logic_dataset(
     with no theory+question shared with ``test``. Extra keyword arguments (lm-eval passes task
     metadata and ``model_args`` here) are ignored.
     """
-    _check_count("n_per_level", n_per_level, minimum=1)
-    _check_count("fewshot_per_level", fewshot_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    depths = tuple(range(MIN_DEPTH, MAX_DEPTH + 1))
-    test_docs = _generate(n_per_level, seed=seed, depths=depths, stream=_TEST_STREAM)
-    train_docs = _generate(
-        fewshot_per_level,
-        seed=seed,
-        depths=depths,
-        stream=_FEWSHOT_STREAM,
-        excluded_prompts=frozenset(_prompt_key(doc) for doc in test_docs),
+    test_docs, train_docs = dataset_splits(
+        _LOGIC, n_per_level=n_per_level, fewshot_per_level=fewshot_per_level, seed=seed
     )
     return datasets.DatasetDict(
         {

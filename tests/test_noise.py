@@ -394,15 +394,24 @@ def test_noise_text_validation() -> None:
 # Loader constraints
 
 
+def _imported_modules(path: Path) -> set[str]:
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    return imported
+
+
 def test_loads_by_path_without_sys_modules_and_imports_only_stdlib() -> None:
     module = _load("_test_noise_unregistered", register=False)
     assert module.noise_text(SENTENCE, operator="swap", eta=0.3, seed=0) == noise.noise_text(
         SENTENCE, operator="swap", eta=0.3, seed=0
     )
-    imported = set()
-    for node in ast.walk(ast.parse(NOISE_PATH.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    seed_module = "lm_eval_probes.tasks.seeded_generation"  # the one SHA-256 seed recipe, itself stdlib only
+    imported = _imported_modules(NOISE_PATH)
+    assert {name.split(".")[0] for name in imported - {seed_module}} <= stdlib, imported
+    seed_module_imports = _imported_modules(NOISE_PATH.parent / "seeded_generation.py")
+    assert {name.split(".")[0] for name in seed_module_imports} <= stdlib, seed_module_imports
