@@ -27,7 +27,14 @@ that contains a digit ("48", "$3.50", "2x", "1,000", "(3)") is left exactly as i
 its characters is an eligible unit. With ``protect_numbers=False`` digits count as units too:
 ``keyboard`` replaces a digit by a neighbouring digit on the number row, ``insert`` inserts after
 digits as after letters, ``swap`` words are maximal runs of letters *or* digits, and ``delete``
-words are tokens with a letter or a digit. Regular expressions in ``protect`` (for example
+words are tokens with a letter or a digit. Negations are protected by default for the same reason:
+deleting "not" from "Gary is not kind." (gold False) turns it into a statement whose gold label is
+True, and a garbled "nto" or "nont" leaves a reader unsure. With ``protect_negations=True`` every
+whitespace-delimited token that contains a negation word ("not", "Never,", "isn't", "(none)") is
+left exactly as it is, from every operator, as a number is. The negation words, matched as whole
+words (letters on neither side) in any case, are :data:`NEGATION_WORDS` and every word ending in
+"n't" or "n’t" ("isn't", "don't", "can't", "won't", "ain't"); "knot", "note" or "nonetheless" are
+not negations. Regular expressions in ``protect`` (for example
 ``r"\\$[^$]*\\$"`` for inline LaTeX) mark further spans: a character inside a match is never
 changed, a unit that touches one is not eligible, and ``delete`` never removes whitespace inside
 one. Whitespace (other than the one space ``delete`` takes with a word) and punctuation are never
@@ -80,6 +87,17 @@ KEYBOARD_NEIGHBOURS: Mapping[str, str] = MappingProxyType(
 
 INSERTED_LETTERS: str = string.ascii_lowercase
 
+#: Negation words protected by ``protect_negations=True`` (besides every word ending in "n't"/"n’t"):
+#: the sentential "not", "no", "nor", "never", "cannot", and the negative pronouns and adverbs.
+NEGATION_WORDS: tuple[str, ...] = (
+    "not", "no", "nor", "never", "cannot", "none", "nothing", "nobody", "nowhere", "neither",
+)  # fmt: skip
+
+# A negation word with no letter right before or after it (digits and "_" are not letters here).
+_NEGATION = re.compile(
+    r"(?<![^\W\d_])(?:" + "|".join(NEGATION_WORDS) + r"|[^\W\d_]*n['’]t)(?![^\W\d_])", re.IGNORECASE
+)
+
 # Characters at which str.splitlines breaks a line: `delete` never removes them.
 _LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
@@ -99,6 +117,7 @@ def noise_text(
     eta: float,
     seed: int,
     protect_numbers: bool = True,
+    protect_negations: bool = True,
     protect: Sequence[str] = (),
 ) -> NoisedText:
     """Corrupt ``text`` with one of the four operators of "Unsure but Certain" (arXiv 2608.08791).
@@ -110,6 +129,8 @@ def noise_text(
             ``eta = 0`` returns ``text`` unchanged; ``eta = 1`` corrupts every eligible unit.
         seed: integer seed of a private ``random.Random``; pass :func:`document_seed` per document.
         protect_numbers: leave every whitespace-delimited token containing a digit untouched.
+        protect_negations: leave every whitespace-delimited token containing a negation word
+            (:data:`NEGATION_WORDS`, or a word ending in "n't") untouched.
         protect: regular expressions whose matches are left untouched.
 
     Returns:
@@ -128,7 +149,9 @@ def noise_text(
     eta = _check_eta(eta)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
-    protected = _protected_mask(text, protect_numbers=protect_numbers, patterns=_compile(protect))
+    protected = _protected_mask(
+        text, protect_numbers=protect_numbers, protect_negations=protect_negations, patterns=_compile(protect)
+    )
     rng = random.Random(seed)
     return _OPERATOR_FUNCTIONS[operator](text, protected, eta, rng, protect_numbers)
 
@@ -160,6 +183,7 @@ def noise_fields(
     eta: float,
     global_seed: int,
     protect_numbers: bool = True,
+    protect_negations: bool = True,
     protect: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return a new document with the text ``fields`` noised and their clean twins kept.
@@ -167,7 +191,9 @@ def noise_fields(
     Field ``f`` is noised by :func:`noise_text` with seed
     ``document_seed(content, global_seed, f"{operator}:{f}")``, where ``content`` is the JSON list of
     the clean values of all ``fields`` in order: the same document and global seed always get the
-    same corruption, and different fields of one document get independent streams.
+    same corruption, and different fields of one document get independent streams. Numbers and
+    negations are protected by default (``protect_numbers``, ``protect_negations``, ``protect`` as in
+    :func:`noise_text`).
 
     The result holds every key of ``doc``; each noised field ``f`` plus ``clean_f`` (the original);
     and ``noise_operator``, ``noise_eta``, ``noise_seed`` (= ``global_seed``), ``noise_eligible`` and
@@ -199,8 +225,9 @@ def noise_fields(
     for field in fields:
         seed = document_seed(content, global_seed, f"{operator}:{field}")
         noised = noise_text(
-            doc[field], operator=operator, eta=eta, seed=seed, protect_numbers=protect_numbers, protect=protect
-        )
+            doc[field], operator=operator, eta=eta, seed=seed,
+            protect_numbers=protect_numbers, protect_negations=protect_negations, protect=protect,
+        )  # fmt: skip
         out[f"clean_{field}"] = doc[field]
         out[field] = noised.text
         eligible += noised.eligible
@@ -255,12 +282,17 @@ def _runs(text: str, inside: Callable[[str], bool]) -> list[tuple[int, int]]:
     return runs
 
 
-def _protected_mask(text: str, *, protect_numbers: bool, patterns: Sequence[re.Pattern[str]]) -> list[bool]:
+def _protected_mask(
+    text: str, *, protect_numbers: bool, protect_negations: bool, patterns: Sequence[re.Pattern[str]]
+) -> list[bool]:
+    """Per character: whether no operator may change it (protected tokens, then pattern matches)."""
     protected = [False] * len(text)
-    if protect_numbers:
-        for start, end in _runs(text, lambda char: not char.isspace()):
-            if any(char.isdigit() for char in text[start:end]):
-                protected[start:end] = [True] * (end - start)
+    for start, end in _runs(text, lambda char: not char.isspace()):
+        token = text[start:end]
+        if (protect_numbers and any(char.isdigit() for char in token)) or (
+            protect_negations and _NEGATION.search(token)
+        ):
+            protected[start:end] = [True] * (end - start)
     for pattern in patterns:
         for match in pattern.finditer(text):
             protected[match.start() : match.end()] = [True] * (match.end() - match.start())

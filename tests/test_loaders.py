@@ -104,3 +104,24 @@ def test_benchmark_tasks_end_to_end(tiny_model_dir, tmp_path):
         shot = prompt.split("\n\n")[0]
         assert shot.startswith("Question: ") and shot[len("Question: "):].split("\nAnswer:")[0] in {r["question"] for r in gsm8k_rows(8)}
     assert sum(s["doc"]["noise_corrupted"] for s in out["samples"][noised]) > 0
+
+
+def test_noised_task_keeps_negations_unless_its_metadata_says_otherwise(tmp_path):
+    import lm_eval.tasks
+
+    import lm_eval_probes
+    from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+
+    root = write_data_dir(tmp_path)
+    task_name = "probes_proofwriter_noise_delete"
+
+    def noised_docs(**metadata):
+        manager = ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR,
+                                   metadata={"probes_data_dir": str(root), "noise_eta": 1.0, **metadata})
+        return list(lm_eval.tasks.get_task_dict([task_name], manager)[task_name].eval_docs)
+
+    docs = noised_docs()
+    assert {doc["clean_question"] for doc in docs} == {"The cat is red.", "The cat is not red."}
+    for doc in docs:  # every other word is deleted, the negation stays
+        assert doc["question"] == ("not" if "not" in doc["clean_question"].split() else "")
+    assert all(doc["question"] == "" for doc in noised_docs(noise_protect_negations=False))
