@@ -6,6 +6,13 @@ story ("Mia has 7 apples. She buys 5 more apples. Then she gives 3 apples to Leo
 does Mia have now?") is rendered *from* that program and the answer is computed from it, never
 parsed back from text. All intermediate values and the answer are integers in ``[1, MAX_VALUE]``.
 
+Irrelevant sentences about other people and other objects ("Zoe keeps her shells in a box.", "Ben
+has 14 kites at home.") pad every question to a size set by its round
+of the round-robin order, not by its level (:data:`PROMPT_SIZES`), so that the prompt length says
+nothing about the number of steps. They stand before the story or right before the final question,
+never between the owner's sentences (whose pronouns they would blur), and they name neither the
+owner, nor the other person of the story, nor its object: nothing in them enters the program.
+
 Nothing is copied from an existing data set; everything follows from ``(seed, level, index)``
 through private ``random.Random`` instances seeded by :mod:`seeded_generation` (no global seeding).
 
@@ -25,7 +32,13 @@ from typing import Any, NamedTuple
 
 import datasets
 
-from lm_eval_probes.tasks.seeded_generation import LeveledGenerator, dataset_splits, generate_round_robin
+from lm_eval_probes.tasks.seeded_generation import (
+    LeveledGenerator,
+    closest_fill,
+    dataset_splits,
+    generate_round_robin,
+    prompt_size,
+)
 
 MIN_STEPS = 1
 MAX_STEPS = 5
@@ -39,6 +52,25 @@ _MAX_FACTOR = 5
 _OPERATION_WEIGHTS = {"+": 0.35, "-": 0.35, "*": 0.15, "/": 0.15}
 _NEAR_MISS_OFFSETS = (1, -1, 2, -2, 3, -3, 5, -5, 10, -10)
 _MAX_STRUCTURAL_DISTRACTORS = 2
+
+#: The ``prompt_size`` (characters + 5 per word + 2 per digit) that questions are padded to: document
+#: ``i`` of every level gets the same one, ``PROMPT_SIZES[int(round_fraction * 5)]``; a question
+#: already larger is drawn again. Five sizes far apart rather than a continuum keep the noise of one
+#: question (a few tokens) from ranking questions of neighbouring rounds by chance.
+PROMPT_SIZES = (500, 555, 610, 665, 720)
+
+_IRRELEVANT_COUNT_RANGE = (2, 30)
+# Sentences about a person who is not in the story; {plural} and {other_plural} are not its object.
+_IRRELEVANT_TEMPLATES = (
+    "{name} has {count} {plural} at home.",
+    "{name} keeps {possessive} {plural} in a box.",
+    "{name} saw {count} {plural} at the shop.",
+    "{name} has a bag of {plural}.",
+    "{name} gave {possessive} old {plural} to a friend.",
+    "{name} likes {plural} more than {other_plural}.",
+    "{name} once had {count} {plural}.",
+)
+_IRRELEVANT_CANDIDATES = 40
 
 
 class _Person(NamedTuple):
@@ -172,9 +204,14 @@ def _sample_program(rng: random.Random, steps: int) -> tuple[int, list[tuple[str
     return start, program
 
 
-def _render_question(
-    rng: random.Random, start: int, program: Sequence[tuple[str, int]]
-) -> str:
+class _Story(NamedTuple):
+    sentences: list[str]  # the start value, then one sentence per step
+    final_question: str
+    people: tuple[_Person, _Person]  # the owner, the other person
+    plural: str  # the object
+
+
+def _render_story(rng: random.Random, start: int, program: Sequence[tuple[str, int]]) -> _Story:
     owner, other = rng.sample(_PEOPLE, 2)
     singular, plural = rng.choice(_OBJECTS)
     sentences = [f"{owner.name} has {start} {plural}."]
@@ -196,8 +233,40 @@ def _render_question(
             plural=plural,
         )
         sentences.append(sentence if first else f"Then {sentence}")
-    sentences.append(f"How many {plural} does {owner.name} have now?")
-    return " ".join(sentences)
+    return _Story(sentences, f"How many {plural} does {owner.name} have now?", (owner, other), plural)
+
+
+def _irrelevant_sentences(rng: random.Random, story: _Story) -> list[str]:
+    """Distinct candidate sentences about people and objects that are not in ``story``, shuffled."""
+    people = [person for person in _PEOPLE if person not in story.people]
+    objects = [plural for _, plural in _OBJECTS if plural != story.plural]
+    candidates: dict[str, None] = {}
+    for _ in range(_IRRELEVANT_CANDIDATES):
+        person = rng.choice(people)
+        plural, other_plural = rng.sample(objects, 2)
+        sentence = rng.choice(_IRRELEVANT_TEMPLATES).format(
+            name=person.name, possessive=person.possessive, count=rng.randint(*_IRRELEVANT_COUNT_RANGE),
+            plural=plural, other_plural=other_plural,
+        )  # fmt: skip
+        candidates[sentence] = None
+    return list(candidates)
+
+
+def _render_question(
+    rng: random.Random, start: int, program: Sequence[tuple[str, int]], *, target_size: int
+) -> tuple[str, list[str]] | None:
+    """The question padded with irrelevant sentences to about ``prompt_size`` ``target_size``, and those
+    sentences in order; ``None`` when the story alone is larger."""
+    story = _render_story(rng, start, program)
+    gap = target_size - prompt_size(" ".join([*story.sentences, story.final_question]))
+    if gap < 0:
+        return None
+    candidates = _irrelevant_sentences(rng, story)
+    chosen = closest_fill([(sentence, prompt_size(" " + sentence)) for sentence in candidates], gap)
+    before = [sentence for sentence in chosen if rng.random() < 0.5]
+    after = [sentence for sentence in chosen if sentence not in before]
+    question = " ".join([*before, *story.sentences, *after, story.final_question])
+    return question, [*before, *after]
 
 
 def _distractors(
@@ -233,11 +302,16 @@ def _distractors(
     return chosen
 
 
-def _make_doc(rng: random.Random, *, level: int, index: int, round_seed: int) -> dict[str, Any]:
+def _make_doc(rng: random.Random, *, level: int, index: int, round_fraction: float) -> dict[str, Any] | None:
     steps = level
     start, program = _sample_program(rng, steps)
     answer = evaluate_program(start, program)
-    question = _render_question(rng, start, program)
+    rendered = _render_question(
+        rng, start, program, target_size=PROMPT_SIZES[int(round_fraction * len(PROMPT_SIZES))]
+    )
+    if rendered is None:
+        return None
+    question, irrelevant = rendered
     distractors = _distractors(rng, start, program, answer)
     label = (index + steps) % NUM_CHOICES  # every answer position equally often within a level
     choices = [str(value) for value in distractors]
@@ -251,6 +325,7 @@ def _make_doc(rng: random.Random, *, level: int, index: int, round_seed: int) ->
         "steps": steps,
         "start": start,
         "program": [[op, operand] for op, operand in program],
+        "irrelevant_sentences": irrelevant,
     }
 
 
@@ -280,8 +355,10 @@ def generate_arith(
         (so any prefix covers all levels evenly), each with keys ``id`` (``"arith-<steps>-<i>"``),
         ``question``, ``answer`` (the integer as a string), ``choices`` (4 distinct integer strings),
         ``label`` (index of ``answer`` in ``choices``, cycling over positions), ``steps``, ``start``
-        (int) and ``program`` (list of ``[op, operand]`` with ``op`` in ``"+-*/"``; the answer is
-        ``evaluate_program(start, program)``). Questions are distinct within a level.
+        (int), ``program`` (list of ``[op, operand]`` with ``op`` in ``"+-*/"``; the answer is
+        ``evaluate_program(start, program)``) and ``irrelevant_sentences`` (the padding sentences of
+        ``question``, in order; none names the story's people or object, and their numbers are not in
+        the program). Questions are distinct within a level.
     """
     return generate_round_robin(_ARITH, n_per_level, seed=seed, levels=levels)
 
@@ -296,6 +373,7 @@ _FEATURES = datasets.Features(
         "steps": datasets.Value("int64"),
         "start": datasets.Value("int64"),
         "program": [{"op": datasets.Value("string"), "operand": datasets.Value("int64")}],
+        "irrelevant_sentences": [datasets.Value("string")],
     }
 )
 

@@ -39,11 +39,11 @@ def test_checks_name_the_argument_and_the_value() -> None:
         seeded_generation.check_seed("7")
 
 
-def _toy_document(rng: random.Random, *, level: int, index: int, round_seed: int) -> dict[str, Any] | None:
+def _toy_document(rng: random.Random, *, level: int, index: int, round_fraction: float) -> dict[str, Any] | None:
     value = rng.randrange(6)
     if value == 0:  # a rejected candidate
         return None
-    return {"level": level, "index": index, "text": f"{level}:{value}", "round": round_seed}
+    return {"level": level, "index": index, "text": f"{level}:{value}", "round": round_fraction}
 
 
 TOY = seeded_generation.LeveledGenerator(
@@ -51,14 +51,15 @@ TOY = seeded_generation.LeveledGenerator(
 )
 
 
-def test_round_robin_order_rejection_distinctness_and_round_seed() -> None:
+def test_round_robin_order_rejection_distinctness_and_round_fraction() -> None:
     docs = seeded_generation.generate_round_robin(TOY, 4, seed=1, levels=(2, 1))
     assert [(d["level"], d["index"]) for d in docs] == [(level, i) for i in range(4) for level in (2, 1)]
     for level in (1, 2):
         texts = [d["text"] for d in docs if d["level"] == level]
         assert len(set(texts)) == 4 and not any(text.endswith(":0") for text in texts)
-    for i in range(4):  # one round seed per index, whatever the level
-        expected = seeded_generation.sha256_seed("toy", "main", 1, "round", i)
+    start = seeded_generation.seeded_random("toy", "main", 1, "rounds").random()
+    for i in range(4):  # one round fraction per index, whatever the level
+        expected = seeded_generation.round_fraction(i, start)
         assert docs[2 * i]["round"] == docs[2 * i + 1]["round"] == expected
     assert seeded_generation.generate_round_robin(TOY, 2, seed=1, levels=(2, 1)) == docs[:4]
     assert seeded_generation.generate_round_robin(TOY, 0, seed=1, levels=(1,)) == []
@@ -77,3 +78,24 @@ def test_dataset_splits_keep_the_fewshot_pool_apart() -> None:
         seeded_generation.dataset_splits(TOY, n_per_level=1, fewshot_per_level=-1, seed=5)
     with pytest.raises(ValueError, match="n_per_level must be an int >= 1"):
         seeded_generation.dataset_splits(TOY, n_per_level=0, fewshot_per_level=1, seed=5)
+
+
+@pytest.mark.parametrize("start", (0.0, 0.3, 0.77))
+def test_round_fractions_cover_every_prefix_evenly(start: float) -> None:
+    for n in range(5, 41):
+        points = sorted(seeded_generation.round_fraction(i, start) for i in range(n))
+        gaps = [b - a for a, b in zip(points, points[1:])] + [points[0] + 1 - points[-1]]
+        assert all(0 <= p < 1 for p in points) and max(gaps) < 2.7 / n, (n, max(gaps))
+
+
+def test_closest_fill_greedy_then_swaps() -> None:
+    candidates = [("a", 26), ("b", 30), ("c", 33), ("d", 41)]
+    assert seeded_generation.closest_fill(candidates, 60) == ["a", "c"]  # greedy a+b = 56, a swap gives 59
+    assert seeded_generation.closest_fill(candidates, 0) == []
+    assert seeded_generation.closest_fill(candidates, 12) == []  # 26 is farther from 12 than nothing
+    assert seeded_generation.closest_fill(candidates, 130) == ["a", "b", "c", "d"]
+
+
+def test_prompt_size_counts_characters_words_and_digits() -> None:
+    text = "Mia has 12 apples."
+    assert seeded_generation.prompt_size(text) == len(text) + seeded_generation.WORD_WEIGHT * 4 + seeded_generation.DIGIT_WEIGHT * 2
