@@ -25,8 +25,10 @@ $(DEPS): $(BIN)/python setup.cfg
 	touch $(DEPS)
 
 # A regular (non-editable) install of the current tree, every time: it carries lm_eval_probes.pth,
-# which makes the plain `lm_eval --model hf-probes` work.
+# which makes the plain `lm_eval --model hf-probes` work. setuptools builds in ./build and never removes
+# what the tree no longer has, so that folder goes first.
 install: $(DEPS)
+	rm -rf build
 	$(BIN)/pip install -q --no-deps --no-build-isolation --force-reinstall .
 
 setup: install

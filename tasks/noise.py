@@ -27,7 +27,14 @@ that contains a digit ("48", "$3.50", "2x", "1,000", "(3)") is left exactly as i
 its characters is an eligible unit. With ``protect_numbers=False`` digits count as units too:
 ``keyboard`` replaces a digit by a neighbouring digit on the number row, ``insert`` inserts after
 digits as after letters, ``swap`` words are maximal runs of letters *or* digits, and ``delete``
-words are tokens with a letter or a digit. Regular expressions in ``protect`` (for example
+words are tokens with a letter or a digit. Negations are protected by default for the same reason:
+deleting "not" from "Gary is not kind." (gold False) turns it into a statement whose gold label is
+True, and a garbled "nto" or "nont" leaves a reader unsure. With ``protect_negations=True`` every
+whitespace-delimited token that contains a negation word ("not", "Never,", "isn't", "(none)") is
+left exactly as it is, from every operator, as a number is. The negation words, matched as whole
+words (letters on neither side) in any case, are :data:`NEGATION_WORDS` and every word ending in
+"n't" or "n’t" ("isn't", "don't", "can't", "won't", "ain't"); "knot", "note" or "nonetheless" are
+not negations. Regular expressions in ``protect`` (for example
 ``r"\\$[^$]*\\$"`` for inline LaTeX) mark further spans: a character inside a match is never
 changed, a unit that touches one is not eligible, and ``delete`` never removes whitespace inside
 one. Whitespace (other than the one space ``delete`` takes with a word) and punctuation are never
@@ -38,16 +45,17 @@ draws only with ``random.Random(seed).random()``, whose sequence Python guarante
 and it draws the same two numbers (select, detail) for every eligible unit whatever η is, so noise
 levels are nested: with one seed, the units corrupted at η = 0.05 are corrupted, in the same way, at
 η = 0.30. :func:`document_seed` derives a per-document seed from a SHA-256 of the document and a
-global seed (never ``hash()``), so every run and every rank corrupts a document identically.
-:func:`noise_fields` applies all this to an lm-eval document and keeps the clean twin.
+global seed (the recipe of :func:`seeded_generation.sha256_seed`, never ``hash()``), so every run and
+every rank corrupts a document identically. :func:`noise_fields` applies all this to an lm-eval
+document and keeps the clean twin.
 
-This file imports only the standard library and defines no dataclasses: lm-eval may execute it by
-file path before registering it in ``sys.modules``.
+This file imports only the standard library and :mod:`seeded_generation` (itself standard library
+only) and defines no dataclasses: lm-eval may execute it by file path before registering it in
+``sys.modules``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -56,6 +64,8 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from lm_eval_probes.tasks.seeded_generation import sha256_seed
 
 OPERATORS: tuple[str, ...] = ("swap", "keyboard", "insert", "delete")
 ETAS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.30)
@@ -77,6 +87,17 @@ KEYBOARD_NEIGHBOURS: Mapping[str, str] = MappingProxyType(
 
 INSERTED_LETTERS: str = string.ascii_lowercase
 
+#: Negation words protected by ``protect_negations=True`` (besides every word ending in "n't"/"n’t"):
+#: the sentential "not", "no", "nor", "never", "cannot", and the negative pronouns and adverbs.
+NEGATION_WORDS: tuple[str, ...] = (
+    "not", "no", "nor", "never", "cannot", "none", "nothing", "nobody", "nowhere", "neither",
+)  # fmt: skip
+
+# A negation word with no letter right before or after it (digits and "_" are not letters here).
+_NEGATION = re.compile(
+    r"(?<![^\W\d_])(?:" + "|".join(NEGATION_WORDS) + r"|[^\W\d_]*n['’]t)(?![^\W\d_])", re.IGNORECASE
+)
+
 # Characters at which str.splitlines breaks a line: `delete` never removes them.
 _LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
@@ -96,6 +117,7 @@ def noise_text(
     eta: float,
     seed: int,
     protect_numbers: bool = True,
+    protect_negations: bool = True,
     protect: Sequence[str] = (),
 ) -> NoisedText:
     """Corrupt ``text`` with one of the four operators of "Unsure but Certain" (arXiv 2608.08791).
@@ -107,6 +129,8 @@ def noise_text(
             ``eta = 0`` returns ``text`` unchanged; ``eta = 1`` corrupts every eligible unit.
         seed: integer seed of a private ``random.Random``; pass :func:`document_seed` per document.
         protect_numbers: leave every whitespace-delimited token containing a digit untouched.
+        protect_negations: leave every whitespace-delimited token containing a negation word
+            (:data:`NEGATION_WORDS`, or a word ending in "n't") untouched.
         protect: regular expressions whose matches are left untouched.
 
     Returns:
@@ -125,7 +149,9 @@ def noise_text(
     eta = _check_eta(eta)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
-    protected = _protected_mask(text, protect_numbers=protect_numbers, patterns=_compile(protect))
+    protected = _protected_mask(
+        text, protect_numbers=protect_numbers, protect_negations=protect_negations, patterns=_compile(protect)
+    )
     rng = random.Random(seed)
     return _OPERATOR_FUNCTIONS[operator](text, protected, eta, rng, protect_numbers)
 
@@ -133,8 +159,9 @@ def noise_text(
 def document_seed(content: str, global_seed: int, operator: str = "") -> int:
     """A 64-bit seed for one document, stable across processes, ranks and Python versions.
 
-    The seed is the first 8 bytes (big-endian) of the SHA-256 of the canonical JSON string
-    ``[content, global_seed, operator]``; it changes with each of the three.
+    The seed is ``sha256_seed(content, global_seed, operator)``: the first 8 bytes (big-endian) of the
+    SHA-256 of the canonical JSON string ``[content, global_seed, operator]``; it changes with each of
+    the three.
 
     Raises:
         TypeError: ``content`` or ``operator`` is not a string, or ``global_seed`` not an int.
@@ -145,8 +172,7 @@ def document_seed(content: str, global_seed: int, operator: str = "") -> int:
         raise TypeError(f"operator must be a str, got {type(operator).__name__}: {operator!r}")
     if isinstance(global_seed, bool) or not isinstance(global_seed, int):
         raise TypeError(f"global_seed must be an int, got {type(global_seed).__name__}: {global_seed!r}")
-    key = json.dumps([content, global_seed, operator], ensure_ascii=True, separators=(",", ":"))
-    return int.from_bytes(hashlib.sha256(key.encode("ascii")).digest()[:8], "big")
+    return sha256_seed(content, global_seed, operator)
 
 
 def noise_fields(
@@ -157,6 +183,7 @@ def noise_fields(
     eta: float,
     global_seed: int,
     protect_numbers: bool = True,
+    protect_negations: bool = True,
     protect: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return a new document with the text ``fields`` noised and their clean twins kept.
@@ -164,7 +191,9 @@ def noise_fields(
     Field ``f`` is noised by :func:`noise_text` with seed
     ``document_seed(content, global_seed, f"{operator}:{f}")``, where ``content`` is the JSON list of
     the clean values of all ``fields`` in order: the same document and global seed always get the
-    same corruption, and different fields of one document get independent streams.
+    same corruption, and different fields of one document get independent streams. Numbers and
+    negations are protected by default (``protect_numbers``, ``protect_negations``, ``protect`` as in
+    :func:`noise_text`).
 
     The result holds every key of ``doc``; each noised field ``f`` plus ``clean_f`` (the original);
     and ``noise_operator``, ``noise_eta``, ``noise_seed`` (= ``global_seed``), ``noise_eligible`` and
@@ -196,8 +225,9 @@ def noise_fields(
     for field in fields:
         seed = document_seed(content, global_seed, f"{operator}:{field}")
         noised = noise_text(
-            doc[field], operator=operator, eta=eta, seed=seed, protect_numbers=protect_numbers, protect=protect
-        )
+            doc[field], operator=operator, eta=eta, seed=seed,
+            protect_numbers=protect_numbers, protect_negations=protect_negations, protect=protect,
+        )  # fmt: skip
         out[f"clean_{field}"] = doc[field]
         out[field] = noised.text
         eligible += noised.eligible
@@ -252,12 +282,17 @@ def _runs(text: str, inside: Callable[[str], bool]) -> list[tuple[int, int]]:
     return runs
 
 
-def _protected_mask(text: str, *, protect_numbers: bool, patterns: Sequence[re.Pattern[str]]) -> list[bool]:
+def _protected_mask(
+    text: str, *, protect_numbers: bool, protect_negations: bool, patterns: Sequence[re.Pattern[str]]
+) -> list[bool]:
+    """Per character: whether no operator may change it (protected tokens, then pattern matches)."""
     protected = [False] * len(text)
-    if protect_numbers:
-        for start, end in _runs(text, lambda char: not char.isspace()):
-            if any(char.isdigit() for char in text[start:end]):
-                protected[start:end] = [True] * (end - start)
+    for start, end in _runs(text, lambda char: not char.isspace()):
+        token = text[start:end]
+        if (protect_numbers and any(char.isdigit() for char in token)) or (
+            protect_negations and _NEGATION.search(token)
+        ):
+            protected[start:end] = [True] * (end - start)
     for pattern in patterns:
         for match in pattern.finditer(text):
             protected[match.start() : match.end()] = [True] * (match.end() - match.start())

@@ -237,7 +237,8 @@ class NoisedProbeTask(ProbeTask):
     Task metadata (each overridable for a run with ``--metadata '{"noise_eta": 0.3}'``):
     ``noise`` (operator: swap, keyboard, insert, delete), ``noise_fields`` (document fields to noise),
     ``noise_eta`` (default 0.10; the paper's grid is 0.05, 0.10, 0.15, 0.30), ``noise_seed`` (default
-    1234), ``noise_protect_numbers`` (default true) and ``noise_protect`` (regexes of spans kept intact).
+    1234), ``noise_protect_numbers`` and ``noise_protect_negations`` (default true: tokens with a digit or
+    a negation word are kept intact) and ``noise_protect`` (regexes of spans kept intact).
     Documents keep their order, so doc ``i`` here is the noised twin of doc ``i`` of the clean task;
     each keeps ``clean_<field>`` and records ``noise_operator/eta/seed/eligible/corrupted``.
     """
@@ -260,6 +261,7 @@ class NoisedProbeTask(ProbeTask):
         self.noise_eta = float(meta.get("noise_eta", self.DEFAULT_ETA))
         self.noise_seed = int(meta.get("noise_seed", self.DEFAULT_SEED))
         self.noise_protect_numbers = bool(meta.get("noise_protect_numbers", True))
+        self.noise_protect_negations = bool(meta.get("noise_protect_negations", True))
         self.noise_protect = tuple(meta.get("noise_protect") or ())
         self._noised_docs: Any = None
         super().__init__(config=config, **kwargs)
@@ -270,7 +272,8 @@ class NoisedProbeTask(ProbeTask):
 
         return noise_fields(doc, self.noise_fields, operator=self.noise_operator,
                             eta=self.noise_eta if eta is None else eta, global_seed=self.noise_seed,
-                            protect_numbers=self.noise_protect_numbers, protect=self.noise_protect)
+                            protect_numbers=self.noise_protect_numbers,
+                            protect_negations=self.noise_protect_negations, protect=self.noise_protect)
 
     @property
     def eval_docs(self) -> Any:

@@ -6,8 +6,15 @@ story ("Mia has 7 apples. She buys 5 more apples. Then she gives 3 apples to Leo
 does Mia have now?") is rendered *from* that program and the answer is computed from it, never
 parsed back from text. All intermediate values and the answer are integers in ``[1, MAX_VALUE]``.
 
+Irrelevant sentences about other people and other objects ("Zoe keeps her shells in a box.", "Ben
+has 14 kites at home.") pad every question to a size set by its round
+of the round-robin order, not by its level (:data:`PROMPT_SIZES`), so that the prompt length says
+nothing about the number of steps. They stand before the story or right before the final question,
+never between the owner's sentences (whose pronouns they would blur), and they name neither the
+owner, nor the other person of the story, nor its object: nothing in them enters the program.
+
 Nothing is copied from an existing data set; everything follows from ``(seed, level, index)``
-through ``random.Random`` instances seeded by a SHA-256 of those values (no global seeding).
+through private ``random.Random`` instances seeded by :mod:`seeded_generation` (no global seeding).
 
 Public API:
 
@@ -19,12 +26,19 @@ Public API:
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import datasets
+
+from lm_eval_probes.tasks.seeded_generation import (
+    LeveledGenerator,
+    closest_fill,
+    dataset_splits,
+    generate_round_robin,
+    prompt_size,
+)
 
 MIN_STEPS = 1
 MAX_STEPS = 5
@@ -38,8 +52,25 @@ _MAX_FACTOR = 5
 _OPERATION_WEIGHTS = {"+": 0.35, "-": 0.35, "*": 0.15, "/": 0.15}
 _NEAR_MISS_OFFSETS = (1, -1, 2, -2, 3, -3, 5, -5, 10, -10)
 _MAX_STRUCTURAL_DISTRACTORS = 2
-_FEWSHOT_STREAM = "fewshot"
-_TEST_STREAM = "main"
+
+#: The ``prompt_size`` (characters + 5 per word + 2 per digit) that questions are padded to: document
+#: ``i`` of every level gets the same one, ``PROMPT_SIZES[int(round_fraction * 5)]``; a question
+#: already larger is drawn again. Five sizes far apart rather than a continuum keep the noise of one
+#: question (a few tokens) from ranking questions of neighbouring rounds by chance.
+PROMPT_SIZES = (500, 555, 610, 665, 720)
+
+_IRRELEVANT_COUNT_RANGE = (2, 30)
+# Sentences about a person who is not in the story; {plural} and {other_plural} are not its object.
+_IRRELEVANT_TEMPLATES = (
+    "{name} has {count} {plural} at home.",
+    "{name} keeps {possessive} {plural} in a box.",
+    "{name} saw {count} {plural} at the shop.",
+    "{name} has a bag of {plural}.",
+    "{name} gave {possessive} old {plural} to a friend.",
+    "{name} likes {plural} more than {other_plural}.",
+    "{name} once had {count} {plural}.",
+)
+_IRRELEVANT_CANDIDATES = 40
 
 
 class _Person(NamedTuple):
@@ -142,12 +173,6 @@ def evaluate_program(start: int, program: Sequence[Sequence[Any]]) -> int:
     return values[-1]
 
 
-def _doc_rng(seed: int, stream: str, steps: int, attempt: int) -> random.Random:
-    """A private generator per candidate document, independent of ``n_per_level`` and of Python's hash seed."""
-    key = f"synth_arith|{stream}|{seed}|{steps}|{attempt}".encode()
-    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
-
-
 def _allowed_operations(value: int, previous: tuple[str, int] | None) -> dict[str, list[int]]:
     """Operands each operation may take from ``value`` keeping results in ``[1, MAX_VALUE]``."""
     allowed = {
@@ -179,9 +204,14 @@ def _sample_program(rng: random.Random, steps: int) -> tuple[int, list[tuple[str
     return start, program
 
 
-def _render_question(
-    rng: random.Random, start: int, program: Sequence[tuple[str, int]]
-) -> str:
+class _Story(NamedTuple):
+    sentences: list[str]  # the start value, then one sentence per step
+    final_question: str
+    people: tuple[_Person, _Person]  # the owner, the other person
+    plural: str  # the object
+
+
+def _render_story(rng: random.Random, start: int, program: Sequence[tuple[str, int]]) -> _Story:
     owner, other = rng.sample(_PEOPLE, 2)
     singular, plural = rng.choice(_OBJECTS)
     sentences = [f"{owner.name} has {start} {plural}."]
@@ -203,8 +233,40 @@ def _render_question(
             plural=plural,
         )
         sentences.append(sentence if first else f"Then {sentence}")
-    sentences.append(f"How many {plural} does {owner.name} have now?")
-    return " ".join(sentences)
+    return _Story(sentences, f"How many {plural} does {owner.name} have now?", (owner, other), plural)
+
+
+def _irrelevant_sentences(rng: random.Random, story: _Story) -> list[str]:
+    """Distinct candidate sentences about people and objects that are not in ``story``, shuffled."""
+    people = [person for person in _PEOPLE if person not in story.people]
+    objects = [plural for _, plural in _OBJECTS if plural != story.plural]
+    candidates: dict[str, None] = {}
+    for _ in range(_IRRELEVANT_CANDIDATES):
+        person = rng.choice(people)
+        plural, other_plural = rng.sample(objects, 2)
+        sentence = rng.choice(_IRRELEVANT_TEMPLATES).format(
+            name=person.name, possessive=person.possessive, count=rng.randint(*_IRRELEVANT_COUNT_RANGE),
+            plural=plural, other_plural=other_plural,
+        )  # fmt: skip
+        candidates[sentence] = None
+    return list(candidates)
+
+
+def _render_question(
+    rng: random.Random, start: int, program: Sequence[tuple[str, int]], *, target_size: int
+) -> tuple[str, list[str]] | None:
+    """The question padded with irrelevant sentences to about ``prompt_size`` ``target_size``, and those
+    sentences in order; ``None`` when the story alone is larger."""
+    story = _render_story(rng, start, program)
+    gap = target_size - prompt_size(" ".join([*story.sentences, story.final_question]))
+    if gap < 0:
+        return None
+    candidates = _irrelevant_sentences(rng, story)
+    chosen = closest_fill([(sentence, prompt_size(" " + sentence)) for sentence in candidates], gap)
+    before = [sentence for sentence in chosen if rng.random() < 0.5]
+    after = [sentence for sentence in chosen if sentence not in before]
+    question = " ".join([*before, *story.sentences, *after, story.final_question])
+    return question, [*before, *after]
 
 
 def _distractors(
@@ -240,10 +302,16 @@ def _distractors(
     return chosen
 
 
-def _make_doc(rng: random.Random, *, steps: int, index: int) -> dict[str, Any]:
+def _make_doc(rng: random.Random, *, level: int, index: int, round_fraction: float) -> dict[str, Any] | None:
+    steps = level
     start, program = _sample_program(rng, steps)
     answer = evaluate_program(start, program)
-    question = _render_question(rng, start, program)
+    rendered = _render_question(
+        rng, start, program, target_size=PROMPT_SIZES[int(round_fraction * len(PROMPT_SIZES))]
+    )
+    if rendered is None:
+        return None
+    question, irrelevant = rendered
     distractors = _distractors(rng, start, program, answer)
     label = (index + steps) % NUM_CHOICES  # every answer position equally often within a level
     choices = [str(value) for value in distractors]
@@ -257,55 +325,18 @@ def _make_doc(rng: random.Random, *, steps: int, index: int) -> dict[str, Any]:
         "steps": steps,
         "start": start,
         "program": [[op, operand] for op, operand in program],
+        "irrelevant_sentences": irrelevant,
     }
 
 
-def _check_count(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+def _question(doc: dict[str, Any]) -> str:
+    return doc["question"]
 
 
-def _check_levels(levels: Iterable[int]) -> tuple[int, ...]:
-    checked = tuple(levels)
-    if not checked:
-        raise ValueError("levels must not be empty")
-    for level in checked:
-        if isinstance(level, bool) or not isinstance(level, int) or not MIN_STEPS <= level <= MAX_STEPS:
-            raise ValueError(f"levels must be ints in [{MIN_STEPS}, {MAX_STEPS}], got {level!r} in {checked}")
-    if len(set(checked)) != len(checked):
-        raise ValueError(f"levels must be distinct, got {checked}")
-    return checked
-
-
-def _generate(
-    n_per_level: int,
-    *,
-    seed: int,
-    levels: tuple[int, ...],
-    stream: str,
-    excluded_questions: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Documents for each level (no repeated or excluded question), interleaved round-robin."""
-    by_level: dict[int, list[dict[str, Any]]] = {}
-    for steps in levels:
-        seen = set(excluded_questions)
-        docs: list[dict[str, Any]] = []
-        max_attempts = 100 * n_per_level + 1000
-        attempt = 0
-        while len(docs) < n_per_level:
-            if attempt >= max_attempts:
-                raise RuntimeError(
-                    f"could not generate {n_per_level} distinct problems with {steps} steps "
-                    f"in {max_attempts} attempts"
-                )
-            doc = _make_doc(_doc_rng(seed, stream, steps, attempt), steps=steps, index=len(docs))
-            attempt += 1
-            if doc["question"] not in seen:
-                seen.add(doc["question"])
-                docs.append(doc)
-        by_level[steps] = docs
-    return [by_level[steps][index] for index in range(n_per_level) for steps in levels]
+_ARITH = LeveledGenerator(
+    name="synth_arith", make_document=_make_doc, identity=_question,
+    level_name="levels", min_level=MIN_STEPS, max_level=MAX_STEPS,
+)  # fmt: skip
 
 
 def generate_arith(
@@ -324,13 +355,12 @@ def generate_arith(
         (so any prefix covers all levels evenly), each with keys ``id`` (``"arith-<steps>-<i>"``),
         ``question``, ``answer`` (the integer as a string), ``choices`` (4 distinct integer strings),
         ``label`` (index of ``answer`` in ``choices``, cycling over positions), ``steps``, ``start``
-        (int) and ``program`` (list of ``[op, operand]`` with ``op`` in ``"+-*/"``; the answer is
-        ``evaluate_program(start, program)``). Questions are distinct within a level.
+        (int), ``program`` (list of ``[op, operand]`` with ``op`` in ``"+-*/"``; the answer is
+        ``evaluate_program(start, program)``) and ``irrelevant_sentences`` (the padding sentences of
+        ``question``, in order; none names the story's people or object, and their numbers are not in
+        the program). Questions are distinct within a level.
     """
-    _check_count("n_per_level", n_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return _generate(n_per_level, seed=seed, levels=_check_levels(levels), stream=_TEST_STREAM)
+    return generate_round_robin(_ARITH, n_per_level, seed=seed, levels=levels)
 
 
 _FEATURES = datasets.Features(
@@ -343,6 +373,7 @@ _FEATURES = datasets.Features(
         "steps": datasets.Value("int64"),
         "start": datasets.Value("int64"),
         "program": [{"op": datasets.Value("string"), "operand": datasets.Value("int64")}],
+        "irrelevant_sentences": [datasets.Value("string")],
     }
 )
 
@@ -365,18 +396,8 @@ def arith_dataset(
     ``model_args`` here) are ignored. In the dataset, ``program`` is a list of
     ``{"op": str, "operand": int}`` records instead of ``[op, operand]`` pairs.
     """
-    _check_count("n_per_level", n_per_level, minimum=1)
-    _check_count("fewshot_per_level", fewshot_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    levels = tuple(range(MIN_STEPS, MAX_STEPS + 1))
-    test_docs = _generate(n_per_level, seed=seed, levels=levels, stream=_TEST_STREAM)
-    train_docs = _generate(
-        fewshot_per_level,
-        seed=seed,
-        levels=levels,
-        stream=_FEWSHOT_STREAM,
-        excluded_questions=frozenset(doc["question"] for doc in test_docs),
+    test_docs, train_docs = dataset_splits(
+        _ARITH, n_per_level=n_per_level, fewshot_per_level=fewshot_per_level, seed=seed
     )
     return datasets.DatasetDict(
         {

@@ -38,17 +38,29 @@ missing atom is the query itself: an attribute not stated (nor derivable) of an 
 other facts. The missing fact is replaced by another fact about the same entity, so the number of
 facts does not tell provable from unprovable queries.
 
+Prompt length. Every theory is padded with irrelevant facts and rules (about entities other than
+the query's, with attributes that appear nowhere else in the theory; see ``_irrelevant_padding``) to
+``MAX_DEPTH + 2`` rules and a prompt size set by the document's round of the round-robin order
+(:data:`PROMPT_SIZES`), not by its depth, so that the prompt length says nothing about the depth.
+
 Public API: :data:`VARIABLE`, :func:`proof_depths`, :func:`generate_logic`, :func:`logic_dataset`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import datasets
+
+from lm_eval_probes.tasks.seeded_generation import (
+    LeveledGenerator,
+    dataset_splits,
+    generate_round_robin,
+    closest_fill,
+    prompt_size,
+)
 
 VARIABLE = "?x"
 MIN_DEPTH = 0
@@ -68,14 +80,18 @@ _ATTRIBUTES = (
 _ENTITIES_PER_THEORY = 3
 _DISTRACTOR_FACTS = 3
 _DISTRACTOR_RULES = 2
+#: The ``prompt_size(theory + " " + question)`` (characters + 5 per word) that documents are padded
+#: to: document ``i`` of every depth gets the same one, ``PROMPT_SIZES[int(round_fraction * 5)]``, so
+#: the prompt length says nothing about the depth. Five sizes about 14 tokens apart, rather than a
+#: continuum, keep the word-to-token noise of one document (a few tokens) from ranking documents of
+#: neighbouring rounds by chance.
+PROMPT_SIZES = (780, 885, 990, 1095, 1200)
 _MAX_ATTEMPTS_PER_DOC = 200
 _CHAIN_RULE_FORMS = ("general", "general", "specific", "general_and", "specific_and")
 # (provable, negated) of document i of depth d is _KIND_CYCLE[(i + d) % 4]: the answer alternates
 # True/False, and every 4 consecutive documents of a depth (and the first round over depths 0-5)
 # hold all four kinds, so negation is True exactly as often as it is False.
 _KIND_CYCLE = ((True, False), (False, False), (False, True), (True, True))
-_FEWSHOT_STREAM = "fewshot"
-_TEST_STREAM = "main"
 
 
 def _is_general(rule: Rule) -> bool:
@@ -126,12 +142,6 @@ def proof_depths(facts: Iterable[Atom], rules: Sequence[Rule]) -> dict[Atom, int
             return depths
         for atom in derived:
             depths[atom] = round_number
-
-
-def _doc_rng(seed: int, stream: str, depth: int, attempt: int) -> random.Random:
-    """A private generator per candidate document, independent of ``n_per_level`` and of Python's hash seed."""
-    key = f"synth_logic|{stream}|{seed}|{depth}|{attempt}".encode()
-    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
 
 
 def _capitalize(text: str) -> str:
@@ -270,23 +280,85 @@ def _query_status(
     return proof_depths([*facts, missing], rules).get(query) == depth
 
 
-def _make_doc(rng: random.Random, *, depth: int, index: int) -> dict[str, Any]:
+def _irrelevant_padding(
+    rng: random.Random,
+    facts: Sequence[Atom],
+    rules: Sequence[Rule],
+    query: Atom,
+    *,
+    depth: int,
+    about_people: bool,
+    question: str,
+    target_size: int,
+) -> tuple[list[tuple[Atom, str]], list[tuple[Rule, str]]] | None:
+    """The theory's facts and rules with their sentences, padded with irrelevant ones so that the
+    prompt ``theory + " " + question`` has about ``prompt_size`` ``target_size``; ``None`` if it is
+    already larger.
+
+    Padding keeps the number of rules equal across depths (``MAX_DEPTH - depth`` padding rules, so
+    every theory has ``MAX_DEPTH + _DISTRACTOR_RULES`` rules unless a distractor rule was dropped),
+    then adds facts while that brings the size closer to ``target_size``. Padding facts are about
+    entities other than the query's, and padding facts and rules use only attributes that appear
+    nowhere in the given theory nor in the query. A padding rule therefore concludes only such
+    attributes and no rule of the given theory has one as a premise: no padding atom can enter a
+    proof of the query or of its missing atom, nor make the unprovable query provable, and the query's
+    (near-miss) depth is unchanged.
+    """
+    target = query[0]
+    used = {query[1]} | {attribute for _, attribute in facts}
+    used |= {attribute for premises, conclusion in rules for _, attribute in (*premises, conclusion)}
+    free = [attribute for attribute in _ATTRIBUTES if attribute not in used]
+    others = [entity for entity in (_PEOPLE if about_people else _ANIMALS) if entity != target]
+    padding_rules: list[Rule] = []
+    for _ in range(MAX_DEPTH - depth):
+        rule = _random_rule(rng, rng.choice(others), free, free)
+        if rule is None:
+            return None
+        padding_rules.append(rule)
+    all_rules = [*rules, *padding_rules]
+    rendered_facts = [(fact, _render_fact(fact)) for fact in facts]
+    rendered_rules = [(rule, _render_rule(rng, rule, about_people=about_people)) for rule in all_rules]
+    size = prompt_size(" ".join(sentence for _, sentence in [*rendered_facts, *rendered_rules]) + " " + question)
+    if size > target_size:
+        return None
+    candidates = [(entity, attribute) for entity in others for attribute in free]
+    rng.shuffle(candidates)
+    chosen = closest_fill(
+        [(fact, prompt_size(" " + _render_fact(fact))) for fact in candidates], target_size - size
+    )
+    return [*rendered_facts, *((fact, _render_fact(fact)) for fact in chosen)], rendered_rules
+
+
+def _make_doc(rng: random.Random, *, level: int, index: int, round_fraction: float) -> dict[str, Any] | None:
+    depth = level
     provable, negated = _KIND_CYCLE[(index + depth) % len(_KIND_CYCLE)]
     answer_is_true = provable != negated  # closed-world assumption, negation as failure
+    target_size = PROMPT_SIZES[int(round_fraction * len(PROMPT_SIZES))]
     for _ in range(_MAX_ATTEMPTS_PER_DOC):
         facts, rules, query, missing, about_people = _sample_theory(rng, depth, provable=provable)
         if not _is_well_formed(facts, rules) or not _query_status(facts, rules, query, missing, depth):
             continue
-        rng.shuffle(facts)
-        rng.shuffle(rules)
-        fact_sentences = [_render_fact(fact) for fact in facts]
-        rule_sentences = [_render_rule(rng, rule, about_people=about_people) for rule in rules]
         entity, attribute = query
-        negation = "not " if negated else ""
+        question = f"{_capitalize(entity)} is {'not ' if negated else ''}{attribute}."
+        padded = _irrelevant_padding(
+            rng, facts, rules, query, depth=depth, about_people=about_people, question=question,
+            target_size=target_size,
+        )  # fmt: skip
+        if padded is None:
+            continue
+        rendered_facts, rendered_rules = padded
+        rng.shuffle(rendered_facts)
+        rng.shuffle(rendered_rules)
+        facts = [fact for fact, _ in rendered_facts]
+        rules = [rule for rule, _ in rendered_rules]
+        if not _is_well_formed(facts, rules) or not _query_status(facts, rules, query, missing, depth):
+            continue  # a repeated padding rule; the padding never changes the query's depth
+        fact_sentences = [sentence for _, sentence in rendered_facts]
+        rule_sentences = [sentence for _, sentence in rendered_rules]
         return {
             "id": f"logic-{depth}-{index}",
             "theory": " ".join(fact_sentences + rule_sentences),
-            "question": f"{_capitalize(entity)} is {negation}{attribute}.",
+            "question": question,
             "answer": CHOICES[0] if answer_is_true else CHOICES[1],
             "label": 0 if answer_is_true else 1,
             "depth": depth,
@@ -302,61 +374,17 @@ def _make_doc(rng: random.Random, *, depth: int, index: int) -> dict[str, Any]:
             "provable": provable,
             "missing_atom": None if missing is None else list(missing),
         }
-    kind = "provable" if provable else "near-miss"
-    raise RuntimeError(f"no theory with {kind} query depth {depth} in {_MAX_ATTEMPTS_PER_DOC} attempts")
-
-
-def _check_count(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_depths(depths: Iterable[int]) -> tuple[int, ...]:
-    checked = tuple(depths)
-    if not checked:
-        raise ValueError("depths must not be empty")
-    for depth in checked:
-        if isinstance(depth, bool) or not isinstance(depth, int) or not MIN_DEPTH <= depth <= MAX_DEPTH:
-            raise ValueError(f"depths must be ints in [{MIN_DEPTH}, {MAX_DEPTH}], got {depth!r} in {checked}")
-    if len(set(checked)) != len(checked):
-        raise ValueError(f"depths must be distinct, got {checked}")
-    return checked
-
-
-def _generate(
-    n_per_level: int,
-    *,
-    seed: int,
-    depths: tuple[int, ...],
-    stream: str,
-    excluded_prompts: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Documents for each depth (no repeated or excluded theory+question), interleaved round-robin."""
-    by_depth: dict[int, list[dict[str, Any]]] = {}
-    for depth in depths:
-        seen = set(excluded_prompts)
-        docs: list[dict[str, Any]] = []
-        max_attempts = 10 * n_per_level + 100
-        attempt = 0
-        while len(docs) < n_per_level:
-            if attempt >= max_attempts:
-                raise RuntimeError(
-                    f"could not generate {n_per_level} distinct theories of depth {depth} "
-                    f"in {max_attempts} attempts"
-                )
-            doc = _make_doc(_doc_rng(seed, stream, depth, attempt), depth=depth, index=len(docs))
-            attempt += 1
-            prompt = _prompt_key(doc)
-            if prompt not in seen:
-                seen.add(prompt)
-                docs.append(doc)
-        by_depth[depth] = docs
-    return [by_depth[depth][index] for index in range(n_per_level) for depth in depths]
+    return None
 
 
 def _prompt_key(doc: dict[str, Any]) -> str:
     return f"{doc['theory']}\n{doc['question']}"
+
+
+_LOGIC = LeveledGenerator(
+    name="synth_logic", make_document=_make_doc, identity=_prompt_key,
+    level_name="depths", min_level=MIN_DEPTH, max_level=MAX_DEPTH,
+)  # fmt: skip
 
 
 def generate_logic(
@@ -386,10 +414,7 @@ def generate_logic(
         are balanced within a depth (exactly when ``n_per_level`` is a multiple of 4), and the
         first round over depths 0-5 holds all four.
     """
-    _check_count("n_per_level", n_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return _generate(n_per_level, seed=seed, depths=_check_depths(depths), stream=_TEST_STREAM)
+    return generate_round_robin(_LOGIC, n_per_level, seed=seed, levels=depths)
 
 
 _ATOM_FEATURE = [datasets.Value("string")]
@@ -423,18 +448,8 @@ def logic_dataset(
     with no theory+question shared with ``test``. Extra keyword arguments (lm-eval passes task
     metadata and ``model_args`` here) are ignored.
     """
-    _check_count("n_per_level", n_per_level, minimum=1)
-    _check_count("fewshot_per_level", fewshot_per_level, minimum=0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    depths = tuple(range(MIN_DEPTH, MAX_DEPTH + 1))
-    test_docs = _generate(n_per_level, seed=seed, depths=depths, stream=_TEST_STREAM)
-    train_docs = _generate(
-        fewshot_per_level,
-        seed=seed,
-        depths=depths,
-        stream=_FEWSHOT_STREAM,
-        excluded_prompts=frozenset(_prompt_key(doc) for doc in test_docs),
+    test_docs, train_docs = dataset_splits(
+        _LOGIC, n_per_level=n_per_level, fewshot_per_level=fewshot_per_level, seed=seed
     )
     return datasets.DatasetDict(
         {

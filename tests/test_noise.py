@@ -88,9 +88,23 @@ def has_digit(token: str) -> bool:
     return re.search(r"\d", token) is not None
 
 
+_NEGATION_WORDS = {"not", "no", "nor", "never", "cannot", "none", "nothing", "nobody", "nowhere", "neither"}
+
+
+def has_negation(token: str) -> bool:
+    """A whitespace token holding a negation word: a letter/apostrophe piece that is one, or ends in n't."""
+    pieces = [piece.lower() for piece in re.split(r"[^A-Za-z'’]+", token) if piece]
+    return any(piece in _NEGATION_WORDS or piece.endswith(("n't", "n’t")) for piece in pieces)
+
+
+def is_protected(token: str) -> bool:
+    """Protected by default: the token holds a digit or a negation word."""
+    return has_digit(token) or has_negation(token)
+
+
 def expected_eligible(text: str, operator: str) -> int:
-    """Eligible units with numbers protected, counted from the definitions in the brief."""
-    tokens = [t for t in text.split() if not has_digit(t)]
+    """Eligible units with numbers and negations protected, counted from the definitions in the brief."""
+    tokens = [t for t in text.split() if not is_protected(t)]
     if operator == "swap":  # letter runs with at least two distinct letters
         return sum(len(set(run)) > 1 for t in tokens for run in re.findall(r"[^\W\d_]+", t))
     if operator == "keyboard":
@@ -170,12 +184,12 @@ def test_eta_one_corrupts_every_unit(operator: str) -> None:
     assert out.corrupted == out.eligible == expected_eligible(text, operator)
     if operator == "swap":
         changed = sum(a != b for a, b in zip(text.split(), out.text.split()))
-        swappable = [t for t in text.split() if not has_digit(t)]
+        swappable = [t for t in text.split() if not is_protected(t)]
         assert changed == sum(any(len(set(r)) > 1 for r in re.findall(r"[^\W\d_]+", t)) for t in swappable)
     if operator == "keyboard":
         assert sum(a != b for a, b in zip(text, out.text)) == out.eligible
     if operator == "delete":
-        assert out.text.split() == [t for t in text.split() if has_digit(t) or not re.search(r"[^\W\d_]", t)]
+        assert out.text.split() == [t for t in text.split() if is_protected(t) or not re.search(r"[^\W\d_]", t)]
 
 
 def test_empty_and_unit_free_text() -> None:
@@ -230,6 +244,48 @@ def test_regex_protected_spans_survive(operator: str) -> None:
     for pattern in patterns:
         assert re.findall(pattern, out.text) == re.findall(pattern, text)
     assert all(span in out.text for span in spans)
+
+
+PROOFWRITER_LIKE = (
+    "Gary is not kind. The bear does not chase the cat. If someone is not big then they are round.\n"
+    "Anne isn't green. Nothing is cold. Bob never visits the mouse. The dog cannot see the lion.\n"
+    "Nobody is rough, and no cat is blue; neither Erin nor Dave is young. Fiona doesn’t eat none of it.\n"
+    "NOT all things are nice. The cow don't like (nowhere) places.\n"
+) * 5
+
+
+def negation_tokens(text: str) -> list[str]:
+    return [token for token in text.split() if has_negation(token)]
+
+
+@pytest.mark.parametrize("eta", (0.5, 1.0))
+@pytest.mark.parametrize("operator", OPERATORS)
+def test_negations_are_protected_by_default(operator: str, eta: float) -> None:
+    out = run(PROOFWRITER_LIKE, operator, eta, seed=23)
+    assert len(negation_tokens(PROOFWRITER_LIKE)) == 5 * 16
+    assert negation_tokens(out.text) == negation_tokens(PROOFWRITER_LIKE)
+    assert out.corrupted > 0 and out.eligible == expected_eligible(PROOFWRITER_LIKE, operator)
+    standard_error = math.sqrt(eta * (1 - eta) / out.eligible)
+    assert abs(out.corrupted / out.eligible - eta) <= 4 * standard_error
+
+
+@pytest.mark.parametrize("operator", OPERATORS)
+def test_protect_negations_false_lets_negations_change(operator: str) -> None:
+    out = run(PROOFWRITER_LIKE, operator, 1.0, seed=23, protect_negations=False)
+    clean = negation_tokens(PROOFWRITER_LIKE)
+    if operator == "delete":
+        assert negation_tokens(out.text) == []
+    else:  # tokens keep their places; every negation token is garbled (each has two different letters)
+        pairs = list(zip(PROOFWRITER_LIKE.split(), out.text.split(), strict=True))
+        assert all(noised != token for token, noised in pairs if has_negation(token)), pairs
+    assert out.eligible > run(PROOFWRITER_LIKE, operator, 1.0).eligible
+
+
+def test_delete_keeps_the_not_of_a_negated_statement() -> None:
+    assert run("Gary is not kind.", "delete", 1.0).text == "not"
+    assert run("Gary is not kind.", "delete", 1.0, protect_negations=False).text == ""
+    lookalikes = "Nora takes notes on the knot, nonetheless: a nose, a notion, an annotation."
+    assert run(lookalikes, "delete", 1.0) == ("", 13, 13)  # no negation word in it
 
 
 def test_protect_numbers_false_lets_numbers_change() -> None:
@@ -394,15 +450,24 @@ def test_noise_text_validation() -> None:
 # Loader constraints
 
 
+def _imported_modules(path: Path) -> set[str]:
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    return imported
+
+
 def test_loads_by_path_without_sys_modules_and_imports_only_stdlib() -> None:
     module = _load("_test_noise_unregistered", register=False)
     assert module.noise_text(SENTENCE, operator="swap", eta=0.3, seed=0) == noise.noise_text(
         SENTENCE, operator="swap", eta=0.3, seed=0
     )
-    imported = set()
-    for node in ast.walk(ast.parse(NOISE_PATH.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    seed_module = "lm_eval_probes.tasks.seeded_generation"  # the one SHA-256 seed recipe, itself stdlib only
+    imported = _imported_modules(NOISE_PATH)
+    assert {name.split(".")[0] for name in imported - {seed_module}} <= stdlib, imported
+    seed_module_imports = _imported_modules(NOISE_PATH.parent / "seeded_generation.py")
+    assert {name.split(".")[0] for name in seed_module_imports} <= stdlib, seed_module_imports

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmark_fixtures import write_data_dir
+from loader_fixtures import write_data_dir
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.bootstrap import percentile_interval, resample_indices
 from lm_eval_probes.reports.corpus_rows import (

