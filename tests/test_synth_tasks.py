@@ -448,3 +448,20 @@ def test_prompt_length_says_nothing_about_the_level(rendered_prompts) -> None:
             for size in (len(prompts), DEMO_LIMIT):
                 rho = spearmanr(lengths[:size], levels[:size]).statistic
                 assert abs(rho) <= 0.1, (name, measure, size, rho)
+
+
+def test_noised_and_detector_twins_of_the_synthetic_tasks():
+    """The demo's robustness table and detector need offline twins: doc i of a noise task is doc i of its clean task, noised."""
+    from lm_eval_probes import TASKS_DIR
+    from lm_eval_probes.integration import ProbeTaskManager
+
+    manager = ProbeTaskManager(include_path=TASKS_DIR)
+    loaded = manager.load(["probes_synth_logic", "probes_synth_logic_noise_swap", "probes_synth_arith_detect"])["tasks"]
+    clean = list(loaded["probes_synth_logic"].eval_docs)[:20]
+    noised = list(loaded["probes_synth_logic_noise_swap"].eval_docs)[:20]
+    assert [d["clean_question"] for d in noised] == [d["question"] for d in clean]
+    assert [d["clean_theory"] for d in noised] == [d["theory"] for d in clean]
+    assert any(d["theory"] != d["clean_theory"] for d in noised) and all(d["label"] == c["label"] for d, c in zip(noised, clean))
+    pairs = list(loaded["probes_synth_arith_detect"].eval_docs)[:10]
+    assert [d["noise_pair"] for d in pairs] == [i // 2 for i in range(10)]
+    assert all(d["noised"] == 0 and d["question"] == d["clean_question"] for d in pairs[::2])
