@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=60, help="documents per task (0 = all); default 60")
     parser.add_argument("--output_path", default="results/demo", help="where lm_eval writes results/samples")
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
-    parser.add_argument("--probes", default="all", help="probes to compute (default all: tcb+bte+reader)")
+    parser.add_argument("--probes", default="tcb+bte+reader",
+                        help="probes to compute (default tcb+bte+reader; 'all' adds omega)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--pretrained", help="another model folder or hub id instead of the bundled SmolLM2")
     parser.add_argument("--gguf_file", help="GGUF file name inside --pretrained")

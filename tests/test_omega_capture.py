@@ -256,3 +256,28 @@ def test_options_beyond_the_model_fail_naming_the_valid_range(tiny_model_dir):
         ProbeHFLM(pretrained=folder, device="cpu", probes="omega", probe_omega_layers="1:5")
     with pytest.raises(ValueError, match=r"1 <= K <= \d+"):
         ProbeHFLM(pretrained=folder, device="cpu", probes="omega", probe_omega_topk=100_000)
+
+
+# ----------------------------------------------------------------------------- rows and records
+
+
+def test_per_document_values_and_record_of_omega():
+    import json
+
+    from lm_eval_probes.records import ResponseProbe
+    from lm_eval_probes.tasks.probe_task import probe_metric_values
+
+    probe = ResponseProbe(n_tokens=3, mean_token_logprob=-1.0, prompt_tokens=7, omega=2.5,
+                          omega_trajectory=(0.1, 0.4, 1.0))
+    values = probe_metric_values(probe, 0.5, 4.0, declared=True)
+    assert values["omega"] == 2.5
+    assert values["omega_spearman"] == (2.5, 4.0)
+    assert values["omega_spearman_partial"] == (2.5, 4.0, 3)
+    assert values["omega_spearman_partial_prompt"] == (2.5, 4.0, 7)
+    assert not any(key.startswith("omega") for key in probe_metric_values(
+        ResponseProbe(n_tokens=3, mean_token_logprob=-1.0), 0.5, 4.0, declared=True))
+    undefined = ResponseProbe(n_tokens=0, mean_token_logprob=math.nan, omega=math.nan, omega_trajectory=(math.nan,))
+    assert "omega" not in probe_metric_values(undefined, math.nan, 4.0, declared=True)
+    record = json.loads(json.dumps(probe.to_dict()))
+    assert record["omega_trajectory"] == [0.1, 0.4, 1.0]
+    assert ResponseProbe.from_dict(record) == probe
