@@ -143,12 +143,16 @@ class BlockInputs:
     ``block_kwargs``: the keyword arguments each of the last m blocks was called with (masks, rotary
     ``position_embeddings``, position ids; the KV cache and ``use_cache`` already neutralised).
     ``final_norm_input``: ``[B, T, H]`` the input of the final norm (block L's output before the norm:
-    HF ``hidden_states[L]`` is after it). ``batch_size``: B of that forward.
+    HF ``hidden_states[L]`` is after it). ``batch_size``: B of that forward. ``device_type`` and
+    ``autocast_dtype``: the autocast the forward ran under (HFLM's mixed precision; ``None``: none), which
+    the re-run of the blocks repeats.
     """
 
     block_kwargs: list[dict[str, Any]] = field(default_factory=list)
     final_norm_input: torch.Tensor | None = None
     batch_size: int = 0
+    device_type: str = "cpu"
+    autocast_dtype: torch.dtype | None = None
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int) -> Any:
@@ -240,8 +244,11 @@ class FocalDepthDecoder:
             inputs.block_kwargs = [{} for _ in self.blocks]
             inputs.final_norm_input = None
             ids = kwargs.get("input_ids", args[0] if args else None)
-            embeds = kwargs.get("inputs_embeds")
-            inputs.batch_size = int((ids if ids is not None else embeds).shape[0])
+            tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+            inputs.batch_size = int(tokens.shape[0])
+            inputs.device_type = tokens.device.type
+            autocast = torch.is_autocast_enabled(inputs.device_type)
+            inputs.autocast_dtype = torch.get_autocast_dtype(inputs.device_type) if autocast else None
 
         def leave(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
             inside[0] = False
@@ -327,9 +334,11 @@ class FocalDepthDecoder:
             rows = torch.tensor([spans[j][0] for _, j in chunk])
             states = torch.stack([self._source(hidden_states, inputs, self.source_layers[s])[spans[j][0]] for s, j in chunk])
             states = states.to(first_device)
-            for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-                result = block(states, **_rows_of(kwargs, rows, batch))
-                states = result[0] if isinstance(result, tuple) else result
+            with torch.autocast(device_type=inputs.device_type, dtype=inputs.autocast_dtype or torch.float32,
+                                enabled=inputs.autocast_dtype is not None):
+                for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
+                    result = block(states, **_rows_of(kwargs, rows, batch))
+                    states = result[0] if isinstance(result, tuple) else result
             picked = torch.cat([states[k, spans[j][1] : spans[j][2]] for k, (_, j) in enumerate(chunk)])
             masses = self._masses(picked, normalized=False).cpu()
             offset = 0

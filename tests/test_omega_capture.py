@@ -156,6 +156,22 @@ def test_the_main_pass_cache_is_untouched_and_chunks_do_not_matter(tiny_model_di
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_the_blocks_rerun_under_the_main_pass_autocast(tiny_model_dir):
+    """HFLM's mixed precision runs the forward under autocast: the self-check (source layer L − m decodes
+    to the model's own output) holds only if the blocks re-run under the same autocast."""
+    model = _load(tiny_model_dir, "llama")
+    readout = LensReadout(model)
+    ids, _, _, spans = padded_batch(model.config.pad_token_id, left=False)
+    decoder = FocalDepthDecoder(model, readout, depth=2, source_layers=(0, 4))
+    with decoder.capture() as inputs, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, output_hidden_states=True)
+    assert inputs.autocast_dtype == torch.bfloat16
+    got = decoder.confidences(out.hidden_states, inputs, spans)
+    for (row, start, stop), masses in zip(spans, got):  # the lens (fp32 unembedding) of the model's final state
+        own = reference_top_k_mass(readout.logits(out.hidden_states[-1][row, start:stop], normalized=True), 1)
+        torch.testing.assert_close(masses[1].double(), own, rtol=1e-5, atol=1e-6)
+
+
 def test_unsupported_family_fails_naming_the_supported_ones(tiny_model_dir):
     model = _load(tiny_model_dir, "gpt2")
     with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2'.*Supported: .*gemma3_text.*llama.*qwen2"):
