@@ -254,12 +254,12 @@ class FocalDepthDecoder:
             inside[0] = False
 
         def block_hook(position: int) -> Any:
-            def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
                 if not inside[0]:
                     return
                 if len(args) != 1:
                     raise UnsupportedModelError(
-                        f"{type(_module).__name__} was called with {len(args)} positional arguments; Ω re-runs blocks "
+                        f"{type(module).__name__} was called with {len(args)} positional arguments; Ω re-runs blocks "
                         f"called as block(hidden_states, **kwargs) only (families: {', '.join(FOCAL_DEPTH_FAMILIES)})"
                     )
                 kept = dict(kwargs)
@@ -276,13 +276,13 @@ class FocalDepthDecoder:
             if inside[0]:
                 inputs.final_norm_input = args[0].detach()
 
-        handles = [
-            self.model.register_forward_pre_hook(enter, with_kwargs=True),
-            self.model.register_forward_hook(leave),
-            self.readout.final_norm.register_forward_pre_hook(norm_hook),
-        ]
+        handles = []
         try:
-            handles += [block.register_forward_pre_hook(block_hook(i), with_kwargs=True) for i, block in enumerate(self.blocks)]
+            handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(self.model.register_forward_hook(leave, always_call=True))
+            handles.append(self.readout.final_norm.register_forward_pre_hook(norm_hook))
+            for i, block in enumerate(self.blocks):
+                handles.append(block.register_forward_pre_hook(block_hook(i), with_kwargs=True))
             yield inputs
         finally:
             for handle in handles:
