@@ -91,7 +91,8 @@ def main() -> None:
     wrappers = {
         "hf": HFLM(**common),
         "hf-probes tcb+bte": ProbeHFLM(**common, probes="tcb,bte"),
-        "hf-probes all (+reader)": ProbeHFLM(**common, probes="all"),
+        "hf-probes tcb+bte+reader": ProbeHFLM(**common, probes="tcb,bte,reader"),
+        "hf-probes omega (m=5)": ProbeHFLM(**common, probes="omega"),
         "hf-probes tcb+bte teacher_forced": ProbeHFLM(**common, probes="tcb,bte", probe_gen_capture="teacher_forced"),
     }
 
@@ -101,7 +102,7 @@ def main() -> None:
 
     print(f"model {folder} {gguf or ''}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}")
     print(f"{'task':28s} {'wrapper':34s} {'wall s':>8s} {'ratio':>7s} {'peak ΔRSS MB':>13s} {'ratio':>7s}")
-    for task, names in ((args.ll_task, list(wrappers)[:3]), (args.gen_task, list(wrappers))):
+    for task, names in ((args.ll_task, list(wrappers)[:4]), (args.gen_task, list(wrappers))):
         best: dict[str, tuple[float, int]] = {}
         for name in names:  # warm-up: dataset build, kernels, one-time copies (the fp64 unembedding)
             evaluate(wrappers[name], task)()

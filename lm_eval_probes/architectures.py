@@ -4,15 +4,24 @@ Hugging Face ``hidden_states`` has L+1 entries: ``[0]`` the embedding output, ``
 outputs and ``[L]`` already *post* final norm. The logit-lens readout of layer l is therefore
 ``g(lm_head(final_norm(h_l)))`` for l < L and ``g(lm_head(h_L))`` for l = L, where g is the model's
 logit transform (Gemma-2/3 soft-capping ``c·tanh(z/c)``; identity elsewhere).
+
+:class:`FocalDepthDecoder` decodes a layer's states at focal depth m (HyperLens Ω): through the model's own
+last m blocks, with the block arguments (mask, rotary embeddings, position ids) its hooks captured during
+the model's own forward, then the :class:`LensReadout`.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
+
+from lm_eval_probes.probes import top_k_mass
 
 
 @dataclass(frozen=True)
@@ -23,11 +32,14 @@ class ArchitectureSpec:
         final_norm: dotted attribute path of the final norm from the causal-LM module.
         blocks: dotted attribute path of the list of decoder blocks.
         softcap_attr: config attribute holding the final-logit soft-capping constant (or ``None``).
+        focal_depth: whether :class:`FocalDepthDecoder` can re-run its blocks: each block is called as
+            ``block(hidden_states, **kwargs)`` and returns the new hidden states (or a tuple starting with them).
     """
 
     final_norm: str
     blocks: str
     softcap_attr: str | None = None
+    focal_depth: bool = True
 
 
 _DECODER = ArchitectureSpec("model.norm", "model.layers")
@@ -43,8 +55,8 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "gemma": _DECODER,
     "gemma2": _SOFTCAPPED,
     "gemma3_text": _SOFTCAPPED,
-    "gpt2": ArchitectureSpec("transformer.ln_f", "transformer.h"),
-    "gpt_neox": ArchitectureSpec("gpt_neox.final_layer_norm", "gpt_neox.layers"),
+    "gpt2": ArchitectureSpec("transformer.ln_f", "transformer.h", focal_depth=False),  # blocks take positional args
+    "gpt_neox": ArchitectureSpec("gpt_neox.final_layer_norm", "gpt_neox.layers", focal_depth=False),
 }
 """``config.model_type`` → parts. Add a row here (and a tiny-config test) to support a new family."""
 
@@ -116,3 +128,235 @@ class LensReadout:
 
     def logprobs(self, hidden: torch.Tensor, *, normalized: bool) -> torch.Tensor:
         return torch.log_softmax(self.logits(hidden, normalized=normalized), dim=-1)
+
+
+FOCAL_DEPTH_FAMILIES: tuple[str, ...] = tuple(sorted(name for name, spec in ARCHITECTURES.items() if spec.focal_depth))
+"""``model_type`` values whose blocks :class:`FocalDepthDecoder` can re-run (Ω at m ≥ 1)."""
+
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+
+
+@dataclass
+class BlockInputs:
+    """What :meth:`FocalDepthDecoder.capture` recorded during the model's latest forward.
+
+    ``block_kwargs``: the keyword arguments each of the last m blocks was called with (masks, rotary
+    ``position_embeddings``, position ids; the KV cache and ``use_cache`` already neutralised).
+    ``final_norm_input``: ``[B, T, H]`` the input of the final norm (block L's output before the norm:
+    HF ``hidden_states[L]`` is after it). ``batch_size``: B of that forward. ``device_type`` and
+    ``autocast_dtype``: the autocast the forward ran under (HFLM's mixed precision; ``None``: none), which
+    the re-run of the blocks repeats.
+    """
+
+    block_kwargs: list[dict[str, Any]] = field(default_factory=list)
+    final_norm_input: torch.Tensor | None = None
+    batch_size: int = 0
+    device_type: str = "cpu"
+    autocast_dtype: torch.dtype | None = None
+
+
+def _rows_of(value: Any, index: torch.Tensor, batch_size: int) -> Any:
+    """``value`` with its batch dimension (a leading dimension of size ``batch_size``) gathered at ``index``.
+
+    Tensors whose first dimension is not the batch (size-1 broadcast masks or rotary tables, scalars)
+    are returned unchanged; tuples, lists and dicts are mapped.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.ndim >= 2 and value.shape[0] == batch_size:
+            return value.index_select(0, index.to(value.device))
+        return value
+    if isinstance(value, tuple):
+        return tuple(_rows_of(v, index, batch_size) for v in value)
+    if isinstance(value, list):
+        return [_rows_of(v, index, batch_size) for v in value]
+    if isinstance(value, dict):
+        return {k: _rows_of(v, index, batch_size) for k, v in value.items()}
+    return value
+
+
+class FocalDepthDecoder:
+    """Top-K confidence of HyperLens focal-depth decodings D_m(H_i) at the response positions of a batch.
+
+    D_m(H_i) = softmax(g(W_U · norm(f_L ∘ … ∘ f_{L−m+1}(H_i)))): the states of source layer i over the
+    whole sequence go through the model's own last m blocks, called with the keyword arguments they got
+    during the model's own forward (attention mask incl. sliding windows, rotary embeddings, position
+    ids; the KV cache argument replaced by ``None`` and ``use_cache=False``, so the main pass's cache is
+    never touched), then the :class:`LensReadout` (final norm, unembedding, soft-capping) at the response
+    positions only. m = 0 is exactly the logit lens of :class:`LensReadout`. For source layer L and
+    m ≥ 1 the input is block L's pre-norm output (captured on the final norm), not ``hidden_states[L]``.
+
+    The (row, source layer) pairs are stacked along the batch dimension in chunks of at most
+    ``chunk_tokens`` tokens (at least one sequence), and the m blocks run once per chunk: about
+    m · S / L extra forwards of the batch for S source layers.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        readout: LensReadout,
+        *,
+        depth: int,
+        source_layers: tuple[int, int],
+        top_k: int = 1,
+        chunk_tokens: int = 16384,
+        chunk_positions: int = 64,
+    ) -> None:
+        num_layers = readout.num_layers
+        if not 0 <= depth <= num_layers:
+            raise ValueError(f"focal depth m={depth} is outside 0..{num_layers} (this model has {num_layers} blocks)")
+        start, stop = source_layers
+        if not 0 <= start < stop <= num_layers + 1:
+            raise ValueError(f"source layers {start}:{stop} must satisfy 0 <= start < stop <= {num_layers + 1}")
+        if not 1 <= top_k <= readout.vocab_size:
+            raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
+        if chunk_tokens < 1 or chunk_positions < 1:
+            raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
+        spec = architecture_of(model)
+        if depth > 0 and not spec.focal_depth:
+            raise UnsupportedModelError(
+                f"Ω at focal depth m >= 1 cannot re-run the blocks of model_type {model.config.model_type!r} (their call "
+                f"signature differs). Supported: {', '.join(FOCAL_DEPTH_FAMILIES)}; probe_omega_depth=0 (the logit "
+                "lens) works for every family."
+            )
+        self.model = model
+        self.readout = readout
+        self.depth = depth
+        self.source_layers = tuple(range(start, stop))
+        self.top_k = top_k
+        self.chunk_tokens = chunk_tokens
+        self.chunk_positions = chunk_positions
+        blocks = _get_path(model, spec.blocks)
+        self.blocks: list[nn.Module] = list(blocks)[num_layers - depth :] if depth else []
+
+    @contextmanager
+    def capture(self) -> Iterator[BlockInputs]:
+        """Hooks that record, for every forward of the model inside the block, what the last m blocks and the
+        final norm were called with (calls outside the model's forward — the lens, the decoder itself — are not
+        recorded). Nothing is recorded when m = 0."""
+        inputs = BlockInputs()
+        if not self.blocks:
+            yield inputs
+            return
+        inside = [False]
+
+        def enter(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            inside[0] = True
+            inputs.block_kwargs = [{} for _ in self.blocks]
+            inputs.final_norm_input = None
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+            inputs.batch_size = int(tokens.shape[0])
+            inputs.device_type = tokens.device.type
+            autocast = torch.is_autocast_enabled(inputs.device_type)
+            inputs.autocast_dtype = torch.get_autocast_dtype(inputs.device_type) if autocast else None
+
+        def leave(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+            inside[0] = False
+
+        def block_hook(position: int) -> Any:
+            def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                if not inside[0]:
+                    return
+                if len(args) != 1:
+                    raise UnsupportedModelError(
+                        f"{type(module).__name__} was called with {len(args)} positional arguments; Ω re-runs blocks "
+                        f"called as block(hidden_states, **kwargs) only (families: {', '.join(FOCAL_DEPTH_FAMILIES)})"
+                    )
+                kept = dict(kwargs)
+                for name in _CACHE_KWARGS:
+                    if name in kept:
+                        kept[name] = None
+                if "use_cache" in kept:
+                    kept["use_cache"] = False
+                inputs.block_kwargs[position] = kept
+
+            return record
+
+        def norm_hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            if inside[0]:
+                inputs.final_norm_input = args[0].detach()
+
+        handles = []
+        try:
+            handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(self.model.register_forward_hook(leave, always_call=True))
+            handles.append(self.readout.final_norm.register_forward_pre_hook(norm_hook))
+            for i, block in enumerate(self.blocks):
+                handles.append(block.register_forward_pre_hook(block_hook(i), with_kwargs=True))
+            yield inputs
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @torch.no_grad()
+    def confidences(
+        self, hidden_states: Sequence[torch.Tensor], inputs: BlockInputs, spans: Sequence[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
+        """Top-K mass of D_m(H_i) for every source layer i at each span's positions.
+
+        Args:
+            hidden_states: the forward's L+1 HF ``hidden_states`` ``[B, T, H]`` (the last one post-norm).
+            inputs: what :meth:`capture` recorded during that same forward.
+            spans: ``(row, start, stop)``: batch row and its response positions ``[start, stop)``.
+
+        Returns:
+            Per span, a float32 CPU tensor ``[S, stop − start]`` in [K/V, 1] (S source layers, in order).
+        """
+        num_layers = self.readout.num_layers
+        if len(hidden_states) != num_layers + 1:
+            raise ValueError(f"got {len(hidden_states)} hidden-state tensors for a model with {num_layers} layers")
+        lengths = [stop - start for _, start, stop in spans]
+        if not spans:
+            return []
+        if not self.blocks:
+            masses = torch.stack([
+                self._masses(
+                    torch.cat([hidden_states[layer][row, start:stop] for row, start, stop in spans]),
+                    normalized=layer == num_layers,
+                )
+                for layer in self.source_layers
+            ])
+            return [part.cpu() for part in masses.split(lengths, dim=1)]
+        if inputs.final_norm_input is None or len(inputs.block_kwargs) != len(self.blocks) or not all(inputs.block_kwargs):
+            raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
+        batch, length = hidden_states[0].shape[:2]
+        if inputs.batch_size != batch or inputs.final_norm_input.shape[:2] != (batch, length):
+            raise RuntimeError(
+                f"the captured block inputs (batch {inputs.batch_size}) belong to another forward than the states "
+                f"({batch} x {length})"
+            )
+        out = [torch.empty(len(self.source_layers), n, dtype=torch.float32) for n in lengths]
+        pairs = [(s, j) for s in range(len(self.source_layers)) for j in range(len(spans))]
+        per_chunk = max(1, self.chunk_tokens // max(length, 1))
+        first_device = next(self.blocks[0].parameters()).device
+        for lo in range(0, len(pairs), per_chunk):
+            chunk = pairs[lo : lo + per_chunk]
+            rows = torch.tensor([spans[j][0] for _, j in chunk])
+            states = torch.stack([self._source(hidden_states, inputs, self.source_layers[s])[spans[j][0]] for s, j in chunk])
+            states = states.to(first_device)
+            with torch.autocast(device_type=inputs.device_type, dtype=inputs.autocast_dtype or torch.float32,
+                                enabled=inputs.autocast_dtype is not None):
+                for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
+                    result = block(states, **_rows_of(kwargs, rows, batch))
+                    states = result[0] if isinstance(result, tuple) else result
+            picked = torch.cat([states[k, spans[j][1] : spans[j][2]] for k, (_, j) in enumerate(chunk)])
+            masses = self._masses(picked, normalized=False).cpu()
+            offset = 0
+            for s, j in chunk:
+                out[j][s] = masses[offset : offset + lengths[j]]
+                offset += lengths[j]
+        return out
+
+    def _source(self, hidden_states: Sequence[torch.Tensor], inputs: BlockInputs, layer: int) -> torch.Tensor:
+        """Source layer ``layer``'s ``[B, T, H]`` states; for layer L the final norm's input (pre-norm)."""
+        if layer == self.readout.num_layers:
+            return inputs.final_norm_input
+        return hidden_states[layer]
+
+    def _masses(self, hidden: torch.Tensor, *, normalized: bool) -> torch.Tensor:
+        """``[n, H]`` states → ``[n]`` top-K masses of their lens readout, ``chunk_positions`` at a time."""
+        parts = [
+            top_k_mass(self.readout.logits(hidden[lo : lo + self.chunk_positions], normalized=normalized), self.top_k)
+            for lo in range(0, hidden.shape[0], self.chunk_positions)
+        ]
+        return torch.cat(parts) if parts else torch.empty(0, device=self.readout.device)

@@ -14,6 +14,7 @@ Two pieces:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,14 +24,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.architectures import LensReadout
+from lm_eval_probes.architectures import BlockInputs, FocalDepthDecoder, LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.probes import (
     central_window,
     central_window_energy,
+    confidence_trajectory,
     depth_profile,
     distribution_baselines,
     js_divergence,
+    refinement_area,
     token_constraint_bound,
 )
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -90,7 +93,9 @@ def hidden_state_tap(
             handle.remove()
 
 
-_PER_POSITION_FIELDS = ("token_logprob", "log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp", "energy")
+_PER_POSITION_FIELDS = (
+    "token_logprob", "log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp", "energy", "omega_mass",
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ class PositionProbes:
 
     ``token_logprob [n]`` (only when token ids were given), ``log10_tcb``, ``entropy``,
     ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [L, n]`` (bte),
-    ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32).
+    ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32),
+    ``omega_mass [S, n]`` (omega: the top-K mass of the focal-depth decoding of each source layer, from
+    :meth:`~lm_eval_probes.architectures.FocalDepthDecoder.confidences`; attached with :meth:`with_omega`).
     """
 
     num_positions: int
@@ -114,6 +121,13 @@ class PositionProbes:
     energy: torch.Tensor | None = None
     reader_layers: tuple[int, ...] = ()
     reader_states: torch.Tensor | None = None
+    omega_mass: torch.Tensor | None = None
+
+    def with_omega(self, omega_mass: torch.Tensor) -> PositionProbes:
+        """These probes with Ω's per-position masses ``[S, n]`` attached."""
+        if omega_mass.ndim != 2 or omega_mass.shape[1] != self.num_positions:
+            raise ValueError(f"omega_mass must be [S, {self.num_positions}], got {tuple(omega_mass.shape)}")
+        return dataclasses.replace(self, omega_mass=omega_mass)
 
     def span(self, start: int, stop: int) -> PositionProbes:
         """The positions ``[start, stop)`` as their own :class:`PositionProbes`."""
@@ -174,6 +188,9 @@ class PositionProbes:
                 bte_profile=tuple(float(v) for v in profile),
                 bte_energy=central_window_energy(profile, self.bte_window),
             )
+        if self.omega_mass is not None:
+            trajectory = confidence_trajectory(self.omega_mass[:, start:stop].double())  # nan for an empty span
+            values.update(omega_trajectory=tuple(float(v) for v in trajectory), omega=refinement_area(trajectory))
         if self.reader_states is not None:
             states = self.reader_states[:, start:stop]
             if n:
@@ -318,13 +335,28 @@ class LoglikelihoodRows:
     several one-token continuations of one context) through ``cache_hook.add_partial``
     (:meth:`on_answer`). A batch's rows are probed together when the next batch starts or the call
     ends (:meth:`flush`): all of them go through the lens at once, and only the few response
-    positions' states (and the reader layers' prompt states) are kept until then.
+    positions' states (and the reader layers' prompt states) are kept until then. With a ``decoder``
+    (Ω), the flush also decodes the batch's rows at focal depth from the same forward's states of every
+    layer and the block inputs ``block_inputs`` recorded by the decoder's hooks (no extra full forward);
+    only each row's ``[S, n]`` masses are kept.
 
-    Use it through :func:`loglikelihood_rows`, which also holds the hidden-state hooks.
+    Use it through :func:`loglikelihood_rows`, which also holds the hooks.
     """
 
-    def __init__(self, tap: HiddenStateTap, readout: LensReadout, config: ProbeConfig, reader_layers: Sequence[int]) -> None:
+    def __init__(
+        self,
+        tap: HiddenStateTap,
+        readout: LensReadout,
+        config: ProbeConfig,
+        reader_layers: Sequence[int],
+        decoder: FocalDepthDecoder | None = None,
+        block_inputs: BlockInputs | None = None,
+    ) -> None:
+        if (decoder is None) != (block_inputs is None):
+            raise ValueError("a focal-depth decoder needs the block inputs its capture() records, and vice versa")
         self.tap = tap
+        self.decoder = decoder
+        self.block_inputs = block_inputs
         self.readout = readout
         self.config = config
         self.reader_layers = tuple(reader_layers)
@@ -333,6 +365,7 @@ class LoglikelihoodRows:
         self._continuation_lengths: dict[Any, int] = {}
         self._next_row = 0
         self._rows: list[list[torch.Tensor]] = []  # per row: L+1 tensors [contlen, H]
+        self._spans: list[tuple[int, int, int]] = []  # per row: (batch row, first, end) of its response positions
         self._input_lengths: list[int] = []  # per row: its input length (the end of its response span)
         self._prompt_layers: list[list[torch.Tensor]] = []  # per row: the reader layers' states [inplen, H]
         self._answers: list[tuple[Any, int, int, float]] = []  # (request key, row, continuation tokens, loglik)
@@ -353,6 +386,7 @@ class LoglikelihoodRows:
             return
         row, self._next_row = self._next_row, self._next_row + 1
         self._rows.append([h[row, input_length - continuation_length : input_length] for h in states])
+        self._spans.append((row, input_length - continuation_length, input_length))
         self._input_lengths.append(input_length)
         self._prompt_layers.append([states[layer][row, :input_length] for layer in self.reader_layers])
 
@@ -365,6 +399,9 @@ class LoglikelihoodRows:
     def flush(self) -> None:
         """Probe the pending rows at once and hand each answered request its trailing slice."""
         rows = position_probes_of_spans(self._rows, self.readout, self.config)
+        if self.decoder is not None and self._rows:
+            masses = self.decoder.confidences(self.tap.latest, self.block_inputs, self._spans)
+            rows = [probes.with_omega(mass) for probes, mass in zip(rows, masses, strict=True)]
         for key, row, n, loglik in self._answers:
             probes = rows[row]
             end = probes.num_positions
@@ -373,7 +410,7 @@ class LoglikelihoodRows:
                 end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
                 prompt_states=self._prompt_states(self._prompt_layers[row], prompt_tokens),
             )
-        self._rows, self._answers, self._input_lengths, self._prompt_layers = [], [], [], []
+        self._rows, self._answers, self._input_lengths, self._prompt_layers, self._spans = [], [], [], [], []
 
     def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
         """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
@@ -388,11 +425,25 @@ class LoglikelihoodRows:
 
 @contextmanager
 def loglikelihood_rows(
-    model: nn.Module, readout: LensReadout, config: ProbeConfig, reader_layers: Sequence[int]
+    model: nn.Module,
+    readout: LensReadout,
+    config: ProbeConfig,
+    reader_layers: Sequence[int],
+    decoder: FocalDepthDecoder | None = None,
 ) -> Iterator[LoglikelihoodRows]:
-    """Hooks on ``model`` and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call; the last batch is
-    probed when the block ends without an error."""
-    with hidden_state_tap(model) as tap:
-        rows = LoglikelihoodRows(tap, readout, config, reader_layers)
+    """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one
+    ``loglikelihood`` call; the last batch is probed when the block ends without an error."""
+    with hidden_state_tap(model) as tap, block_inputs_of(decoder) as block_inputs:
+        rows = LoglikelihoodRows(tap, readout, config, reader_layers, decoder, block_inputs)
         yield rows
         rows.flush()
+
+
+@contextmanager
+def block_inputs_of(decoder: FocalDepthDecoder | None) -> Iterator[BlockInputs | None]:
+    """``decoder.capture()``, or ``None`` without a decoder."""
+    if decoder is None:
+        yield None
+        return
+    with decoder.capture() as inputs:
+        yield inputs

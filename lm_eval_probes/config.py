@@ -13,10 +13,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader")
-"""Probes the wrapper can compute: δ_TCB (+ entropy, margin, V_eff baselines), BTE, and ``reader``: the
-mean hidden states (answer and prompt positions, a few layers) that the correctness reader and the
-corruption detector are fitted on."""
+PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega")
+"""Probes the wrapper can compute (``probes=all``): δ_TCB (+ entropy, margin, V_eff baselines), BTE,
+``reader``: the mean hidden states (answer and prompt positions, a few layers) that the correctness reader
+and the corruption detector are fitted on, and ``omega``: the HyperLens confidence trajectory and its
+refinement area Ω (runs the model's last m blocks again on every source layer's states)."""
+
+DEFAULT_PROBES: tuple[str, ...] = ("tcb", "bte", "reader")
+"""The probes of an ``hf-probes`` run that does not name any: the cheap ones (read from the states the
+harness's own forward already computes)."""
+
+DEFAULT_OMEGA_DEPTH = 5
+"""Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
 
 READER_LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
 """Default reader layers: round(f · L) for these f (mid to late layers)."""
@@ -48,9 +56,17 @@ class ProbeConfig:
         reader_prompt_tail: the prompt states are the mean over the last this-many prompt positions
             (``probe_reader_prompt_tail``); 0 (default) = the whole prompt. Few-shot examples dilute a
             whole-prompt mean: a detector of noise in the document's own text reads its tail better.
+        omega_depth: focal depth m of Ω (``probe_omega_depth``): the source layers' states go through the
+            model's last m blocks before the final norm and unembedding; 0 = the logit lens. ``None`` =
+            min(5, L); must satisfy 0 <= m <= L (checked once the model is loaded).
+        omega_topk: K of Ω's confidence, the top-K probability mass (``probe_omega_topk``), K >= 1.
+        omega_layers: source layers ``[start, stop)`` of Ω as ``hidden_states`` indices 0..L
+            (``probe_omega_layers=0:33``); ``None`` = all, 0..L.
+        omega_chunk_tokens: Ω's memory budget (``probe_omega_chunk_tokens``): at most this many tokens
+            (sequences × length, at least one sequence) go through the last m blocks at once.
     """
 
-    probes: tuple[str, ...] = PROBE_NAMES
+    probes: tuple[str, ...] = DEFAULT_PROBES
     tcb_eps: float = 1.0
     bte_window: tuple[int, int] | None = None
     gen_capture: str = "generate"
@@ -58,6 +74,10 @@ class ProbeConfig:
     reader_layers: tuple[int, ...] | None = None
     reader_tail: int = 16
     reader_prompt_tail: int = 0
+    omega_depth: int | None = None
+    omega_topk: int = 1
+    omega_layers: tuple[int, int] | None = None
+    omega_chunk_tokens: int = 16384
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -81,6 +101,19 @@ class ProbeConfig:
             raise ValueError(f"probe_reader_tail must be >= 0, got {self.reader_tail}")
         if self.reader_prompt_tail < 0:
             raise ValueError(f"probe_reader_prompt_tail must be >= 0 (0 = the whole prompt), got {self.reader_prompt_tail}")
+        if self.omega_depth is not None and self.omega_depth < 0:
+            raise ValueError(f"probe_omega_depth must be an integer 0 <= m <= L (the model's blocks), got {self.omega_depth}")
+        if self.omega_topk < 1:
+            raise ValueError(f"probe_omega_topk must be an integer K >= 1, got {self.omega_topk}")
+        if self.omega_layers is not None:
+            start, stop = self.omega_layers
+            if not 0 <= start < stop:
+                raise ValueError(
+                    f"probe_omega_layers must be 'start:stop' with 0 <= start < stop <= L + 1 (hidden_states indices), "
+                    f"got {start}:{stop}"
+                )
+        if self.omega_chunk_tokens < 1:
+            raise ValueError(f"probe_omega_chunk_tokens must be >= 1, got {self.omega_chunk_tokens}")
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
@@ -90,6 +123,28 @@ class ProbeConfig:
         if too_deep:
             raise ValueError(f"probe_reader_layers {too_deep} exceed the model's {num_layers} layers (0..{num_layers})")
         return tuple(self.reader_layers)
+
+    def resolved_omega_depth(self, num_layers: int) -> int:
+        """Ω's focal depth m for a model with ``num_layers`` blocks: the option, or min(5, L); 0 <= m <= L."""
+        if self.omega_depth is None:
+            return min(DEFAULT_OMEGA_DEPTH, num_layers)
+        if not 0 <= self.omega_depth <= num_layers:
+            raise ValueError(
+                f"probe_omega_depth={self.omega_depth} is outside 0..{num_layers} (this model has {num_layers} blocks)"
+            )
+        return self.omega_depth
+
+    def resolved_omega_layers(self, num_layers: int) -> tuple[int, int]:
+        """Ω's source layers ``[start, stop)`` for a model with ``num_layers`` blocks (``hidden_states`` 0..L)."""
+        if self.omega_layers is None:
+            return 0, num_layers + 1
+        start, stop = self.omega_layers
+        if stop > num_layers + 1:
+            raise ValueError(
+                f"probe_omega_layers={start}:{stop} exceeds this model's hidden_states 0..{num_layers}: "
+                f"valid ranges are start:stop with 0 <= start < stop <= {num_layers + 1}"
+            )
+        return start, stop
 
     @property
     def enabled(self) -> bool:
@@ -112,12 +167,20 @@ class ProbeConfig:
         if "chunk_positions" in values:
             values["chunk_positions"] = _as_int("probe_chunk_positions", values["chunk_positions"])
         if "bte_window" in values:
-            values["bte_window"] = _parse_window(values["bte_window"])
+            values["bte_window"] = _parse_window("probe_bte_window", values["bte_window"])
+        if "omega_layers" in values:
+            layers = values["omega_layers"]
+            all_layers = isinstance(layers, str) and layers.strip().lower() == "all"
+            values["omega_layers"] = None if all_layers else _parse_window("probe_omega_layers", layers)
+        if "omega_depth" in values:
+            depth = values["omega_depth"]
+            auto = depth is None or (isinstance(depth, str) and depth.strip().lower() in ("", "none", "auto"))
+            values["omega_depth"] = None if auto else _as_int("probe_omega_depth", depth)
         if "gen_capture" in values:
             values["gen_capture"] = str(values["gen_capture"])
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
-        for name in ("reader_tail", "reader_prompt_tail"):
+        for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens"):
             if name in values:
                 values[name] = _as_int(f"probe_{name}", values[name])
         return cls(**values)
@@ -182,7 +245,8 @@ def parse_probe_list(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _parse_window(value: Any) -> tuple[int, int] | None:
+def _parse_window(name: str, value: Any) -> tuple[int, int] | None:
+    """``"12:20"`` (or ``12-20``, a pair) → ``(12, 20)``; ``None``/``auto`` → ``None`` (the default range)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "auto")):
         return None
     if isinstance(value, str):
@@ -192,8 +256,8 @@ def _parse_window(value: Any) -> tuple[int, int] | None:
     else:
         parts = []
     if len(parts) != 2:
-        raise ValueError(f"probe_bte_window must look like '12:20' (transitions [start, stop)), got {value!r}")
-    return (_as_int("probe_bte_window", parts[0]), _as_int("probe_bte_window", parts[1]))
+        raise ValueError(f"{name} must look like '12:20' (a range [start, stop)), got {value!r}")
+    return (_as_int(name, parts[0]), _as_int(name, parts[1]))
 
 
 def _parse_layers(value: Any) -> tuple[int, ...] | None:

@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output_path", default="results/demo", help="sweep/ and leaderboard/ go here")
     parser.add_argument("--models", default=",".join(MODELS), help=f"bundled models to sweep (default {','.join(MODELS)})")
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
-    parser.add_argument("--probes", default="all", help="probes to compute (default all: tcb+bte+reader)")
+    parser.add_argument("--probes", default="tcb+bte+reader",
+                        help="probes to compute (default tcb+bte+reader; 'all' adds omega)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
     args = parser.parse_args(argv)

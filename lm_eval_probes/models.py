@@ -8,7 +8,12 @@ generation; this subclass only
   each answered request its trailing slice of that row through a tap on ``cache_hook.add_partial``
   (called once per request with its ``(context, continuation)`` key);
 * generate_until — probes the kept tokens of every generation (``probe_gen_capture``: one
-  teacher-forced forward over prompt + generated ids, or states recorded during decoding);
+  teacher-forced forward over prompt + generated ids, or states recorded during decoding). Ω always
+  reads the teacher-forced states (its blocks need whole sequences; decoding-time states are single
+  positions), so with ``probes`` including ``omega`` and ``probe_gen_capture=generate`` that one extra
+  forward runs anyway;
+* Ω (``probes=omega``) — the :class:`~lm_eval_probes.architectures.FocalDepthDecoder` re-runs the last
+  m blocks on every source layer's states of the same forward (loglikelihood: the harness's own);
 * returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
   responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
 """
@@ -28,10 +33,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
-from lm_eval_probes.architectures import LensReadout
+from lm_eval_probes.architectures import FocalDepthDecoder, LensReadout
 from lm_eval_probes.capture import (
     LoglikelihoodRows,
     PositionProbes,
+    block_inputs_of,
     hidden_state_tap,
     loglikelihood_rows,
     masked_mean_states,
@@ -71,6 +77,14 @@ class ProbeHFLM(HFLM):
         self.reader_layers: tuple[int, ...] = ()
         if self.readout is not None and "reader" in self.probe_config.probes:
             self.reader_layers = self.probe_config.resolved_reader_layers(self.readout.num_layers)
+        self.focal_decoder: FocalDepthDecoder | None = None
+        if self.readout is not None and "omega" in self.probe_config.probes:
+            config, num_layers = self.probe_config, self.readout.num_layers
+            self.focal_decoder = FocalDepthDecoder(
+                self.model, self.readout, depth=config.resolved_omega_depth(num_layers),
+                source_layers=config.resolved_omega_layers(num_layers), top_k=config.omega_topk,
+                chunk_tokens=config.omega_chunk_tokens, chunk_positions=config.chunk_positions,
+            )
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -89,7 +103,7 @@ class ProbeHFLM(HFLM):
         if self.readout is None:
             return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
-        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers) as rows:
+        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder) as rows:
             self._loglikelihood_rows = rows
             try:
                 with answers_tapped(self, rows.on_answer, forward_partials=False):
@@ -160,13 +174,17 @@ class ProbeHFLM(HFLM):
             prompt_mask[:, : max(0, prompt_len - self.probe_config.reader_prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
         bounds = [self._generation_bound(row.tolist()) for row in generated]
+        teacher_forced = block_inputs = None
+        if not during or self.focal_decoder is not None:
+            with block_inputs_of(self.focal_decoder) as block_inputs:
+                teacher_forced = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
             per_layer = [torch.stack([step[layer] for step in tap.steps], dim=1) for layer in range(len(tap.steps[0]))]
             start = 0
             prompt_layers = tap.first_call
         else:
-            per_layer = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
+            per_layer = teacher_forced
             start = prompt_len - 1
             prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.reader_layers)
         prompt_states: list[LayerStates | None] = [None] * len(bounds)
@@ -177,6 +195,10 @@ class ProbeHFLM(HFLM):
         spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
+        if self.focal_decoder is not None:  # the response positions of the teacher-forced forward
+            omega_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
+            masses = self.focal_decoder.confidences(teacher_forced, block_inputs, omega_spans)
+            rows = [probes.with_omega(mass) for probes, mass in zip(rows, masses, strict=True)]
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )

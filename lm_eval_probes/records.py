@@ -97,6 +97,9 @@ class ResponseProbe:
             entropy (nats), top-1 minus top-2 logit, 1/Σo², and exp(entropy).
         bte_profile: BTE depth profile e(l), l = 0..L-1 (mean JSD of layer l → l+1 over positions).
         bte_energy: mean of the profile over the central window (the difficulty scalar ē_M).
+        omega_trajectory: HyperLens confidence trajectory C_i over the source layers (default i = 0..L:
+            L+1 floats): mean over response positions of the top-K mass of the focal-depth decoding of layer i.
+        omega: the refinement area Ω = Σ_i (1 − C_i) of that trajectory.
         answer_states: ``[k, H]`` mean hidden state over the response positions at the reader layers.
         prompt_states: ``[k, H]`` mean hidden state over the prompt (context) positions at the reader layers.
         tail_states: generation only: ``[k, m, H]`` (float16) states of the last m response positions, so
@@ -124,6 +127,8 @@ class ResponseProbe:
     v_eff_exp: float | None = None
     bte_profile: tuple[float, ...] | None = None
     bte_energy: float | None = None
+    omega_trajectory: tuple[float, ...] | None = None
+    omega: float | None = None
     answer_states: LayerStates | None = None
     prompt_states: LayerStates | None = None
     tail_states: LayerStates | None = None

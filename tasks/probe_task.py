@@ -343,6 +343,7 @@ def probe_metric_values(
     for name, value, probe_rows in (
         ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
         ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),
+        ("omega", probe.omega, {"omega": probe.omega}),
     ):
         if value is None or not math.isfinite(value):
             continue

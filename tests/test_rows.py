@@ -50,7 +50,7 @@ def test_row_table_is_consistent():
 
 
 def test_every_declared_row_appears_in_a_real_run_and_every_emitted_row_is_declared(tiny_model_dir, data_dir):
-    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4)
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4, probes="all")  # omega is not default
     out = run(lm, [MC_TASK, GEN_TASK, DETECTOR_TASK], data_dir, limit=16)
     emitted: set[str] = set()
     for task, results in out["results"].items():
@@ -78,11 +78,12 @@ def test_no_row_depends_on_the_batch_size(tiny_model_dir):
     states by an ulp: no fold may depend on their bytes)."""
     outs = {}
     for batch_size in (1, 3, "auto"):
-        lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size)
+        lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size, probes="all")
         outs[batch_size] = run(lm, [MC_TASK, GEN_TASK], Path("."), limit=20)
     for task in (MC_TASK, GEN_TASK):
         want = probe_rows(outs[1]["results"][task])
         assert "lcr_auroc,none" in want or task == GEN_TASK
+        assert {"omega", "omega_spearman", "omega_spearman_partial"} <= {key.split(",")[0] for key in want}
         for batch_size in (3, "auto"):
             _assert_rows_equal(probe_rows(outs[batch_size]["results"][task]), want, f"{task} batch {batch_size}")
 

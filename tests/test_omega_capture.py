@@ -1,0 +1,299 @@
+"""Ω captured in the harness's own passes equals an independent focal-depth recomputation.
+
+The reference runs a deep copy of the model whose list of blocks is cut to the last m, fed the source
+layer's states as ``inputs_embeds`` of the unpadded sequence: the model's own forward computes the masks,
+positions, rotary embeddings, final norm, unembedding and soft-capping. The decoder under test instead
+re-runs the blocks with the kwargs its hooks recorded from a (padded) batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lm_eval_probes.architectures import FOCAL_DEPTH_FAMILIES, FocalDepthDecoder, LensReadout, UnsupportedModelError
+from lm_eval_probes.config import DEFAULT_PROBES, PROBE_NAMES, ProbeConfig
+from lm_eval_probes.models import ProbeHFLM
+from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
+
+FOCAL_ARCHS = ("llama", "qwen2", "gemma3_text")
+SEQUENCES = [
+    [5, 17, 40, 8, 99, 120, 3, 64, 77, 12, 200, 31, 9, 150, 45, 66, 71, 18, 250, 33, 7, 81],  # longer than gemma's window 16
+    [21, 22, 23, 24, 25, 26, 27],
+    [300, 12, 7, 150, 88, 19, 42, 6, 91, 130, 2, 17],
+]
+RESPONSE = 4  # the last positions of each sequence are its "response"
+
+
+def reference_top_k_mass(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Float64 softmax, then the k largest by a full sort."""
+    probs = torch.softmax(logits.double(), -1)
+    return probs.sort(-1, descending=True).values[..., :k].sum(-1)
+
+
+def truncated_model(model: nn.Module, depth: int) -> nn.Module:
+    """A deep copy whose blocks are only the last ``depth`` of ``model`` (and whose config says so)."""
+    cut = copy.deepcopy(model)
+    num_layers = model.config.num_hidden_layers
+    cut.model.layers = nn.ModuleList(list(cut.model.layers)[num_layers - depth :])
+    cut.config.num_hidden_layers = depth
+    if getattr(cut.config, "layer_types", None) is not None:
+        cut.config.layer_types = list(cut.config.layer_types)[num_layers - depth :]
+    return cut
+
+
+@torch.no_grad()
+def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, start: int, stop: int) -> torch.Tensor:
+    """``[L+1, stop − start]`` top-k masses of D_m(H_i), i = 0..L, on one unpadded sequence, written independently."""
+    last_block_output: list[torch.Tensor] = []
+    handle = model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last_block_output.append(out))
+    try:
+        out = model(torch.tensor([token_ids]), output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    block_output = last_block_output[0][0] if isinstance(last_block_output[0], tuple) else last_block_output[0]
+    sources = [*out.hidden_states[:-1], block_output]  # layer L: the pre-norm output of the last block
+    if depth == 0:
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        rows = []
+        for state in sources:
+            logits = model.lm_head(model.model.norm(state[0, start:stop]))
+            rows.append(reference_top_k_mass(cap * torch.tanh(logits / cap) if cap else logits, k))
+        return torch.stack(rows)
+    cut = truncated_model(model, depth)
+    return torch.stack([reference_top_k_mass(cut(inputs_embeds=state, use_cache=False).logits[0, start:stop], k)
+                        for state in sources])
+
+
+def padded_batch(pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """SEQUENCES padded to one length: ids, attention mask, position ids and each row's response span."""
+    length = max(map(len, SEQUENCES))
+    ids = torch.full((len(SEQUENCES), length), pad_id)
+    mask = torch.zeros_like(ids)
+    spans = []
+    for row, seq in enumerate(SEQUENCES):
+        lo = length - len(seq) if left else 0
+        ids[row, lo : lo + len(seq)] = torch.tensor(seq)
+        mask[row, lo : lo + len(seq)] = 1
+        spans.append((row, lo + len(seq) - RESPONSE, lo + len(seq)))
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), spans
+
+
+def _load(tiny_model_dir, arch: str) -> nn.Module:
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch))
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", FOCAL_ARCHS)
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_focal_depth_equals_the_truncated_model(tiny_model_dir, arch, padding):
+    model = _load(tiny_model_dir, arch)
+    readout = LensReadout(model)
+    num_layers = readout.num_layers
+    ids, mask, positions, spans = padded_batch(model.config.pad_token_id, left=padding == "left")
+    for depth in (0, 1, 2, num_layers):
+        for k in (1, 3):
+            decoder = FocalDepthDecoder(model, readout, depth=depth, source_layers=(0, num_layers + 1), top_k=k,
+                                        chunk_tokens=50)
+            with decoder.capture() as inputs, torch.no_grad():
+                if padding == "left":  # as generation's teacher-forced forward: a mask and generate's positions
+                    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                                use_cache=False)
+                else:  # as HFLM's loglikelihood forward: right padding, no mask, a KV cache built
+                    out = model(ids, output_hidden_states=True)
+            got = decoder.confidences(out.hidden_states, inputs, spans)
+            for (row, start, stop), masses in zip(spans, got):
+                want = focal_reference(model, SEQUENCES[row], depth, k, len(SEQUENCES[row]) - RESPONSE,
+                                       len(SEQUENCES[row]))
+                assert masses.shape == (num_layers + 1, RESPONSE)
+                torch.testing.assert_close(masses.double(), want, rtol=2e-5, atol=2e-6, msg=f"{arch} m={depth} K={k}")
+                # self-check: at source layer L − m the decoding is the model's own output distribution
+                own = reference_top_k_mass(out.logits[row, start:stop], k)
+                torch.testing.assert_close(masses[num_layers - depth].double(), own, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("arch", [*FOCAL_ARCHS, "gpt2"])
+def test_depth_zero_is_exactly_the_lens_readout(tiny_model_dir, arch):
+    from lm_eval_probes.probes import top_k_mass
+
+    model = _load(tiny_model_dir, arch)
+    readout = LensReadout(model)
+    num_layers = readout.num_layers
+    ids, _, _, spans = padded_batch(model.config.pad_token_id, left=False)
+    decoder = FocalDepthDecoder(model, readout, depth=0, source_layers=(0, num_layers + 1), top_k=2)
+    with decoder.capture() as inputs, torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+    got = decoder.confidences(states, inputs, spans)
+    for (row, start, stop), masses in zip(spans, got):
+        want = torch.stack([top_k_mass(readout.logits(states[i][row, start:stop], normalized=i == num_layers), 2)
+                            for i in range(num_layers + 1)])
+        assert torch.equal(masses, want.cpu())
+
+
+def test_the_main_pass_cache_is_untouched_and_chunks_do_not_matter(tiny_model_dir):
+    model = _load(tiny_model_dir, "llama")
+    readout = LensReadout(model)
+    ids, _, _, spans = padded_batch(model.config.pad_token_id, left=False)
+    results = []
+    for chunk_tokens in (1, 30, 10_000):  # one sequence per chunk … everything at once
+        decoder = FocalDepthDecoder(model, readout, depth=2, source_layers=(1, 4), chunk_tokens=chunk_tokens)
+        with decoder.capture() as inputs, torch.no_grad():
+            out = model(ids, output_hidden_states=True, use_cache=True)
+        keys_before = [layer.keys.clone() for layer in out.cache.layers]
+        results.append(decoder.confidences(out.hidden_states, inputs, spans))
+        assert out.cache.get_seq_length() == ids.shape[1]
+        for layer, before in zip(out.cache.layers, keys_before):
+            assert torch.equal(layer.keys, before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert a.shape == (3, RESPONSE)  # source layers 1, 2, 3
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_blocks_rerun_under_the_main_pass_autocast(tiny_model_dir):
+    """HFLM's mixed precision runs the forward under autocast: the self-check (source layer L − m decodes
+    to the model's own output) holds only if the blocks re-run under the same autocast."""
+    model = _load(tiny_model_dir, "llama")
+    readout = LensReadout(model)
+    ids, _, _, spans = padded_batch(model.config.pad_token_id, left=False)
+    decoder = FocalDepthDecoder(model, readout, depth=2, source_layers=(0, 4))
+    with decoder.capture() as inputs, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, output_hidden_states=True)
+    assert inputs.autocast_dtype == torch.bfloat16
+    got = decoder.confidences(out.hidden_states, inputs, spans)
+    for (row, start, stop), masses in zip(spans, got):  # the lens (fp32 unembedding) of the model's final state
+        own = reference_top_k_mass(readout.logits(out.hidden_states[-1][row, start:stop], normalized=True), 1)
+        torch.testing.assert_close(masses[1].double(), own, rtol=1e-5, atol=1e-6)
+
+
+def test_unsupported_family_fails_naming_the_supported_ones(tiny_model_dir):
+    model = _load(tiny_model_dir, "gpt2")
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'gpt2'.*Supported: .*gemma3_text.*llama.*qwen2"):
+        FocalDepthDecoder(model, LensReadout(model), depth=1, source_layers=(0, 4))
+    assert "gpt2" not in FOCAL_DEPTH_FAMILIES and "gpt_neox" not in FOCAL_DEPTH_FAMILIES
+    with pytest.raises(UnsupportedModelError, match="Supported: gemma"):
+        ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", probes="omega")
+
+
+# ----------------------------------------------------------------------------- through hf-probes
+
+
+def _reference_omega(lm: ProbeHFLM, token_ids: list[int], start: int, stop: int) -> tuple[float, ...]:
+    config = lm.probe_config
+    depth = config.resolved_omega_depth(lm.readout.num_layers)
+    masses = focal_reference(lm.model, token_ids, depth, config.omega_topk, start, stop)
+    lo, hi = config.resolved_omega_layers(lm.readout.num_layers)
+    return tuple(float(v) for v in masses[lo:hi].mean(-1))
+
+
+@pytest.mark.parametrize("arch", FOCAL_ARCHS)
+def test_loglikelihood_omega_matches_the_reference_at_any_batch_size(tiny_model_dir, arch):
+    per_batch = {}
+    for batch_size, chunk in ((1, 16384), (3, 16384), (4, 7)):
+        lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=batch_size, probes="omega",
+                       probe_omega_depth=2, probe_omega_chunk_tokens=chunk)
+        per_batch[(batch_size, chunk)] = answers = lm.loglikelihood(ll_instances())
+        if batch_size != 3:
+            continue
+        for (context, continuation), answer in zip(LL_REQUESTS, answers):
+            ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+            want = _reference_omega(lm, ctx_ids + cont_ids, len(ctx_ids) - 1, len(ctx_ids) + len(cont_ids) - 1)
+            probe = answer.probe
+            assert len(probe.omega_trajectory) == lm.readout.num_layers + 1
+            assert probe.omega_trajectory == pytest.approx(want, rel=2e-5, abs=2e-6)
+            assert probe.omega == pytest.approx(sum(1 - c for c in want), rel=2e-5, abs=2e-6)
+            assert probe.bte_energy is None and probe.tcb_log10_mean is None  # only omega was asked for
+    reference = per_batch[(3, 16384)]
+    for answers in per_batch.values():
+        for got, want in zip(answers, reference):
+            assert got.probe.omega == pytest.approx(want.probe.omega, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_generation_omega_matches_the_reference_in_a_left_padded_batch(tiny_model_dir, arch, mode):
+    lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=3, probes="omega+bte",
+                   probe_gen_capture=mode, probe_omega_layers="1:3", probe_omega_topk=2)
+    texts = lm.generate_until(gen_instances(until=["\n"], max_gen_toks=6))
+    single = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=1, probes="omega",
+                       probe_gen_capture=mode, probe_omega_layers="1:3", probe_omega_topk=2)
+    alone = single.generate_until(gen_instances(until=["\n"], max_gen_toks=6))
+    for prompt, text, unbatched in zip(PROMPTS, texts, alone):
+        n = text.probe.n_tokens
+        prompt_ids = _prompt_ids(lm, prompt)
+        kept = _free_generation(lm, prompt, 6)[: max(n, 1)]
+        want = _reference_omega(lm, prompt_ids + kept, len(prompt_ids) - 1, len(prompt_ids) - 1 + max(n, 1))
+        assert len(want) == 2 and text.probe.omega_trajectory == pytest.approx(want, rel=2e-5, abs=2e-6)
+        assert text.probe.omega == pytest.approx(unbatched.probe.omega, rel=1e-5, abs=1e-6)
+        assert math.isfinite(text.probe.bte_energy)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_default_probes_leave_omega_out_and_all_includes_it():
+    assert ProbeConfig().probes == DEFAULT_PROBES == ("tcb", "bte", "reader")
+    assert "omega" in PROBE_NAMES and ProbeConfig.from_model_args({"probes": "all"}).probes == PROBE_NAMES
+    config = ProbeConfig.from_model_args({"probes": "omega", "probe_omega_depth": "3", "probe_omega_topk": "5",
+                                          "probe_omega_layers": "2:7", "probe_omega_chunk_tokens": 512})
+    assert (config.omega_depth, config.omega_topk, config.omega_layers, config.omega_chunk_tokens) == (3, 5, (2, 7), 512)
+    assert config.resolved_omega_depth(32) == 3 and config.resolved_omega_layers(32) == (2, 7)
+    default = ProbeConfig(probes=("omega",))
+    assert default.resolved_omega_depth(32) == 5 and default.resolved_omega_depth(3) == 3
+    assert default.resolved_omega_layers(32) == (0, 33)
+    assert ProbeConfig.from_model_args({"probe_omega_layers": "all", "probe_omega_depth": "auto"}).omega_layers is None
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("probe_omega_depth", "-1", r"probe_omega_depth must be an integer 0 <= m <= L"),
+    ("probe_omega_depth", "2.5", r"probe_omega_depth must be an integer"),
+    ("probe_omega_topk", "0", r"probe_omega_topk must be an integer K >= 1, got 0"),
+    ("probe_omega_layers", "5:2", r"0 <= start < stop <= L \+ 1"),
+    ("probe_omega_layers", "3", r"probe_omega_layers must look like '12:20'"),
+    ("probe_omega_chunk_tokens", "0", r"probe_omega_chunk_tokens must be >= 1"),
+    ("probe_omega_dept", "3", r"Did you mean 'probe_omega_depth'"),
+])
+def test_bad_options_fail_before_the_model_loads(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        ProbeHFLM(pretrained="/nonexistent/never-loaded", probes="omega", **{key: value})
+
+
+def test_options_beyond_the_model_fail_naming_the_valid_range(tiny_model_dir):
+    folder = tiny_model_dir("llama")  # 3 blocks
+    with pytest.raises(ValueError, match=r"probe_omega_depth=4 is outside 0\.\.3"):
+        ProbeHFLM(pretrained=folder, device="cpu", probes="omega", probe_omega_depth=4)
+    with pytest.raises(ValueError, match=r"0 <= start < stop <= 4"):
+        ProbeHFLM(pretrained=folder, device="cpu", probes="omega", probe_omega_layers="1:5")
+    with pytest.raises(ValueError, match=r"1 <= K <= \d+"):
+        ProbeHFLM(pretrained=folder, device="cpu", probes="omega", probe_omega_topk=100_000)
+
+
+# ----------------------------------------------------------------------------- rows and records
+
+
+def test_per_document_values_and_record_of_omega():
+    import json
+
+    from lm_eval_probes.records import ResponseProbe
+    from lm_eval_probes.tasks.probe_task import probe_metric_values
+
+    probe = ResponseProbe(n_tokens=3, mean_token_logprob=-1.0, prompt_tokens=7, omega=2.5,
+                          omega_trajectory=(0.1, 0.4, 1.0))
+    values = probe_metric_values(probe, 0.5, 4.0, declared=True)
+    assert values["omega"] == 2.5
+    assert values["omega_spearman"] == (2.5, 4.0)
+    assert values["omega_spearman_partial"] == (2.5, 4.0, 3)
+    assert values["omega_spearman_partial_prompt"] == (2.5, 4.0, 7)
+    assert not any(key.startswith("omega") for key in probe_metric_values(
+        ResponseProbe(n_tokens=3, mean_token_logprob=-1.0), 0.5, 4.0, declared=True))
+    undefined = ResponseProbe(n_tokens=0, mean_token_logprob=math.nan, omega=math.nan, omega_trajectory=(math.nan,))
+    assert "omega" not in probe_metric_values(undefined, math.nan, 4.0, declared=True)
+    record = json.loads(json.dumps(probe.to_dict()))
+    assert record["omega_trajectory"] == [0.1, 0.4, 1.0]
+    assert ResponseProbe.from_dict(record) == probe
