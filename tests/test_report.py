@@ -44,7 +44,7 @@ def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path) -> P
 
     tracker = EvaluationTracker(output_path=str(out))
     results = lm_eval.simple_evaluate(
-        model="hf-probes", model_args={"pretrained": model_dir, "probes": "all"}, tasks=tasks, limit=LIMIT,
+        model="hf-probes", model_args={"pretrained": model_dir, "probes": "tcb+bte+reader"}, tasks=tasks, limit=LIMIT,
         device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker, gen_kwargs={"max_gen_toks": 4},
         task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),
                                                      metadata={"probes_data_dir": str(data_dir)}),

@@ -54,7 +54,7 @@ def test_config_file_defaults_and_relative_output_dir(tmp_path):
     config = load_config(path)
     assert config.output_dir == tmp_path / "out"
     assert config.tasks == ("probes_synth_logic", "probes_synth_arith") and config.seeds == (3, 3, 3, 3)
-    assert config.model_args(config.models[0]) == {"pretrained": "p", "dtype": "float32", "probes": "all"}
+    assert config.model_args(config.models[0]) == {"pretrained": "p", "dtype": "float32", "probes": "tcb+bte+reader"}
     assert config.pairs() == [("m", "probes_synth_arith"), ("m", "probes_synth_logic")]
     path.write_text("models: [\n")
     with pytest.raises(SweepConfigError, match="not valid YAML"):
