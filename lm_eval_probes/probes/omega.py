@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .bte import depth_profile
+
 __all__ = ["confidence_trajectory", "refinement_area", "top_k_mass"]
 
 
@@ -60,16 +62,7 @@ def confidence_trajectory(masses: Tensor, mask: Tensor | None = None) -> Tensor:
         raise TypeError(f"masses must be a floating-point tensor, got dtype {masses.dtype}")
     if masses.ndim < 2:
         raise ValueError(f"masses must have shape [S, ..., n], got {tuple(masses.shape)}")
-    values = masses.reshape(masses.shape[0], -1)
-    if mask is None:
-        return values.mean(-1)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor, got dtype {mask.dtype}")
-    try:
-        weights = torch.broadcast_to(mask, masses.shape[1:]).reshape(1, -1).to(values.dtype)
-    except RuntimeError as err:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to {tuple(masses.shape[1:])}") from err
-    return (values * weights).sum(-1) / weights.sum()
+    return depth_profile(masses, mask)  # the same per-row mean over (selected) positions as BTE's profile
 
 
 def refinement_area(trajectory: Tensor) -> float | Tensor:
