@@ -81,18 +81,31 @@ def _tasks(models: Sequence[ModelResults]) -> list[str]:
     return sorted({task for m in models for task in m.tasks})
 
 
+def _confidence_curves(
+    models: Sequence[ModelResults],
+) -> list[tuple[str, list[tuple[ModelResults, TaskResult, tuple[np.ndarray, np.ndarray]]]]]:
+    """Per task (sorted), the models whose samples hold its ``(confidence, correct)`` records; tasks without
+    any are left out."""
+    out = []
+    for task in _tasks(models):
+        curves = []
+        for model in models:
+            result = model.tasks.get(task)
+            pairs = _confidence_records(result) if result else None
+            if pairs is not None:
+                curves.append((model, result, pairs))
+        if curves:
+            out.append((task, curves))
+    return out
+
+
 def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
     """One reliability diagram per task with confidence records: per model, accuracy against mean
     confidence of each non-empty bin (the task's ECE binning), marker area ∝ documents in the bin."""
     figures = []
-    for task in _tasks(models):
+    for task, curves in _confidence_curves(models):
         fig, ax = plt.subplots(figsize=(5.5, 4.2))
-        drawn = False
-        for model in models:
-            result = model.tasks.get(task)
-            pairs = _confidence_records(result) if result else None
-            if pairs is None:
-                continue
+        for model, result, pairs in curves:
             options = CalibrationOptions.from_metadata(result.metadata)
             diagram = reliability_diagram(*pairs, n_bins=options.ece_bins, binning=options.ece_binning)
             filled = diagram.count > 0
@@ -100,10 +113,6 @@ def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
                             label=plain_label(model.name))
             ax.scatter(diagram.mean_confidence[filled], diagram.accuracy[filled], s=8 + 60 * diagram.count[filled] / max(1, diagram.count.sum()),
                        color=line.get_color(), alpha=0.5)
-            drawn = True
-        if not drawn:
-            plt.close(fig)
-            continue
         ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
         ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="mean confidence in bin", ylabel="accuracy in bin",
                title=plain_label(f"Reliability: {task}"))
@@ -118,20 +127,11 @@ def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
 def risk_coverage_figures(models: Sequence[ModelResults]) -> list[Figure]:
     """One risk–coverage plot per task: error rate among the k most confident documents against k/n."""
     figures = []
-    for task in _tasks(models):
+    for task, curves in _confidence_curves(models):
         fig, ax = plt.subplots(figsize=(5.5, 4.2))
-        drawn = False
-        for model in models:
-            result = model.tasks.get(task)
-            pairs = _confidence_records(result) if result else None
-            if pairs is None:
-                continue
+        for model, _result, pairs in curves:
             coverage, risk = risk_coverage_curve(*pairs)
             ax.step(coverage, risk, where="post", label=plain_label(model.name))
-            drawn = True
-        if not drawn:
-            plt.close(fig)
-            continue
         ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="coverage (fraction kept, most confident first)",
                ylabel="risk (error rate of the kept)", title=plain_label(f"Risk–coverage: {task}"))
         ax.legend(fontsize=7)
