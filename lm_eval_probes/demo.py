@@ -71,7 +71,7 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
         "limit": args.limit or None,
         "batch_size": int(args.batch_size) if args.batch_size.isdigit() else args.batch_size,
         "device": "cpu",
-        "bootstrap_iters": 0,
+        "bootstrap_iters": 1000,  # closed-form stderr for means; 1000 draws for lm_eval's bootstrappable metrics
     }
 
 
