@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 
     from lm_eval_probes.reports.report import build_report
     from lm_eval_probes.sweep import parse_config, run_sweep
