@@ -402,13 +402,16 @@ class LoglikelihoodRows:
         if self.decoder is not None and self._rows:
             masses = self.decoder.confidences(self.tap.latest, self.block_inputs, self._spans)
             rows = [probes.with_omega(mass) for probes, mass in zip(rows, masses, strict=True)]
+        prompt_states: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
         for key, row, n, loglik in self._answers:
             probes = rows[row]
             end = probes.num_positions
             prompt_tokens = self._input_lengths[row] - n + 1  # the last context position predicts token 1
+            if (row, prompt_tokens) not in prompt_states:
+                prompt_states[row, prompt_tokens] = self._prompt_states(self._prompt_layers[row], prompt_tokens)
             self.probes[key] = probes.summarize(
                 end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
-                prompt_states=self._prompt_states(self._prompt_layers[row], prompt_tokens),
+                prompt_states=prompt_states[row, prompt_tokens],
             )
         self._rows, self._answers, self._input_lengths, self._prompt_layers, self._spans = [], [], [], [], []
 
