@@ -213,3 +213,14 @@ def test_baselines_uniform_and_validation():
     assert float(got.logit_margin) == 0.0
     with pytest.raises(ValueError, match="V >= 2"):
         distribution_baselines(torch.zeros(3, 1))
+
+
+def test_given_logits_skip_the_first_product_and_give_the_same_delta():
+    h, w, b = _random_problem(300, 16, seed=11, with_bias=True)
+    for softcap in (None, 30.0):
+        want = token_constraint_bound(h.float(), w.float(), b.float(), logit_softcap=softcap)
+        logits = torch.nn.functional.linear(h.float(), w.float(), b.float())
+        got = token_constraint_bound(h.float(), w.float(), b.float(), logit_softcap=softcap, logits=logits)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="logits must have shape"):
+        token_constraint_bound(h.float(), w.float(), logits=logits[..., :-1])
