@@ -190,3 +190,20 @@ def test_transition_statistics_degenerate_cases():
         transition_statistics(torch.zeros(3, 0))
     with pytest.raises(ValueError, match="\\[L, T\\]"):
         transition_statistics(torch.zeros(3, 4, 5))
+
+
+def test_consecutive_divergences_equal_pairwise_ones_bit_for_bit():
+    from lm_eval_probes.probes import consecutive_js_divergences
+
+    torch.manual_seed(3)
+    layers = [torch.log_softmax(torch.randn(5, 40) * scale, dim=-1) for scale in (0.5, 1.0, 4.0, 30.0)]
+    layers[2][1, :3] = -math.inf  # zero probabilities: 0·log 0 = 0
+    layers[2][1] = torch.log_softmax(layers[2][1], dim=-1)
+    got = consecutive_js_divergences(iter(layers))
+    want = torch.stack([js_divergence(a, b) for a, b in zip(layers[:-1], layers[1:])])
+    assert got.shape == (3, 5) and torch.isfinite(got).all()
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="at least two"):
+        consecutive_js_divergences([layers[0]])
+    with pytest.raises(ValueError, match="differ in shape"):
+        consecutive_js_divergences([layers[0], layers[1][:2]])

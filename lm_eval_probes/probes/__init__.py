@@ -3,7 +3,8 @@
 One module per method: :mod:`.tcb` (Token Constraint Bound), :mod:`.bte` (Belief-Trajectory
 Energy), :mod:`.omega` (HyperLens refinement area Ω), :mod:`.confidence` (output confidence of a response), :mod:`.calibration` (ECE, selective
 AUROC, AURC, temperature scaling), :mod:`.reader` (the latent correctness reader / corruption
-detector) and :mod:`.correlation` (Spearman and partial Spearman ρ with difficulty).
+detector), :mod:`.correlation` (Spearman and partial Spearman ρ with difficulty) and :mod:`.attribution`
+(detection / attribution classifiers on BTE's trajectory readouts).
 
 Importing this package has no side effects and imports nothing heavy: each name loads its module on
 first access, so the numpy-only modules (calibration, reader, correlation) work without torch.
@@ -15,10 +16,14 @@ import importlib
 from typing import Any
 
 _SOURCES: dict[str, str] = {
+    "AttributionResult": "attribution",
+    "attribution_accuracy": "attribution",
+    "profile_vs_features": "attribution",
     "TRANSITION_STATISTIC_NAMES": "bte",
     "belief_trajectory_energy": "bte",
     "central_window": "bte",
     "central_window_energy": "bte",
+    "consecutive_js_divergences": "bte",
     "depth_profile": "bte",
     "js_divergence": "bte",
     "transition_statistics": "bte",

@@ -8,6 +8,7 @@ averaged over a central window of layers is the difficulty scalar ē_M.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -16,6 +17,7 @@ __all__ = [
     "belief_trajectory_energy",
     "central_window",
     "central_window_energy",
+    "consecutive_js_divergences",
     "depth_profile",
     "js_divergence",
     "transition_statistics",
@@ -56,13 +58,54 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
     if logp.shape != logq.shape:
         raise ValueError(f"logp and logq must have the same shape, got {tuple(logp.shape)} and {tuple(logq.shape)}")
     dtype = torch.promote_types(torch.promote_types(logp.dtype, logq.dtype), torch.float32)
-    lp, lq = logp.to(dtype), logq.to(dtype)
-    log_m = torch.logaddexp(lp, lq) - _LN2
-    p, q = lp.exp(), lq.exp()
-    zero = torch.zeros((), dtype=dtype, device=lp.device)
-    term_p = torch.where(p > 0, p * (lp - log_m), zero)
-    term_q = torch.where(q > 0, q * (lq - log_m), zero)
-    return (0.5 * (term_p + term_q).sum(dim)).clamp(0.0, _LN2)
+    return _js_divergence(_Belief.of(logp.to(dtype)), _Belief.of(logq.to(dtype)), dim)
+
+
+class _Belief:
+    """Log-probabilities with their probabilities (exponentiated once) and whether all are finite."""
+
+    __slots__ = ("finite", "logp", "p")
+
+    def __init__(self, logp: Tensor, p: Tensor, finite: bool) -> None:
+        self.logp, self.p, self.finite = logp, p, finite
+
+    @classmethod
+    def of(cls, logp: Tensor) -> _Belief:
+        return cls(logp, logp.exp(), bool(torch.isfinite(logp).all()))
+
+
+def _js_divergence(a: _Belief, b: _Belief, dim: int) -> Tensor:
+    """The formula of :func:`js_divergence` (0·log 0 = 0 handled only where a −inf is present)."""
+    log_m = torch.logaddexp(a.logp, b.logp).sub_(_LN2)
+    term_a = (a.logp - log_m).mul_(a.p)
+    term_b = (b.logp - log_m).mul_(b.p)
+    if not a.finite:
+        term_a = torch.where(a.p > 0, term_a, torch.zeros((), dtype=term_a.dtype, device=term_a.device))
+    if not b.finite:
+        term_b = torch.where(b.p > 0, term_b, torch.zeros((), dtype=term_b.dtype, device=term_b.device))
+    return (0.5 * term_a.add_(term_b).sum(dim)).clamp(0.0, _LN2)
+
+
+def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) -> Tensor:
+    """``JSD(p^(l), p^(l+1))`` of consecutive entries of a stream of log-probabilities, stacked ``[L, ...]``.
+
+    The same values as :func:`js_divergence` of each pair, with each layer's probabilities exponentiated
+    once (the stream lets a caller compute one layer's readout at a time). Needs at least two entries.
+    """
+    out: list[Tensor] = []
+    previous: _Belief | None = None
+    for logp in layer_logprobs:
+        _require_float("layer_logprobs", logp)
+        current = _Belief.of(logp.to(torch.promote_types(logp.dtype, torch.float32)))
+        if previous is not None:
+            if previous.logp.shape != current.logp.shape:
+                raise ValueError(f"layer log-probabilities differ in shape: {tuple(previous.logp.shape)} and "
+                                 f"{tuple(current.logp.shape)}")
+            out.append(_js_divergence(previous, current, dim))
+        previous = current
+    if not out:
+        raise ValueError("consecutive_js_divergences needs at least two layers")
+    return torch.stack(out)
 
 
 def belief_trajectory_energy(layer_logprobs: Tensor) -> Tensor:
