@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +31,12 @@ from lm_eval_probes.probes import (
     central_window,
     central_window_energy,
     confidence_trajectory,
+    consecutive_js_divergences,
     depth_profile,
     distribution_baselines,
-    js_divergence,
     refinement_area,
     token_constraint_bound,
+    transition_statistics,
 )
 from lm_eval_probes.records import LayerStates, ResponseProbe
 
@@ -103,7 +105,8 @@ class PositionProbes:
     """Per-position probe values of one response span (float32/64 CPU tensors, positions last).
 
     ``token_logprob [n]`` (only when token ids were given), ``log10_tcb``, ``entropy``,
-    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [L, n]`` (bte),
+    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [stop - start, n]`` (bte: the
+    transitions ``bte_transitions = (start, stop)``, the central window's or all L),
     ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32),
     ``omega_mass [S, n]`` (omega: the top-K mass of the focal-depth decoding of each source layer, from
     :meth:`~lm_eval_probes.architectures.FocalDepthDecoder.confidences`; attached with :meth:`with_omega`).
@@ -112,6 +115,8 @@ class PositionProbes:
     num_positions: int
     num_layers: int
     bte_window: tuple[int, int] | None
+    bte_transitions: tuple[int, int] | None = None
+    bte_features: bool = False
     token_logprob: torch.Tensor | None = None
     log10_tcb: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
@@ -137,7 +142,9 @@ class PositionProbes:
         }
         states = None if self.reader_states is None else self.reader_states[:, start:stop]
         return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window,
-                              reader_layers=self.reader_layers, reader_states=states, **cut)
+                              bte_transitions=self.bte_transitions, bte_features=self.bte_features,
+                              reader_layers=self.reader_layers,
+                              reader_states=states, **cut)
 
     def summarize(
         self,
@@ -183,11 +190,15 @@ class PositionProbes:
                 v_eff_exp=mean(self.v_eff_exp),
             )
         if self.energy is not None:
+            first, last = self.bte_transitions
             profile = depth_profile(self.energy[:, start:stop].double())  # nan for an empty span
-            values.update(
-                bte_profile=tuple(float(v) for v in profile),
-                bte_energy=central_window_energy(profile, self.bte_window),
-            )
+            window_start, window_stop = central_window(self.num_layers, self.bte_window)
+            values["bte_energy"] = central_window_energy(profile, (window_start - first, window_stop - first))
+            if (first, last) == (0, self.num_layers):
+                values["bte_profile"] = tuple(float(v) for v in profile)
+                if self.bte_features and n:
+                    statistics = transition_statistics(self.energy[:, start:stop].double())  # [L, 11]
+                    values["bte_features"] = tuple(float(v) for v in statistics.reshape(-1))
         if self.omega_mass is not None:
             trajectory = confidence_trajectory(self.omega_mass[:, start:stop].double())  # nan for an empty span
             values.update(omega_trajectory=tuple(float(v) for v in trajectory), omega=refinement_area(trajectory))
@@ -218,6 +229,8 @@ def position_probes_of_spans(
     readout: LensReadout,
     config: ProbeConfig,
     token_ids: Sequence[torch.Tensor] | None = None,
+    *,
+    lens: bool = True,
 ) -> list[PositionProbes]:
     """:func:`position_probes` of several spans in one pass (the unembedding is read once per chunk, not per span).
 
@@ -227,7 +240,7 @@ def position_probes_of_spans(
         return []
     joined = [torch.cat([span[layer] for span in spans]) for layer in range(len(spans[0]))]
     ids = None if token_ids is None else torch.cat([t.reshape(-1) for t in token_ids])
-    probes = position_probes(joined, readout, config, ids)
+    probes = position_probes(joined, readout, config, ids, lens=lens)
     out, offset = [], 0
     for span in spans:
         n = span[0].shape[0]
@@ -236,14 +249,25 @@ def position_probes_of_spans(
     return out
 
 
+def bte_transitions(num_layers: int, config: ProbeConfig) -> tuple[int, int]:
+    """The transitions ``[start, stop)`` BTE computes: the central window's, or all L (``probe_bte_profile=full``)."""
+    window = central_window(num_layers, config.bte_window)  # validates the window against L
+    return (0, num_layers) if config.bte_profile == "full" or config.bte_features else window
+
+
 @torch.no_grad()
 def position_probes(
     layer_states: Sequence[torch.Tensor],
     readout: LensReadout,
     config: ProbeConfig,
     token_ids: torch.Tensor | None = None,
+    *,
+    lens: bool = True,
 ) -> PositionProbes:
     """Probe values at every position of one response span.
+
+    Only the readouts a row needs are computed: the final layer's (δ_TCB, its baselines, the tokens'
+    log-probabilities) and those of the layers BTE's transitions touch (:func:`bte_transitions`).
 
     Args:
         layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
@@ -251,14 +275,16 @@ def position_probes(
         readout: the model's logit-lens readout.
         config: which probes and options.
         token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
+        lens: ``False`` skips every readout (δ_TCB and BTE stay ``None``): for a response whose lens
+            values no row reads (an option the model did not choose).
     """
     num_layers = len(layer_states) - 1
     if num_layers != readout.num_layers:
         raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
     n = layer_states[0].shape[0]
-    want_tcb, want_bte = "tcb" in config.probes, "bte" in config.probes
-    if want_bte:
-        central_window(num_layers, config.bte_window)  # validates the window against L before any work
+    want_tcb, want_bte = lens and "tcb" in config.probes, lens and "bte" in config.probes
+    first, last = bte_transitions(num_layers, config) if "bte" in config.probes else (0, 0)
+    want_final = token_ids is not None or want_tcb or (want_bte and last == num_layers)
     parts: dict[str, list[torch.Tensor]] = {}
 
     def keep(name: str, value: torch.Tensor) -> None:
@@ -266,20 +292,24 @@ def position_probes(
 
     for lo in range(0, n, config.chunk_positions):
         hi = min(n, lo + config.chunk_positions)
-        final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
-        final_logits = readout.logits(final_hidden, normalized=True)
-        final_logprobs = torch.log_softmax(final_logits, dim=-1)
+        final_logprobs = None
+        if want_final:
+            final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
+            raw_logits = readout.logits(final_hidden, normalized=True, capped=False)
+            final_logits = readout.cap(raw_logits)
+            final_logprobs = torch.log_softmax(final_logits, dim=-1)
         if token_ids is not None:
             ids = token_ids[lo:hi].to(readout.device).long().unsqueeze(-1)
             keep("token_logprob", final_logprobs.gather(-1, ids).squeeze(-1))
         if want_tcb:
             delta = token_constraint_bound(
                 final_hidden,
-                readout.unembed64,
+                readout.unembed,
                 readout.bias,
                 eps=config.tcb_eps,
                 logit_softcap=readout.logit_softcap,
                 row_sq_norms=readout.row_sq_norms,
+                logits=raw_logits,
             )
             keep("log10_tcb", torch.log10(delta.double()))
             baselines = distribution_baselines(final_logits)
@@ -288,17 +318,11 @@ def position_probes(
             keep("v_eff_ipr", baselines.v_eff_ipr)
             keep("v_eff_exp", baselines.v_eff_exp)
         if want_bte:
-            energies = []
-            previous = readout.logprobs(layer_states[0][lo:hi], normalized=False)
-            for layer in range(1, num_layers + 1):
-                current = (
-                    final_logprobs
-                    if layer == num_layers
-                    else readout.logprobs(layer_states[layer][lo:hi], normalized=False)
-                )
-                energies.append(js_divergence(previous, current))
-                previous = current
-            keep("energy", torch.stack(energies))
+            beliefs = (
+                final_logprobs if layer == num_layers else readout.logprobs(layer_states[layer][lo:hi], normalized=False)
+                for layer in range(first, last + 1)
+            )
+            keep("energy", consecutive_js_divergences(beliefs))
     if n == 0:  # an empty response: enabled probes get empty values (they summarize to nan)
         empty = torch.empty(0, dtype=torch.float64)
         names = (["token_logprob"] if token_ids is not None else []) + (
@@ -306,13 +330,14 @@ def position_probes(
         )
         parts = {name: [empty] for name in names}
         if want_bte:
-            parts["energy"] = [torch.empty(num_layers, 0, dtype=torch.float64)]
+            parts["energy"] = [torch.empty(last - first, 0, dtype=torch.float64)]
     tensors = {name: torch.cat(chunks, dim=-1) for name, chunks in parts.items()}
     reader_layers: tuple[int, ...] = ()
     if "reader" in config.probes:
         reader_layers = config.resolved_reader_layers(num_layers)
         tensors["reader_states"] = torch.stack([layer_states[layer].detach().float().cpu() for layer in reader_layers])
     return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window,
+                          bte_transitions=(first, last) if want_bte else None, bte_features=config.bte_features,
                           reader_layers=reader_layers, **tensors)
 
 
@@ -327,18 +352,85 @@ def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layer
     return [LayerStates(tuple(layers), row.float().cpu().numpy()) for row in means]
 
 
+@dataclass(frozen=True)
+class OptionGroup:
+    """The options of one multiple-choice document: their request keys in option order, and the rule that
+    picks the option whose record the task reads (``choose(option logliks) -> index``, ``None``: none)."""
+
+    keys: tuple[Any, ...]
+    choose: Callable[[Sequence[float]], int | None]
+
+
+class LensPlan:
+    """Which answered requests need the logit lens (δ_TCB, BTE): every request, except the options of a
+    multiple-choice document, where only the option the task reads (the chosen one) does.
+
+    :meth:`answered` takes each answer and returns the keys whose need became known: a key outside every
+    group (or in ``always``) at once; a group's other keys once all its options are answered.
+    """
+
+    def __init__(self, groups: Sequence[OptionGroup] = (), always: Iterable[Any] = ()) -> None:
+        self._groups = list(groups)
+        self._groups_of: dict[Any, list[int]] = defaultdict(list)
+        for index, group in enumerate(self._groups):
+            for key in dict.fromkeys(group.keys):
+                self._groups_of[key].append(index)
+        self._always = set(always)
+        self._open = [len(set(group.keys)) for group in self._groups]  # options not answered yet
+        self._undecided = {key: len(indices) for key, indices in self._groups_of.items()}
+        self._logliks: dict[Any, float] = {}
+        self._needed: set[Any] = set()
+        self._decided: set[Any] = set()
+
+    def answered(self, key: Any, loglik: float) -> list[tuple[Any, bool]]:
+        """``key`` was answered with ``loglik``: the ``(key, needs the lens)`` pairs decided by it."""
+        if key in self._logliks:  # a repeated request: counted once
+            return []
+        self._logliks[key] = loglik
+        decided = []
+        if key in self._always or key not in self._groups_of:
+            decided.append((key, True))
+            self._decided.add(key)
+        for index in self._groups_of.get(key, ()):
+            self._open[index] -= 1
+            if self._open[index]:
+                continue
+            group = self._groups[index]
+            chosen = group.choose([self._logliks[k] for k in group.keys])
+            if chosen is not None:
+                self._needed.add(group.keys[chosen])
+            for member in dict.fromkeys(group.keys):
+                self._undecided[member] -= 1
+                if not self._undecided[member] and member not in self._decided:
+                    decided.append((member, member in self._needed))
+                    self._decided.add(member)
+        return decided
+
+
+@dataclass
+class _PendingAnswer:
+    """An answered request whose lens values wait for the plan (or for enough positions to batch)."""
+
+    states: list[torch.Tensor]  # L+1 tensors [n, H] (copies: the batch's states are released)
+    loglik: float
+    prompt_tokens: int
+    prompt_states: LayerStates | None
+    omega_mass: torch.Tensor | None
+
+
 class LoglikelihoodRows:
     """Bookkeeping of one ``loglikelihood`` call: HFLM's rows in, each answered request's probe out.
 
     HFLM runs one forward per batch (:meth:`new_batch`), then calls ``_select_cont_toks`` once per row
     in row order (:meth:`add_row`), then answers the row's requests (one or, with the logits cache,
     several one-token continuations of one context) through ``cache_hook.add_partial``
-    (:meth:`on_answer`). A batch's rows are probed together when the next batch starts or the call
-    ends (:meth:`flush`): all of them go through the lens at once, and only the few response
-    positions' states (and the reader layers' prompt states) are kept until then. With a ``decoder``
-    (Ω), the flush also decodes the batch's rows at focal depth from the same forward's states of every
-    layer and the block inputs ``block_inputs`` recorded by the decoder's hooks (no extra full forward);
-    only each row's ``[S, n]`` masses are kept.
+    (:meth:`on_answer`). When the next batch starts or the call ends (:meth:`flush`) each answered
+    request keeps a copy of its few response positions' states, its reader prompt states and (with a
+    ``decoder``: Ω, decoded from the same forward's states of every layer and the block inputs
+    ``block_inputs`` its hooks recorded; no extra full forward) its ``[S, n]`` masses; the batch's
+    states are then released. The :class:`LensPlan` says which answers need the logit lens; those
+    wait in a queue that goes through the lens at once when it holds ``chunk_positions`` positions (the
+    unembedding is read once per chunk), the others are recorded without lens values at once.
 
     Use it through :func:`loglikelihood_rows`, which also holds the hooks.
     """
@@ -351,6 +443,7 @@ class LoglikelihoodRows:
         reader_layers: Sequence[int],
         decoder: FocalDepthDecoder | None = None,
         block_inputs: BlockInputs | None = None,
+        plan: LensPlan | None = None,
     ) -> None:
         if (decoder is None) != (block_inputs is None):
             raise ValueError("a focal-depth decoder needs the block inputs its capture() records, and vice versa")
@@ -360,69 +453,105 @@ class LoglikelihoodRows:
         self.readout = readout
         self.config = config
         self.reader_layers = tuple(reader_layers)
+        self.plan = plan or LensPlan()
         self.probes: dict[Any, ResponseProbe] = {}
         """Each answered request's probe, keyed by its ``(context, continuation)``."""
         self._continuation_lengths: dict[Any, int] = {}
         self._next_row = 0
-        self._rows: list[list[torch.Tensor]] = []  # per row: L+1 tensors [contlen, H]
         self._spans: list[tuple[int, int, int]] = []  # per row: (batch row, first, end) of its response positions
-        self._input_lengths: list[int] = []  # per row: its input length (the end of its response span)
-        self._prompt_layers: list[list[torch.Tensor]] = []  # per row: the reader layers' states [inplen, H]
         self._answers: list[tuple[Any, int, int, float]] = []  # (request key, row, continuation tokens, loglik)
+        self._pending: dict[Any, _PendingAnswer] = {}  # answered, need not yet known
+        self._queue: dict[Any, _PendingAnswer] = {}  # need the lens, not yet probed
+        self._queued_positions = 0
 
     def note_requests(self, requests: Sequence[Any]) -> None:
         """HFLM's tokenized requests ``((context, continuation), context ids, continuation ids)``."""
         self._continuation_lengths.update({req[0]: len(req[2]) for req in requests if req[0] is not None})
 
     def new_batch(self) -> None:
-        """A forward is about to replace the states of the previous batch: probe that batch first."""
-        self.flush()
+        """A forward is about to replace the states of the previous batch: take what the answers need first."""
+        self._take_batch()
         self._next_row = 0
 
     def add_row(self, input_length: int, continuation_length: int) -> None:
         """The next row of the latest forward scores ``continuation_length`` tokens ending at ``input_length``."""
-        states = self.tap.latest
-        if states is None:
+        if self.tap.latest is None:
             return
         row, self._next_row = self._next_row, self._next_row + 1
-        self._rows.append([h[row, input_length - continuation_length : input_length] for h in states])
         self._spans.append((row, input_length - continuation_length, input_length))
-        self._input_lengths.append(input_length)
-        self._prompt_layers.append([states[layer][row, :input_length] for layer in self.reader_layers])
 
     def on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
         """HFLM answered ``request_key`` from the latest row (a ``cache_hook.add_partial`` call)."""
-        if attr == "loglikelihood" and self._rows:
+        if attr == "loglikelihood" and self._spans:
             n = self._continuation_lengths[request_key]
-            self._answers.append((request_key, len(self._rows) - 1, n, float(answer[0])))
+            self._answers.append((request_key, len(self._spans) - 1, n, float(answer[0])))
 
     def flush(self) -> None:
-        """Probe the pending rows at once and hand each answered request its trailing slice."""
-        rows = position_probes_of_spans(self._rows, self.readout, self.config)
-        if self.decoder is not None and self._rows:
-            masses = self.decoder.confidences(self.tap.latest, self.block_inputs, self._spans)
-            rows = [probes.with_omega(mass) for probes, mass in zip(rows, masses, strict=True)]
-        prompt_states: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
-        for key, row, n, loglik in self._answers:
-            probes = rows[row]
-            end = probes.num_positions
-            prompt_tokens = self._input_lengths[row] - n + 1  # the last context position predicts token 1
-            if (row, prompt_tokens) not in prompt_states:
-                prompt_states[row, prompt_tokens] = self._prompt_states(self._prompt_layers[row], prompt_tokens)
-            self.probes[key] = probes.summarize(
-                end - n, end, mean_token_logprob=loglik / n, prompt_tokens=prompt_tokens,
-                prompt_states=prompt_states[row, prompt_tokens],
-            )
-        self._rows, self._answers, self._input_lengths, self._prompt_layers, self._spans = [], [], [], [], []
+        """The call ends: take the last batch, probe the queue and every answer still undecided."""
+        self._take_batch()
+        self._queue.update(self._pending)  # options of documents whose other options never came: probe them
+        self._pending = {}
+        self._probe_queue()
 
-    def _prompt_states(self, row_states: list[torch.Tensor], prompt_tokens: int) -> LayerStates | None:
+    def _take_batch(self) -> None:
+        states = self.tap.latest
+        if states is None or not self._spans:  # no row read this forward (batch-size detection, say)
+            self._spans, self._answers, self.tap.latest = [], [], None
+            return
+        masses = None
+        if self.decoder is not None:
+            masses = self.decoder.confidences(states, self.block_inputs, self._spans)
+        prompt_states: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
+        for key, index, n, loglik in self._answers:
+            if key in self.probes or key in self._queue:  # a repeated request, already decided
+                continue
+            row, _, end = self._spans[index]
+            prompt_tokens = end - n + 1  # the last context position predicts token 1
+            if (row, prompt_tokens) not in prompt_states:
+                prompt_states[row, prompt_tokens] = self._prompt_states(states, row, prompt_tokens)
+            self._pending[key] = _PendingAnswer(
+                states=[h[row, end - n : end].clone() for h in states],
+                loglik=loglik,
+                prompt_tokens=prompt_tokens,
+                prompt_states=prompt_states[row, prompt_tokens],
+                omega_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
+            )
+            for decided, needs_lens in self.plan.answered(key, loglik):
+                answer = self._pending.pop(decided)
+                if needs_lens:
+                    self._queue[decided] = answer
+                    self._queued_positions += answer.states[0].shape[0]
+                else:
+                    self._record([decided], [answer], lens=False)
+        self._spans, self._answers = [], []
+        self.tap.latest = None  # the next forward's states are not held beside these
+        if self._queued_positions >= self.config.chunk_positions:
+            self._probe_queue()
+
+    def _probe_queue(self) -> None:
+        keys, answers = list(self._queue), list(self._queue.values())
+        self._queue, self._queued_positions = {}, 0
+        self._record(keys, answers, lens=True)
+
+    def _record(self, keys: Sequence[Any], answers: Sequence[_PendingAnswer], *, lens: bool) -> None:
+        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, lens=lens)
+        for key, answer, probes in zip(keys, answers, rows, strict=True):
+            if answer.omega_mass is not None:
+                probes = probes.with_omega(answer.omega_mass)
+            n = probes.num_positions
+            self.probes[key] = probes.summarize(
+                0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
+                prompt_states=answer.prompt_states,
+            )
+
+    def _prompt_states(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
         """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
         last ``reader_prompt_tail``)."""
         if not self.reader_layers:
             return None
         tail = self.config.reader_prompt_tail
         start = max(0, prompt_tokens - tail) if tail else 0
-        means = torch.stack([h[start:prompt_tokens].float().mean(0) for h in row_states])
+        means = torch.stack([states[layer][row, start:prompt_tokens].float().mean(0) for layer in self.reader_layers])
         return LayerStates(self.reader_layers, means.cpu().numpy())
 
 
@@ -433,11 +562,12 @@ def loglikelihood_rows(
     config: ProbeConfig,
     reader_layers: Sequence[int],
     decoder: FocalDepthDecoder | None = None,
+    plan: LensPlan | None = None,
 ) -> Iterator[LoglikelihoodRows]:
     """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one
     ``loglikelihood`` call; the last batch is probed when the block ends without an error."""
     with hidden_state_tap(model) as tap, block_inputs_of(decoder) as block_inputs:
-        rows = LoglikelihoodRows(tap, readout, config, reader_layers, decoder, block_inputs)
+        rows = LoglikelihoodRows(tap, readout, config, reader_layers, decoder, block_inputs, plan)
         yield rows
         rows.flush()
 

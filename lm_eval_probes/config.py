@@ -31,6 +31,10 @@ READER_LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
 
 GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
 
+BTE_PROFILE_MODES: tuple[str, ...] = ("window", "full")
+"""``probe_bte_profile``: ``window`` reads out only the layers of ē_M's central window (the cheap default),
+``full`` every layer, so each record also carries the whole depth profile (for the reports' plots)."""
+
 _LIST_SEPARATORS = (",", "+", ";", "|", " ")
 
 
@@ -43,6 +47,12 @@ class ProbeConfig:
         tcb_eps: tolerance ε of δ_TCB = ε / ‖J‖_F (``probe_tcb_eps``).
         bte_window: central window [start, stop) of transitions for the BTE difficulty scalar
             (``probe_bte_window=12:20``); ``None`` = [⌊3L/8⌋, ⌊5L/8⌋).
+        bte_profile: which transitions BTE computes (``probe_bte_profile``): ``window`` (default: only the
+            central window's, all that ē_M and its rows need) or ``full`` (all L, and the record's
+            ``bte_profile``); see :data:`BTE_PROFILE_MODES`.
+        bte_features: also record the 11 statistics of every transition over the response positions
+            (``probe_bte_features=1``: the 11·L features of the paper's detection/attribution classifiers,
+            :mod:`lm_eval_probes.probes.attribution`); computes all L transitions, like ``bte_profile=full``.
         gen_capture: how generations are probed (``probe_gen_capture``): ``generate`` (the default: the
             states that produced each token, recorded by hooks during decoding, no extra forward) or
             ``teacher_forced`` (one extra forward over prompt + generated ids); see README "Design".
@@ -69,6 +79,8 @@ class ProbeConfig:
     probes: tuple[str, ...] = DEFAULT_PROBES
     tcb_eps: float = 1.0
     bte_window: tuple[int, int] | None = None
+    bte_profile: str = "window"
+    bte_features: bool = False
     gen_capture: str = "generate"
     chunk_positions: int = 64
     reader_layers: tuple[int, ...] | None = None
@@ -89,6 +101,8 @@ class ProbeConfig:
             raise ValueError(f"probe_tcb_eps must be finite and > 0, got {self.tcb_eps!r}")
         if self.gen_capture not in GEN_CAPTURE_MODES:
             raise ValueError(unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
+        if self.bte_profile not in BTE_PROFILE_MODES:
+            raise ValueError(unknown_message("probe_bte_profile", self.bte_profile, BTE_PROFILE_MODES))
         if self.bte_window is not None:
             start, stop = self.bte_window
             if not 0 <= start < stop:
@@ -176,8 +190,11 @@ class ProbeConfig:
             depth = values["omega_depth"]
             auto = depth is None or (isinstance(depth, str) and depth.strip().lower() in ("", "none", "auto"))
             values["omega_depth"] = None if auto else _as_int("probe_omega_depth", depth)
-        if "gen_capture" in values:
-            values["gen_capture"] = str(values["gen_capture"])
+        if "bte_features" in values:
+            values["bte_features"] = _as_flag("probe_bte_features", values["bte_features"])
+        for name in ("gen_capture", "bte_profile"):
+            if name in values:
+                values[name] = str(values[name]).strip().lower()
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
         for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens"):
@@ -273,6 +290,15 @@ def _parse_layers(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, Iterable):
         raise ValueError(f"probe_reader_layers must be layer indices like '12+16+20', got {value!r}")
     return tuple(_as_int("probe_reader_layers", item) for item in value)
+
+
+def _as_flag(name: str, value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", "none", ""):
+        return False
+    raise ValueError(f"{name} must be 1/0 (true/false), got {value!r}")
 
 
 def _as_float(name: str, value: Any) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,8 +32,8 @@ MODEL_TARGET = "lm_eval_probes.models:ProbeHFLM"
 
 eval_logger = logging.getLogger(__name__)
 
-_PROBED_TASKS: set[str] = set()
-"""Names of the tasks built in this process with probe rows (filled by the task adapter)."""
+_PROBED_TASKS: dict[str, Any] = {}
+"""Tasks built in this process with probe rows, by name (weak references; filled by the task adapter)."""
 
 
 def register_model_placeholder() -> None:
@@ -76,14 +77,24 @@ def task_aggregation(row: Any, options: Any) -> Callable[..., Any]:
     return bound_aggregation(row, options) or get_aggregation(row.aggregation)
 
 
-def note_probed_task(name: str) -> None:
-    """Remember that task ``name`` reports probe rows in this process."""
-    _PROBED_TASKS.add(name)
+def note_probed_task(name: str, task: Any = None) -> None:
+    """Remember that task ``name`` (the object ``task``) reports probe rows in this process."""
+    _PROBED_TASKS[name] = weakref.ref(task) if task is not None else _no_task
+
+
+def probed_task(name: Any) -> Any:
+    """The live task object of that name with probe rows, or ``None``."""
+    ref = _PROBED_TASKS.get(name)
+    return None if ref is None else ref()
+
+
+def _no_task() -> None:
+    return None
 
 
 def note_unprobed_requests(requests: Iterable[Any]) -> None:
     """Warn (once per task) about requests of tasks that will not show the probes computed for them."""
-    for task in sorted({getattr(req, "task_name", None) for req in requests} - _PROBED_TASKS - {None}):
+    for task in sorted({getattr(req, "task_name", None) for req in requests} - set(_PROBED_TASKS) - {None}):
         _warn_unprobed(task)
 
 

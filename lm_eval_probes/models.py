@@ -21,8 +21,10 @@ generation; this subclass only
 from __future__ import annotations
 
 import bisect
+import functools
+import inspect
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,11 +33,14 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import postprocess_generated_text
 
 import lm_eval_probes
 from lm_eval_probes.architectures import FocalDepthDecoder, LensReadout
 from lm_eval_probes.capture import (
+    LensPlan,
     LoglikelihoodRows,
+    OptionGroup,
     PositionProbes,
     block_inputs_of,
     hidden_state_tap,
@@ -49,6 +54,7 @@ from lm_eval_probes.integration import (
     answers_tapped,
     namespace_response_cache,
     note_unprobed_requests,
+    probed_task,
     register_rows,
 )
 from lm_eval_probes.probes import central_window
@@ -67,7 +73,7 @@ class ProbeHFLM(HFLM):
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._loglikelihood_rows: LoglikelihoodRows | None = None  # set inside loglikelihood
-        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None]] | None = None  # inside generate_until
+        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]] | None = None
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
@@ -103,7 +109,9 @@ class ProbeHFLM(HFLM):
         if self.readout is None:
             return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
-        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder) as rows:
+        plan = lens_plan(requests)
+        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder,
+                                plan) as rows:
             self._loglikelihood_rows = rows
             try:
                 with answers_tapped(self, rows.on_answer, forward_partials=False):
@@ -138,9 +146,14 @@ class ProbeHFLM(HFLM):
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generated, rows, prompt_tokens, prompt_states = self._gen_rows.popleft()
+                generated, rows, prompt_tokens, prompt_states, predicted = self._gen_rows.popleft()
                 ends = _LazyDecodedLengths(self, generated)
-                kept = _kept_token_count(ends, text)
+                if text != predicted[0] and text and ends[len(ends) - 1] < len(text):
+                    raise RuntimeError(
+                        f"hf-probes probed the {len(ends)} generated tokens that cover {predicted[0]!r} (the text "
+                        f"expected from the stop strings), but generate_until answered the longer {text!r}"
+                    )
+                kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
                 probes[(req[0], text)].append(rows.summarize(
                     0, 1 if empty else kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
@@ -173,7 +186,9 @@ class ProbeHFLM(HFLM):
             prompt_mask = prompt_mask.clone()
             prompt_mask[:, : max(0, prompt_len - self.probe_config.reader_prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
-        bounds = [self._generation_bound(row.tolist()) for row in generated]
+        predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
+        # only the kept tokens are probed (an empty text: the one position that chose to stop)
+        bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
         teacher_forced = block_inputs = None
         if not during or self.focal_decoder is not None:
             with block_inputs_of(self.focal_decoder) as block_inputs:
@@ -203,8 +218,8 @@ class ProbeHFLM(HFLM):
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )
         self._gen_rows.extend(
-            (ids.tolist(), probes, int(n), states)
-            for ids, probes, n, states in zip(token_ids, rows, prompt_tokens, prompt_states, strict=True)
+            (ids.tolist(), probes, int(n), states, kept)
+            for ids, probes, n, states, kept in zip(token_ids, rows, prompt_tokens, prompt_states, predicted, strict=True)
         )
         return sequences
 
@@ -222,14 +237,60 @@ class ProbeHFLM(HFLM):
         with torch.autocast(
             device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
         ):
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True, use_cache=False)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True,
+                             use_cache=False, **self._one_logit)
         return out.hidden_states
+
+    @functools.cached_property
+    def _one_logit(self) -> dict[str, int]:
+        """Forward kwargs that spare the ``[B, T, V]`` logits of a forward that only needs hidden states."""
+        parameters = inspect.signature(self.model.forward).parameters
+        for name in ("logits_to_keep", "num_logits_to_keep"):
+            if name in parameters:
+                return {name: 1}
+        return {}
+
+    def _kept_text(self, tokens: list[int], stop: Sequence[str]) -> tuple[str, int]:
+        """The text ``generate_until`` makes of a row's generated ``tokens`` (decoded, cut at the first stop
+        string, as HFLM does) and the fewest leading tokens that cover it (at most the :meth:`_generation_bound`)."""
+        text = postprocess_generated_text(self.tok_decode(tokens), list(stop), None)
+        return text, _kept_token_count(_LazyDecodedLengths(self, tokens[: self._generation_bound(tokens)]), text)
 
     def _generation_bound(self, tokens: list[int]) -> int:
         """Tokens up to (excluding) the first EOS or pad — an upper bound on the kept tokens — and at least
         one: the first position is probed even when it chose to stop (an empty generation)."""
         stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
         return min(len(tokens), max(1, next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))))
+
+
+def lens_plan(requests: Sequence[Instance]) -> LensPlan:
+    """The :class:`LensPlan` of one ``loglikelihood`` call: the options of a document of a multiple-choice task
+    with probe rows form a group (the task says which option it reads); every other request needs the lens."""
+    documents: dict[tuple[str, Any], list[Instance]] = defaultdict(list)
+    always = []
+    for req in requests:
+        task = probed_task(req.task_name)
+        if task is not None and getattr(task, "OUTPUT_TYPE", None) == "multiple_choice" and req.doc_id is not None:
+            documents[req.task_name, req.doc_id].append(req)
+        else:
+            always.append(tuple(req.args))
+    groups = []
+    for (name, _), reqs in documents.items():
+        task = probed_task(name)
+        reqs.sort(key=lambda req: req.idx)
+        count = task.option_count(reqs[0].doc)
+        if [req.idx for req in reqs[:count]] != list(range(count)):  # not the layout the task reads: probe all
+            always.extend(tuple(req.args) for req in reqs)
+            continue
+        groups.append(OptionGroup(tuple(tuple(req.args) for req in reqs[:count]),
+                                  functools.partial(task.chosen_option_index, reqs[0].doc)))
+        # requests after the options (acc_mutual_info's unconditional ones) are read by no row
+        groups.extend(OptionGroup((tuple(req.args),), _never) for req in reqs[count:])
+    return LensPlan(groups, always)
+
+
+def _never(_logliks: Sequence[float]) -> None:
+    return None
 
 
 class _LazyDecodedLengths:

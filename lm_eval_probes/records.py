@@ -97,6 +97,10 @@ class ResponseProbe:
             entropy (nats), top-1 minus top-2 logit, 1/Σo², and exp(entropy).
         bte_profile: BTE depth profile e(l), l = 0..L-1 (mean JSD of layer l → l+1 over positions).
         bte_energy: mean of the profile over the central window (the difficulty scalar ē_M).
+            ``bte_profile`` is ``None`` unless every transition was computed (``probe_bte_profile=full``).
+        bte_features: with ``probe_bte_features=1``: the 11 statistics of each transition over the response
+            positions (:func:`~lm_eval_probes.probes.transition_statistics`), transition-major (11·L floats:
+            transition 0's mean, std, …, then transition 1's), for the detection/attribution classifiers.
         omega_trajectory: HyperLens confidence trajectory C_i over the source layers (default i = 0..L:
             L+1 floats): mean over response positions of the top-K mass of the focal-depth decoding of layer i.
         omega: the refinement area Ω = Σ_i (1 − C_i) of that trajectory.
@@ -127,6 +131,7 @@ class ResponseProbe:
     v_eff_exp: float | None = None
     bte_profile: tuple[float, ...] | None = None
     bte_energy: float | None = None
+    bte_features: tuple[float, ...] | None = None
     omega_trajectory: tuple[float, ...] | None = None
     omega: float | None = None
     answer_states: LayerStates | None = None

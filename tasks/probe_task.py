@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -70,7 +70,7 @@ class ProbeResults(Task):
         for row in self.probe_rows:
             self._aggregation_list.setdefault(row.name, task_aggregation(row, options))
             self._higher_is_better.setdefault(row.name, row.higher_is_better)
-        note_probed_task(self.config.task)
+        note_probed_task(self.config.task, self)
 
     @property
     def probe_rows(self) -> tuple[rows.Row, ...]:
@@ -198,16 +198,28 @@ class ProbeResults(Task):
                 values["corruption_confidence_auroc"] = (1.0 - confidence, noised)
         return values
 
+    def option_count(self, doc: dict[str, Any]) -> int:
+        """Multiple choice: the number of options (the first requests of the document, in option order)."""
+        return len(self.doc_to_choice(doc))
+
+    def chosen_option_index(self, doc: dict[str, Any], option_logliks: Sequence[float]) -> int:
+        """Multiple choice: the option whose record this task reads (the one the model chooses), from the
+        options' log-likelihoods — what the model wrapper asks to give the logit lens to that option only."""
+        return estimators.chosen_option(option_logliks, self._option_lengths(doc))[0]
+
+    def _option_lengths(self, doc: dict[str, Any]) -> list[float] | None:
+        if self.confidence_source != "option_norm":
+            return None
+        return [float(len(c)) for c in self.doc_to_choice(doc)]
+
     def _response(
         self, doc: dict[str, Any], results: list[Any]
     ) -> tuple[ResponseProbe, float, LayerStates | None, int | None] | None:
         """The probe of the response this document is judged on, its confidence, its reader features and
         (multiple choice) the chosen option."""
         if self.OUTPUT_TYPE == "multiple_choice":
-            choices = self.doc_to_choice(doc)
-            options = results[: len(choices)]  # acc_mutual_info appends unconditional requests after these
-            lengths = [float(len(c)) for c in choices] if self.confidence_source == "option_norm" else None
-            chosen, confidence = estimators.chosen_option([r[0] for r in options], lengths)
+            options = results[: self.option_count(doc)]  # acc_mutual_info appends unconditional requests
+            chosen, confidence = estimators.chosen_option([r[0] for r in options], self._option_lengths(doc))
             probe = probe_of(options[chosen])
             return None if probe is None else (probe, confidence, probe.answer_states, chosen)
         first = results[0] if results else None

@@ -16,6 +16,7 @@ from lm_eval_probes.capture import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.estimators import response_confidence
 from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates
 
 LL_REQUESTS = [
@@ -67,7 +68,10 @@ def assert_same_probe(got, want, rel: float = 1e-4) -> None:
     for name in ("tcb_log10_mean", "tcb_log10_min", "entropy", "bte_energy", "mean_token_logprob"):
         assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
     assert got.tcb_argmin == want.tcb_argmin
-    assert got.bte_profile == pytest.approx(want.bte_profile, rel=rel, abs=1e-7)
+    if want.bte_profile is None:
+        assert got.bte_profile is None
+    else:
+        assert got.bte_profile == pytest.approx(want.bte_profile, rel=rel, abs=1e-7)
     assert_same_states(got.answer_states, want.answer_states, rtol=max(rel, 1e-4))
     assert_same_states(got.prompt_states, want.prompt_states, rtol=max(rel, 1e-4))
 
@@ -110,12 +114,24 @@ def _free_generation(lm: ProbeHFLM, prompt: str, n: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode, batch_size):
+def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode, batch_size, monkeypatch):
+    import lm_eval_probes.models
+
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size, probe_gen_capture=mode)
     # stop strings taken from the free-running text, so that rows stop early and at different points
     free = [lm.tok_decode(_free_generation(lm, p, 10)) for p in PROMPTS]
     until = [free[0][len(free[0]) // 2 :][:2], free[2][3:5]]
+    probed = []  # the positions that went through the lens, per row
+    lens = lm_eval_probes.models.position_probes_of_spans
+
+    def counting(spans, *args, **kwargs):
+        probed.extend(span[0].shape[0] for span in spans)
+        return lens(spans, *args, **kwargs)
+
+    monkeypatch.setattr(lm_eval_probes.models, "position_probes_of_spans", counting)
     texts = lm.generate_until(gen_instances(until))
+    # only the kept tokens go through the lens (the batch order is lm_eval's: compare as multisets)
+    assert sorted(probed) == sorted(max(t.probe.n_tokens, 1) for t in texts)
     for prompt, text in zip(PROMPTS, texts):
         generated = _free_generation(lm, prompt, 10)
         n = text.probe.n_tokens
@@ -250,12 +266,16 @@ def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
         ProbeConfig(reader_prompt_tail=-1)
 
 
-def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir):
-    """Without HFLM: two batches, a row answering two grouped requests, each request gets its trailing slice."""
+@pytest.mark.parametrize("chunk", [1, 64])
+def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
+    """Without HFLM: two batches, a row answering two grouped requests, each request gets its trailing slice;
+    the lens queue goes through the lens once it holds ``chunk_positions`` positions, or at the end."""
+    import dataclasses
+
     from lm_eval_probes.capture import LoglikelihoodRows, hidden_state_tap, position_probes
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
-    config, readout = lm.probe_config, lm.readout
+    config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
     layers = config.resolved_reader_layers(readout.num_layers)
     rows_in = [torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]), torch.tensor([[20, 21, 22, 23, 24, 25]])]
     with hidden_state_tap(lm.model) as tap:
@@ -271,8 +291,9 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir):
         rows.on_answer("generate_until", ("a", " y"), "ignored")
         rows.add_row(input_length=5, continuation_length=3)
         rows.on_answer("loglikelihood", ("b", " q r s"), (-4.5, False))
-        rows.new_batch()  # the first batch is probed before its states are replaced
-        assert set(rows.probes) == {("a", " x y"), ("a", " y"), ("b", " q r s")}
+        rows.new_batch()  # the first batch's answers take their states before the next forward replaces them
+        assert tap.latest is None
+        assert set(rows.probes) == ({("a", " x y"), ("a", " y"), ("b", " q r s")} if chunk == 1 else set())
         with torch.no_grad():
             lm.model(rows_in[1], output_hidden_states=True)
         rows.add_row(input_length=5, continuation_length=1)
@@ -290,3 +311,70 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir):
     assert rows.probes[("b", " q r s")].n_tokens == 3 and rows.probes[("c", " t")].n_tokens == 1
     np.testing.assert_allclose(got.prompt_states.values,
                                torch.stack([first[layer][0, :4].mean(0) for layer in layers]).numpy(), rtol=1e-5)
+
+
+def test_lens_plan_gives_the_lens_to_the_chosen_option_only():
+    from lm_eval_probes.capture import LensPlan, OptionGroup
+
+    def argmax(logliks):
+        return max(range(len(logliks)), key=lambda i: logliks[i])
+
+    plan = LensPlan([OptionGroup(("a", "b", "c"), argmax), OptionGroup(("u",), lambda _: None)], always=["x"])
+    assert plan.answered("a", -3.0) == []  # its document's other options are not in yet
+    assert plan.answered("z", -1.0) == [("z", True)]  # outside every group: at once
+    assert plan.answered("b", -1.0) == []
+    assert plan.answered("b", -1.0) == []  # a repeated request counts once
+    assert sorted(plan.answered("c", -2.0)) == [("a", False), ("b", True), ("c", False)]
+    assert plan.answered("u", -0.5) == [("u", False)]  # read by no row (acc_mutual_info's unconditional request)
+    assert plan.answered("x", -0.5) == [("x", True)]
+
+
+def test_a_key_shared_by_two_documents_gets_the_lens_when_either_chooses_it():
+    from lm_eval_probes.capture import LensPlan, OptionGroup
+
+    first = OptionGroup(("yes", "no"), lambda logliks: 0)
+    second = OptionGroup(("yes", "maybe"), lambda logliks: 1)
+    plan = LensPlan([first, second])
+    assert plan.answered("yes", -1.0) == []
+    assert plan.answered("no", -2.0) == [("no", False)]  # "yes" waits for its second document
+    assert sorted(plan.answered("maybe", -3.0)) == [("maybe", True), ("yes", True)]
+
+
+def test_window_readout_gives_the_full_profile_values(tiny_model_dir):
+    """``probe_bte_profile=window`` reads out only the window's layers: the same ē_M, δ_TCB and baselines."""
+    import dataclasses
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
+    ids = torch.tensor([_prompt_ids(lm, PROMPTS[2])])
+    with torch.no_grad():
+        states = [h[0] for h in lm.model(ids, output_hidden_states=True).hidden_states]
+    config = lm.probe_config
+    window = position_probes(states, lm.readout, config).summarize(0, ids.shape[1])
+    full = position_probes(states, lm.readout, dataclasses.replace(config, bte_profile="full")).summarize(0, ids.shape[1])
+    assert window.bte_profile is None and len(full.bte_profile) == lm.readout.num_layers
+    start, stop = central_window(lm.readout.num_layers)
+    assert window.bte_energy == pytest.approx(float(np.mean(full.bte_profile[start:stop])), rel=1e-6)
+    for name in ("bte_energy", "tcb_log10_mean", "entropy", "logit_margin", "v_eff_ipr"):
+        assert getattr(window, name) == pytest.approx(getattr(full, name), rel=1e-6), name
+
+
+def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_model_dir):
+    import dataclasses
+
+    from lm_eval_probes.probes import transition_statistics
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1, probe_bte_features=1)
+    assert lm.probe_config.bte_features
+    ids = torch.tensor([_prompt_ids(lm, PROMPTS[2])])
+    with torch.no_grad():
+        states = [h[0] for h in lm.model(ids, output_hidden_states=True).hidden_states]
+    n, num_layers = ids.shape[1], lm.readout.num_layers
+    got = position_probes(states, lm.readout, lm.probe_config).summarize(0, n)
+    full = position_probes(states, lm.readout, dataclasses.replace(lm.probe_config, bte_features=False,
+                                                                   bte_profile="full"))
+    want = transition_statistics(full.energy.double()).reshape(-1)
+    assert len(got.bte_features) == 11 * num_layers and len(got.bte_profile) == num_layers
+    np.testing.assert_allclose(got.bte_features, want.numpy(), rtol=1e-6, atol=1e-9)
+    assert got.bte_features[0] == pytest.approx(got.bte_profile[0], rel=1e-6)  # transition 0's mean
+    with pytest.raises(ValueError, match="probe_bte_features must be 1/0"):
+        ProbeConfig.from_model_args({"probe_bte_features": "maybe"})

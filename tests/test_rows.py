@@ -167,3 +167,38 @@ def test_a_task_without_probe_rows_warns_once(tiny_model_dir, caplog):
         lm.loglikelihood(requests)
     messages = [r.getMessage() for r in caplog.records if "no probe rows" in r.getMessage()]
     assert len(messages) == 1 and "lm-eval-probes" in messages[0] and "some_stock_task" in messages[0]
+
+
+@pytest.mark.parametrize("confidence", ["option", "option_norm"])
+def test_multiple_choice_gives_the_lens_to_the_option_the_task_reads(tiny_model_dir, confidence):
+    """Only the option the task reads (the chosen one, by its confidence rule) goes through the logit lens;
+    its values equal those of a run that probes every option."""
+    import copy
+
+    manager = ProbeTaskManager(include_path=TASKS_DIR, metadata={"confidence": confidence})
+    task = lm_eval.tasks.get_task_dict(["probes_synth_arith"], manager)["probes_synth_arith"]
+    task.build_all_requests(limit=6, rank=0, world_size=1)
+    instances = task.instances
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3)
+    answers = lm.loglikelihood(instances)
+    unplanned = []
+    for inst in instances:  # a task the wrapper does not know: every option is probed
+        other = copy.copy(inst)
+        other.task_name = "not_a_probed_task"
+        unplanned.append(other)
+    every = lm.loglikelihood(unplanned)
+    by_doc: dict[int, list[int]] = {}
+    for i, inst in enumerate(instances):
+        by_doc.setdefault(inst.doc_id, []).append(i)
+    for indices in by_doc.values():
+        indices.sort(key=lambda i: instances[i].idx)
+        doc = instances[indices[0]].doc
+        chosen = task.chosen_option_index(doc, [answers[i][0] for i in indices])
+        for option, i in enumerate(indices):
+            probe, reference = answers[i].probe, every[i].probe
+            assert probe.answer_states is not None and probe.mean_token_logprob == reference.mean_token_logprob
+            if option == chosen:
+                for name in ("tcb_log10_mean", "entropy", "logit_margin", "bte_energy"):
+                    assert getattr(probe, name) == pytest.approx(getattr(reference, name), rel=1e-5), name
+            else:
+                assert probe.tcb_log10_mean is None and probe.bte_energy is None
