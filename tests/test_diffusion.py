@@ -405,3 +405,19 @@ def test_end_to_end_generation_and_multiple_choice_rows(masked_lm_dir):
         if probe.answer_span is not None:
             start, stop = probe.answer_span
             assert answer_confidence(probe) == pytest.approx(math.exp(np.mean(probe.token_logprobs[start:stop])))
+
+
+def test_noise_and_detector_tasks_run_with_the_diffusion_model(masked_lm_dir, tmp_path):
+    from loader_fixtures import write_data_dir
+
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=8, diffusion_gen_length=4,
+                            diffusion_mc_samples=2, diffusion_mc_batch_size=2)
+    manager = ProbeTaskManager(include_path=TASKS_DIR, metadata={"probes_data_dir": str(write_data_dir(tmp_path, n=12))})
+    names = ["probes_proofwriter_gen_detect", "probes_proofwriter_gen_noise_swap", "probes_proofwriter_noise_swap"]
+    out = lm_eval.evaluator.evaluate(lm, lm_eval.tasks.get_task_dict(names, manager), limit=12, log_samples=True)
+    detect = out["results"]["probes_proofwriter_gen_detect"]
+    assert {"corruption_auroc,answer", "corruption_confidence_auroc,answer", "ece,answer", "lcr_auroc,answer"} <= set(detect)
+    assert 0.0 <= detect["corruption_auroc,answer"] <= 1.0
+    docs = [s["doc"] for s in out["samples"]["probes_proofwriter_gen_noise_swap"]]
+    assert any(d["theory"] != d["clean_theory"] or d["question"] != d["clean_question"] for d in docs)
+    assert "ece,none" in out["results"]["probes_proofwriter_noise_swap"]
