@@ -421,3 +421,54 @@ def test_noise_and_detector_tasks_run_with_the_diffusion_model(masked_lm_dir, tm
     docs = [s["doc"] for s in out["samples"]["probes_proofwriter_gen_noise_swap"]]
     assert any(d["theory"] != d["clean_theory"] or d["question"] != d["clean_question"] for d in docs)
     assert "ece,none" in out["results"]["probes_proofwriter_noise_swap"]
+
+
+@pytest.fixture
+def bidirectional_llama(monkeypatch, tmp_path):
+    """A tiny Llama made bidirectional: its causal mask is replaced by transformers' bidirectional (padding-only)
+    mask and no attention layer asks SDPA for causality; saved with a mask token in its config."""
+    from transformers.masking_utils import create_bidirectional_mask
+    from transformers.models.llama import modeling_llama
+
+    def bidirectional(config, inputs_embeds, attention_mask, cache=None, position_ids=None, **kwargs):
+        return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+
+    monkeypatch.setattr(modeling_llama, "create_causal_mask", bidirectional)
+    tokenizer = mask_tokenizer()
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      initializer_range=0.3, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    config.mask_token_id = tokenizer.mask_token_id
+    torch.manual_seed(11)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+
+    def load_lm(**kwargs) -> DiffusionProbeHFLM:
+        lm = DiffusionProbeHFLM(pretrained=str(tmp_path), device="cpu", **kwargs)
+        for layer in lm.model.model.layers:
+            layer.self_attn.is_causal = False
+        return lm
+
+    return load_lm
+
+
+def test_a_llama_made_bidirectional_decodes_like_the_reference_and_batches_invariantly(bidirectional_llama):
+    one, many = bidirectional_llama(batch_size=1, **MODEL_ARGS), bidirectional_llama(batch_size=4, **MODEL_ARGS)
+    ids = torch.tensor([one.tok_encode("The bear is red. The cat")])
+    with torch.no_grad():  # bidirectional: a later token changes an earlier position's output
+        changed = ids.clone()
+        changed[0, -1] = one.mask_token_id
+        assert not torch.allclose(one.model(input_ids=ids).logits[0, 0], one.model(input_ids=changed).logits[0, 0])
+    assert one.mask_token_id == one.config.mask_token_id  # read from the model config
+    got = masked_diffusion_decode(one._forward(None), ids, mask_token_id=one.mask_token_id, gen_length=8,
+                                  block_length=4, steps=4)
+    tokens, reveal_steps, logprobs = reference_decode(one.model, ids[0].tolist(), one.mask_token_id, 8, 4, 4)
+    assert got.tokens[0].tolist() == tokens and got.reveal_step[0].tolist() == reveal_steps
+    np.testing.assert_allclose(got.reveal_logprob[0].numpy(), logprobs, rtol=1e-9, atol=1e-12)
+    alone, batched = generate(one, ["<never>"]), generate(many, ["<never>"])
+    assert [str(t) for t in alone] == [str(t) for t in batched]
+    for a, b in zip(alone, batched, strict=True):
+        assert a.probe.reveal_steps == b.probe.reveal_steps
+        np.testing.assert_allclose(a.probe.token_logprobs, b.probe.token_logprobs, rtol=1e-4, atol=1e-6)
