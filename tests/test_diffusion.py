@@ -22,7 +22,7 @@ from lm_eval_probes import TASKS_DIR
 from lm_eval_probes.diffusion import masked_diffusion_decode, mc_loglikelihood, request_seed, transfer_counts
 from lm_eval_probes.diffusion_config import DiffusionConfig
 from lm_eval_probes.diffusion_model import DiffusionProbeHFLM, model_class_for, resolve_mask_token_id
-from lm_eval_probes.estimators import answer_confidence
+from lm_eval_probes.estimators import answer_confidence, answer_reveal_step
 from lm_eval_probes.records import ResponseProbe, probe_of
 from lm_eval_probes.tasks.probe_task import ProbeTaskManager
 
@@ -390,11 +390,12 @@ def test_end_to_end_generation_and_multiple_choice_rows(masked_lm_dir):
     tasks = lm_eval.tasks.get_task_dict(["probes_synth_arith_gen", "probes_synth_logic"], manager)
     out = lm_eval.evaluator.evaluate(lm, tasks, limit=12, log_samples=True)
     gen = out["results"]["probes_synth_arith_gen"]
-    for row in ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "lcr_auroc", "lcr_ece", "confidence"):
+    for row in ("ece", "ece_scaled", "selective_auroc", "aurc", "selective_acc_50", "lcr_auroc", "lcr_ece", "confidence",
+                "reveal_step"):
         assert f"{row},first-integer" in gen, row
     assert 0.0 <= gen["ece,first-integer"] <= 1.0
     mc = out["results"]["probes_synth_logic"]
-    assert "ece,none" in mc and "lcr_auroc,none" in mc
+    assert "ece,none" in mc and "lcr_auroc,none" in mc and "reveal_step,none" not in mc
     # each document's confidence is the geometric mean of its answer's reveal-time probabilities
     task = tasks["probes_synth_arith_gen"]
     by_doc = {s["doc_id"]: s for s in out["samples"]["probes_synth_arith_gen"]}
@@ -402,6 +403,8 @@ def test_end_to_end_generation_and_multiple_choice_rows(masked_lm_dir):
         probe = probe_of(inst.filtered_resps["first-integer"])
         assert probe.reveal_steps is not None and len(probe.reveal_steps) == probe.n_tokens
         assert by_doc[inst.doc_id]["confidence"] == pytest.approx(answer_confidence(probe))
+        assert by_doc[inst.doc_id]["reveal_step"] == pytest.approx(answer_reveal_step(probe))  # confidence vs reveal order
+        assert 0 <= by_doc[inst.doc_id]["reveal_step"] < 8
         if probe.answer_span is not None:
             start, stop = probe.answer_span
             assert answer_confidence(probe) == pytest.approx(math.exp(np.mean(probe.token_logprobs[start:stop])))
@@ -472,3 +475,30 @@ def test_a_llama_made_bidirectional_decodes_like_the_reference_and_batches_invar
     for a, b in zip(alone, batched, strict=True):
         assert a.probe.reveal_steps == b.probe.reveal_steps
         np.testing.assert_allclose(a.probe.token_logprobs, b.probe.token_logprobs, rtol=1e-4, atol=1e-6)
+
+
+def test_answer_reveal_step_reads_the_answer_span():
+    probe = ResponseProbe(n_tokens=4, mean_token_logprob=-1.0, reveal_steps=(3, 0, 1, 2), answer_span=(2, 4))
+    assert answer_reveal_step(probe) == 1.5 and answer_reveal_step(probe, whole=True) == 1.5
+    assert answer_reveal_step(ResponseProbe(**{**probe.__dict__, "answer_span": (0, 1)})) == 3.0
+    assert answer_reveal_step(ResponseProbe(**{**probe.__dict__, "answer_span": None})) == 1.5
+    assert answer_reveal_step(ResponseProbe(n_tokens=1, mean_token_logprob=0.0)) is None
+
+
+def test_plain_lm_eval_cli_finds_the_model(masked_lm_dir, tmp_path):
+    """A regular install registers hf-probes-diffusion at interpreter start (the .pth autoload), for plain lm_eval."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    args = f"pretrained={masked_lm_dir('bert')},diffusion_gen_length=4,diffusion_steps=4"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes-diffusion", "--model_args", args, "--device", "cpu",
+         "--tasks", "probes_synth_arith_gen", "--include_path", TASKS_DIR, "--limit", "4", "--output_path", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (results_file,) = tmp_path.rglob("results_*.json")
+    results = json.loads(results_file.read_text())["results"]["probes_synth_arith_gen"]
+    assert "ece,first-integer" in results and "reveal_step,first-integer" in results
