@@ -317,9 +317,8 @@ class DiffusionProbeHFLM(HFLM):
             )
             greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
             answer = (estimate, greedy)
-            if key is not None:
+            if key is not None:  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
                 self._ll_probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
-                self.cache_hook.add_partial("loglikelihood", key, answer)
             out.append(answer)
         return out
 

@@ -502,3 +502,22 @@ def test_plain_lm_eval_cli_finds_the_model(masked_lm_dir, tmp_path):
     (results_file,) = tmp_path.rglob("results_*.json")
     results = json.loads(results_file.read_text())["results"]["probes_synth_arith_gen"]
     assert "ece,first-integer" in results and "reveal_step,first-integer" in results
+
+
+def test_use_cache_replays_answers_with_their_records_per_configuration(masked_lm_dir, tmp_path):
+    cache = str(tmp_path / "cache")
+    tasks = ["probes_synth_arith_gen", "probes_synth_logic"]
+
+    def run(steps: int) -> dict:
+        lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=4, diffusion_gen_length=4,
+                                diffusion_steps=steps, diffusion_mc_samples=2, diffusion_mc_batch_size=2)
+        manager = ProbeTaskManager(include_path=TASKS_DIR)
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=6, use_cache=cache,
+                                       bootstrap_iters=0, log_samples=True)
+
+    first, replayed, other = run(4), run(4), run(2)
+    for task in tasks:
+        assert first["results"][task] == replayed["results"][task]
+    assert all("reveal_step" in s for s in replayed["samples"]["probes_synth_arith_gen"])  # records came back too
+    # another schedule reads and writes a table of its own: its records come from 2 steps (0 and 1), not from the 4-step run
+    assert max(s["reveal_step"] for s in other["samples"]["probes_synth_arith_gen"]) <= 1
