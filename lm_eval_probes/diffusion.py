@@ -97,25 +97,25 @@ def masked_diffusion_decode(
                     if states is None:
                         raise RuntimeError("the forward returned no hidden_states although asked to")
                     final_states = tuple(states[layer].detach() for layer in state_layers)
-            logprobs = torch.log_softmax(logits[:, lo:hi].double(), dim=-1)
-            best_logprob, best = logprobs.max(dim=-1)  # [B, block]
-            masked = ids[:, lo:hi] == mask_token_id
-            if count == 0:
-                continue
-            confidence = best_logprob.masked_fill(~masked, float("-inf"))
-            order = torch.sort(confidence, dim=-1, descending=True, stable=True).indices[:, :count]
-            for row in range(batch):
-                chosen = order[row][masked[row, order[row]]]  # never a position revealed before
-                ids[row, lo + chosen] = best[row, chosen]
+            for row in range(batch):  # one row's block in float64 at a time (V can be ~150k)
+                best_logprob, best = torch.log_softmax(logits[row, lo:hi].double(), dim=-1).max(dim=-1)  # [block]
+                masked = ids[row, lo:hi] == mask_token_id
+                confidence = best_logprob.masked_fill(~masked, float("-inf"))
+                order = torch.sort(confidence, descending=True, stable=True).indices[:count]
+                chosen = order[masked[order]]  # never a position revealed before
+                ids[row, lo + chosen] = best[chosen]
                 reveal_step[row, lo - prompt_len + chosen.cpu()] = step
-                reveal_logprob[row, lo - prompt_len + chosen.cpu()] = best_logprob[row, chosen].cpu()
+                reveal_logprob[row, lo - prompt_len + chosen.cpu()] = best_logprob[chosen].cpu()
+            del logits, states  # before the next forward allocates its own
     tokens = ids[:, prompt_len:]
     if final_logits is None:  # unreachable: steps >= 1 and the last step always runs
         raise RuntimeError("the decoding ran no step")
-    final = torch.log_softmax(final_logits[:, prompt_len:].double(), dim=-1)
-    final_logprob = final.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    final_logprob = torch.stack([
+        torch.log_softmax(final_logits[row, prompt_len:].double(), dim=-1).gather(-1, tokens[row].unsqueeze(-1)).squeeze(-1).cpu()
+        for row in range(batch)
+    ])
     return Decoded(tokens=tokens.cpu(), reveal_step=reveal_step, reveal_logprob=reveal_logprob,
-                   final_logprob=final_logprob.cpu(), final_states=final_states)
+                   final_logprob=final_logprob, final_states=final_states)
 
 
 def request_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:
@@ -173,8 +173,10 @@ def mc_loglikelihood(
         ids = full.repeat(batch_size, 1)
         ids[:, prompt_len:] = torch.where(mask, torch.full_like(target, mask_token_id), target)
         logits, _ = forward(ids, False)
-        logprobs = torch.log_softmax(logits[:, prompt_len:].double(), dim=-1)
-        token_logprobs = logprobs.gather(-1, target.expand(batch_size, -1).unsqueeze(-1)).squeeze(-1)
+        token_logprobs = torch.stack([  # one row in float64 at a time
+            torch.log_softmax(logits[row, prompt_len:].double(), dim=-1).gather(-1, target[0].unsqueeze(-1)).squeeze(-1)
+            for row in range(batch_size)
+        ])
         weighted = (token_logprobs * mask).sum(-1).cpu() / ratio
         totals.append(float(weighted.sum()) / batch_size)
     return sum(totals) / len(totals)
