@@ -66,6 +66,12 @@ def masked_lm_dir(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
+@pytest.fixture(scope="module")
+def manager() -> ProbeTaskManager:
+    """One task index for the module (building it reads every lm_eval YAML: the slow part of a run here)."""
+    return ProbeTaskManager(include_path=TASKS_DIR)
+
+
 def load(folder: str):
     model = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
     return model, transformers.AutoTokenizer.from_pretrained(folder)
@@ -383,10 +389,9 @@ def test_sampling_is_refused(masked_lm_dir):
 
 # ------------------------------------------------------------------------------------------ end to end
 
-def test_end_to_end_generation_and_multiple_choice_rows(masked_lm_dir):
+def test_end_to_end_generation_and_multiple_choice_rows(masked_lm_dir, manager):
     lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=8, diffusion_block_length=8,
                             diffusion_steps=8, diffusion_mc_samples=2, diffusion_mc_batch_size=2)
-    manager = ProbeTaskManager(include_path=TASKS_DIR)
     tasks = lm_eval.tasks.get_task_dict(["probes_synth_arith_gen", "probes_synth_logic"], manager)
     out = lm_eval.evaluator.evaluate(lm, tasks, limit=12, log_samples=True)
     gen = out["results"]["probes_synth_arith_gen"]
@@ -504,15 +509,14 @@ def test_plain_lm_eval_cli_finds_the_model(masked_lm_dir, tmp_path):
     assert "ece,first-integer" in results and "reveal_step,first-integer" in results
 
 
-def test_use_cache_replays_answers_with_their_records_per_configuration(masked_lm_dir, tmp_path):
+def test_use_cache_replays_answers_with_their_records_per_configuration(masked_lm_dir, manager, tmp_path):
     cache = str(tmp_path / "cache")
     tasks = ["probes_synth_arith_gen", "probes_synth_logic"]
 
     def run(steps: int) -> dict:
         lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=4, diffusion_gen_length=4,
                                 diffusion_steps=steps, diffusion_mc_samples=2, diffusion_mc_batch_size=2)
-        manager = ProbeTaskManager(include_path=TASKS_DIR)
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=6, use_cache=cache,
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=4, use_cache=cache,
                                        bootstrap_iters=0, log_samples=True)
 
     first, replayed, other = run(4), run(4), run(2)
