@@ -357,6 +357,17 @@ def test_stop_strings_and_eos_cut_the_kept_tokens(masked_lm_dir):
         assert str(kept) == str(whole).split(cut_at)[0]
         assert kept.probe.token_logprobs == whole.probe.token_logprobs[: kept.probe.n_tokens]
         assert kept.probe.n_tokens <= whole.probe.n_tokens and kept.probe.token_ends[-1] >= len(kept)
+    first = next(t for t in full if str(t))
+    (empty,) = [t for t, w in zip(generate(lm, [str(first)[0]]), full, strict=True) if w is first]
+    assert str(empty) == "" and empty.probe.empty and empty.probe.n_tokens == 1  # probed where it chose to stop
+    assert empty.probe.token_logprobs == first.probe.token_logprobs[:1] and empty.probe.reveal_steps == first.probe.reveal_steps[:1]
+
+
+def test_probes_none_keeps_the_confidence_records_without_states(masked_lm_dir):
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", probes="none", **MODEL_ARGS)
+    for text in generate(lm, ["<never>"]):
+        assert text.probe.answer_states is None and text.probe.prompt_states is None and text.probe.tail_states is None
+        assert len(text.probe.token_logprobs) == len(text.probe.reveal_steps) == text.probe.n_tokens
 
 
 def test_loglikelihood_returns_the_mc_estimate_with_probes(masked_lm_dir):
