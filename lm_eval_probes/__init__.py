@@ -28,7 +28,7 @@ def tasks_dir() -> str:
 
 
 def register() -> None:
-    """Register the lazy ``hf-probes`` model placeholder with lm_eval (idempotent)."""
+    """Register the lazy ``hf-probes`` and ``hf-probes-diffusion`` model placeholders with lm_eval (idempotent)."""
     from lm_eval_probes.integration import register_model_placeholder
 
     register_model_placeholder()

@@ -17,7 +17,7 @@ from lm_eval_probes.probes.confidence import chosen_option_confidence, geometric
 from lm_eval_probes.records import LayerStates, ResponseProbe
 
 __all__ = [
-    "answer_confidence", "answer_states", "binary_correctness", "chosen_option", "locate_answer",
+    "answer_confidence", "answer_reveal_step", "answer_states", "binary_correctness", "chosen_option", "locate_answer",
     "option_correctness", "response_confidence",
 ]
 
@@ -59,6 +59,18 @@ def answer_confidence(probe: ResponseProbe) -> float:
         return response_confidence(probe)
     start, stop = span
     return float(geometric_mean_probability(probe.token_logprobs[start:stop]))
+
+
+def answer_reveal_step(probe: ResponseProbe, *, whole: bool = False) -> float | None:
+    """Mean denoising step (0 = first) at which the tokens that :func:`answer_confidence` reads were revealed
+    (the located answer span, else — or with ``whole`` — the whole response); ``None`` for a record without
+    reveal steps (not a masked-diffusion generation)."""
+    steps = probe.reveal_steps
+    if not steps:
+        return None
+    start, stop = (0, len(steps)) if whole or probe.answer_span is None else probe.answer_span
+    chosen = steps[start:stop] or steps
+    return float(sum(chosen) / len(chosen))
 
 
 def answer_states(probe: ResponseProbe) -> LayerStates | None:

@@ -29,6 +29,8 @@ from typing import Any
 
 MODEL_NAME = "hf-probes"
 MODEL_TARGET = "lm_eval_probes.models:ProbeHFLM"
+DIFFUSION_MODEL_NAME = "hf-probes-diffusion"
+DIFFUSION_MODEL_TARGET = "lm_eval_probes.diffusion_model:DiffusionProbeHFLM"
 
 eval_logger = logging.getLogger(__name__)
 
@@ -37,12 +39,14 @@ _PROBED_TASKS: dict[str, Any] = {}
 
 
 def register_model_placeholder() -> None:
-    """Register the lazy ``hf-probes`` placeholder in lm_eval's model registry (idempotent; no torch)."""
+    """Register the lazy ``hf-probes`` and ``hf-probes-diffusion`` placeholders in lm_eval's model registry
+    (idempotent; no torch)."""
     import lm_eval.models  # noqa: F401  (built-in placeholders first, else they get hidden)
     from lm_eval.api.registry import model_registry
 
-    if MODEL_NAME not in model_registry:
-        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+    for name, target in ((MODEL_NAME, MODEL_TARGET), (DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET)):
+        if name not in model_registry:
+            model_registry.register(name, target=target)
 
 
 @functools.cache

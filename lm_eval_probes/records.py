@@ -117,6 +117,12 @@ class ResponseProbe:
             probability of stopping there and every probe value describes that position.
         document: the document's index in its task (lm_eval's ``doc_id``, set by the task after filtering):
             the identity that orders records before a seeded split.
+        reveal_steps: masked-diffusion generation only (``hf-probes-diffusion``): the denoising step (0-based,
+            over all blocks) that revealed each response token; ``token_logprobs`` then hold each token's
+            log-probability at that step (its reveal-time confidence), so confidence can be read against
+            reveal order.
+        final_token_logprobs: masked-diffusion generation only: each response token's log-probability under
+            the final denoising pass (equal to the reveal-time value for the tokens revealed at the last step).
     """
 
     n_tokens: int
@@ -142,6 +148,8 @@ class ResponseProbe:
     answer_span: tuple[int, int] | None = None
     empty: bool = False
     document: int | None = None
+    reveal_steps: tuple[int, ...] | None = None
+    final_token_logprobs: tuple[float, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form (lists, numbers, ``None``; states as :meth:`LayerStates.to_dict`)."""

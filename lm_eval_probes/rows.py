@@ -68,6 +68,7 @@ ROWS: tuple[Row, ...] = (
     Row("bte_energy", "float", "mean", False, "probe", "mean over documents of the BTE central-window energy ē_M (nats)"),
     Row("omega", "float", "mean", False, "probe", "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth confidence trajectory (probes=omega)"),
     Row("confidence", "float", "mean", True, "probe", "chosen option's probability (MC) / geometric-mean token probability of the answer (generation; an empty generation: the probability of the token that ended it)"),
+    Row("reveal_step", "float", "mean", False, "probe", "masked diffusion (hf-probes-diffusion) only: mean over documents of the mean denoising step (0 = first) at which the tokens the confidence reads were revealed; with `confidence` per document in --log_samples, confidence against reveal order"),
     Row("response_tokens", "float", "mean", False, "probe", "number of response positions probed (an empty generation: 1, the position that chose to stop)"),
     Row("empty_responses", "flag", "probe_count", False, "probe", "generations whose kept text is empty (probed at the position that chose to stop)"),
     Row("answer_unlocated", "flag", "probe_count", False, "probe", "non-empty generations whose filtered answer was not found in the text (whole generation used)"),
@@ -97,6 +98,9 @@ ROWS: tuple[Row, ...] = (
 """Every row the plugin can add to a task's results."""
 
 ROWS_BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
+
+DIFFUSION_ROWS: tuple[str, ...] = ("reveal_step",)
+"""Rows that only ``hf-probes-diffusion`` (records with reveal steps) fills."""
 
 
 def names(*families: str) -> tuple[str, ...]:

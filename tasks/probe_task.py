@@ -183,6 +183,9 @@ class ProbeResults(Task):
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
         if probe.token_ends is not None and self.confidence_source == "answer" and not probe.empty:
             values["answer_unlocated"] = int(probe.answer_span is None)
+        reveal_step = estimators.answer_reveal_step(probe, whole=self.confidence_source == "generation")
+        if reveal_step is not None:
+            values["reveal_step"] = reveal_step
         correct = self.correctness(doc, values, chosen)
         if correct is not None and math.isfinite(confidence):
             for name in rows.names("confidence"):

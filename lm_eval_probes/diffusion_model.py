@@ -1,0 +1,363 @@
+"""``hf-probes-diffusion``: lm_eval's ``HFLM`` for masked-diffusion LMs (LLaDA, Dream, any model whose
+forward returns logits for every position of a bidirectional pass), with reveal-time confidence and the
+reader's hidden states.
+
+Thin by design (like lm_eval's ``hf_steered``): HFLM does the tokenizing, batching, left padding, stop
+strings and ``--use_cache``; this subclass only
+
+* loads the model as a masked LM (``AutoModelForMaskedLM`` for masked-LM configs, else the class its
+  remote code maps; ``trust_remote_code`` only as the user gives it);
+* generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.diffusion.masked_diffusion_decode`
+  and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
+  token's reveal-time log-probability, reveal step and final-pass log-probability, and the reader
+  layers' states at the kept positions from the final denoising pass;
+* loglikelihood — replaces ``_loglikelihood_tokens`` with the Monte-Carlo masked estimate
+  (:func:`~lm_eval_probes.diffusion.mc_loglikelihood`), plus one forward over the unmasked request for
+  the reader's states.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (built-in registry entries before ours; see integration notes)
+import torch
+import transformers
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+import lm_eval_probes
+from lm_eval_probes.capture import masked_mean_states
+from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
+from lm_eval_probes.diffusion import Decoded, Forward, masked_diffusion_decode, mc_loglikelihood, request_seed
+from lm_eval_probes.diffusion_config import DiffusionConfig, split_diffusion_args
+from lm_eval_probes.integration import (
+    DIFFUSION_MODEL_NAME,
+    answers_tapped,
+    namespace_response_cache,
+    note_unprobed_requests,
+    register_rows,
+)
+from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
+
+register_rows()  # before any task is built: the model is looked up first
+
+SUPPORTED_PROBES: tuple[str, ...] = ("reader",)
+"""Probes of ``hf-probes-diffusion`` (the confidence records are always made): the lens probes (tcb, bte,
+omega) read an autoregressive next-token readout and are not defined for a denoising pass."""
+
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers")
+
+
+def model_class_for(config: Any) -> type:
+    """The ``transformers`` auto class that loads a masked-diffusion LM with its logits head: masked-LM
+    configs (BERT, ModernBERT, …) → ``AutoModelForMaskedLM``; remote code → the first of
+    ``AutoModelForMaskedLM``, ``AutoModelForCausalLM``, ``AutoModel`` in its ``auto_map`` (LLaDA maps
+    ``AutoModel`` and ``AutoModelForCausalLM`` to its LM class, Dream ``AutoModel``); otherwise
+    ``AutoModelForCausalLM`` (a bidirectional model registered as a causal LM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return transformers.AutoModelForMaskedLM
+    auto_map = getattr(config, "auto_map", None) or {}
+    for name in ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel"):
+        if name in auto_map:
+            return getattr(transformers, name)
+    return transformers.AutoModelForCausalLM
+
+
+def resolve_mask_token_id(option: int | None, config: Any, tokenizer: Any) -> int:
+    """The mask token id: the ``diffusion_mask_token_id`` option, else the model config's
+    ``mask_token_id``, else the tokenizer's mask token; ``ValueError`` when none is known."""
+    for value in (option, getattr(config, "mask_token_id", None), getattr(tokenizer, "mask_token_id", None)):
+        if value is not None:
+            return int(value)
+    raise ValueError(
+        "hf-probes-diffusion needs the mask token: neither the model config (mask_token_id) nor the tokenizer "
+        "(mask_token) names one; pass diffusion_mask_token_id=<id> (LLaDA: 126336, Dream: 151666)"
+    )
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """One decoded row, waiting for the text lm_eval keeps of it (kept positions are a prefix)."""
+
+    tokens: list[int]  # the canvas up to (excluding) the first stop token
+    stop_token: int | None  # the token that ended it (None: the canvas was full)
+    reveal_logprob: torch.Tensor  # [G] float64
+    reveal_step: torch.Tensor  # [G] long
+    final_logprob: torch.Tensor  # [G] float64
+    states: torch.Tensor | None  # [k, G, H] reader layers at the canvas positions (final pass)
+    prompt_tokens: int
+    prompt_states: LayerStates | None
+
+
+@register_model(DIFFUSION_MODEL_NAME)
+class DiffusionProbeHFLM(HFLM):
+    """HFLM for masked-diffusion LMs. Plugin ``model_args``: ``diffusion_*`` (:class:`DiffusionConfig`),
+    ``probes`` (``reader`` or ``none``; default ``reader``) and the reader's ``probe_reader_*`` options."""
+
+    def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        diffusion_args, rest = split_diffusion_args(kwargs)
+        self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
+        plugin_args, hf_args = split_model_args(rest)
+        self.probe_config = ProbeConfig.from_model_args({"probes": SUPPORTED_PROBES, **plugin_args})
+        unsupported = [p for p in self.probe_config.probes if p not in SUPPORTED_PROBES]
+        if unsupported:
+            raise ValueError(
+                f"hf-probes-diffusion supports probes {SUPPORTED_PROBES} (or none), got {unsupported}: the lens "
+                "probes need an autoregressive next-token readout"
+            )
+        if hf_args.get("backend", "default") not in ("default", "causal"):
+            raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
+        if hf_args.get("think_end_token") is not None:
+            raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
+        self._generations: deque[_Generation] | None = None  # set inside generate_until
+        self._ll_probes: dict[tuple[str, str], ResponseProbe] = {}
+        super().__init__(pretrained, **hf_args)
+        self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
+        self.reader_layers: tuple[int, ...] = ()
+        if "reader" in self.probe_config.probes:
+            self.reader_layers = self.probe_config.resolved_reader_layers(self._num_layers())
+        self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
+
+    def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
+        self.AUTO_MODEL_CLASS = model_class_for(config)
+        super()._get_backend(config, backend="causal", trust_remote_code=trust_remote_code)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionProbeHFLM:
+        """As HFLM's, but ``probes=…,…`` keeps its comma-separated names together."""
+        return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
+
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """``--use_cache``: this run's responses live in a table of their decoding and probe configuration."""
+        fingerprint = f"lm-eval-probes {lm_eval_probes.__version__} {self.diffusion_config!r} {self.probe_config!r}"
+        namespace_response_cache(cache_hook, fingerprint)
+        super().set_cache_hook(cache_hook)
+
+    def _num_layers(self) -> int:
+        for key in _LAYER_COUNT_KEYS:
+            value = getattr(self.config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        raise ValueError(f"cannot tell the number of layers of {type(self.config).__name__} (none of {_LAYER_COUNT_KEYS})")
+
+    def _forward(self, attention_mask: torch.Tensor | None) -> Forward:
+        """The model's forward for a batch whose first columns carry ``attention_mask`` (left padding):
+        padded rows get the mask and, when the model takes them, position ids counted from their first
+        real token, so a row's result does not depend on its batch; shifted logits for Dream-style models."""
+
+        def forward(ids: torch.Tensor, want_states: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+            kwargs: dict[str, Any] = {}
+            if attention_mask is not None and not bool(attention_mask.all()):
+                extra = attention_mask.new_ones(ids.shape[0], ids.shape[1] - attention_mask.shape[1])
+                mask = torch.cat([attention_mask, extra], dim=1)
+                kwargs["attention_mask"] = mask
+                if self._takes_position_ids:
+                    kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            if want_states:
+                kwargs["output_hidden_states"] = True
+            with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                                enabled=self.mixed_precision_dtype is not None):
+                out = self.model(input_ids=ids, **kwargs)
+            logits = out.logits
+            if self.diffusion_config.logits_shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            return logits, (out.hidden_states if want_states else None)
+
+        return forward
+
+    # ----------------------------------------------------------------------------- generation
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+        note_unprobed_requests(requests)
+        probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
+        self._generations = deque()
+
+        def on_answer(attr: str, req: Any, text: str) -> None:
+            if attr == "generate_until":
+                probes[(req[0], text)].append(self._generation_probe(self._generations.popleft(), text))
+
+        try:
+            with answers_tapped(self, on_answer, forward_partials=False):
+                texts = super().generate_until(requests, disable_tqdm)
+        finally:
+            self._generations = None
+        out = []
+        for req, text in zip(requests, texts, strict=True):
+            queue = probes.get((req.args[0], text))
+            out.append(ProbeStr(text, queue.popleft() if queue else None))
+        return out
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
+        """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas, with every
+        token after a row's first stop token (EOS, pad) replaced by that token, so lm_eval's text ends there."""
+        attention_mask = generation_kwargs.pop("attention_mask", None)
+        if generation_kwargs.get("do_sample") or float(generation_kwargs.get("temperature") or 0.0) > 0:
+            raise ValueError(
+                "hf-probes-diffusion decodes greedily (temperature 0, low-confidence remasking); the task asks for "
+                f"sampling: {generation_kwargs}"
+            )
+        gen_length, block_length, steps = self.diffusion_config.schedule(max_length - context.shape[1])
+        prompt, prompt_mask = context, attention_mask
+        room = self.max_length - gen_length
+        if room < 1:
+            raise ValueError(f"the diffusion canvas ({gen_length}) leaves no room for a prompt in max_length={self.max_length}")
+        if prompt.shape[1] > room:  # keep the prompt's last tokens
+            prompt = prompt[:, -room:]
+            prompt_mask = None if prompt_mask is None else prompt_mask[:, -room:]
+        decoded = masked_diffusion_decode(
+            self._forward(prompt_mask), prompt, mask_token_id=self.mask_token_id, gen_length=gen_length,
+            block_length=block_length, steps=steps, state_layers=self.reader_layers,
+        )
+        tokens = decoded.tokens.clone()
+        stops = self._stop_token_ids()
+        for row in range(tokens.shape[0]):
+            self._generations.append(self._pending_generation(decoded, row, prompt, prompt_mask, stops))
+            bound = len(self._generations[-1].tokens)
+            if bound < tokens.shape[1]:
+                tokens[row, bound:] = tokens[row, bound]
+        return torch.cat([context, tokens.to(context.device)], dim=1)
+
+    def _stop_token_ids(self) -> set[int]:
+        """Tokens that end a generation: the tokenizer's EOS, the model config's ``eos_token_id`` (one or a
+        list) and the pad token (when it is not the mask)."""
+        ids = {self.eot_token_id, self.tokenizer.pad_token_id}
+        eos = getattr(self.config, "eos_token_id", None)
+        ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        return {int(i) for i in ids if i is not None and int(i) != self.mask_token_id}
+
+    def _pending_generation(
+        self, decoded: Decoded, row: int, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, stops: set[int]
+    ) -> _Generation:
+        canvas = decoded.tokens[row].tolist()
+        bound = next((i for i, token in enumerate(canvas) if token in stops), len(canvas))
+        states = prompt_states = None
+        prompt_len = prompt.shape[1]
+        mask = prompt_mask[row : row + 1] if prompt_mask is not None else torch.ones_like(prompt[row : row + 1])
+        if self.reader_layers:
+            states = torch.stack([h[row, prompt_len:].float().cpu() for h in decoded.final_states])
+            tail = self.probe_config.reader_prompt_tail
+            if tail:  # left padding: the prompt's last tokens are the last columns
+                mask = mask.clone()
+                mask[:, : max(0, prompt_len - tail)] = 0
+            prompt_states = masked_mean_states([h[row : row + 1, :prompt_len] for h in decoded.final_states],
+                                               mask, self.reader_layers)[0]
+        prompt_tokens = int(prompt_mask[row].sum()) if prompt_mask is not None else prompt_len
+        return _Generation(
+            tokens=canvas[:bound], stop_token=canvas[bound] if bound < len(canvas) else None,
+            reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
+            final_logprob=decoded.final_logprob[row], states=states, prompt_tokens=prompt_tokens,
+            prompt_states=prompt_states,
+        )
+
+    def _generation_probe(self, generation: _Generation, text: str) -> ResponseProbe:
+        """The record of the kept part of one generation: the fewest leading tokens whose decoding covers
+        ``text``; an empty kept text is described by the first position (the token that ended it)."""
+        ends = _DecodedLengths(self.tok_decode, generation.tokens)
+        kept = 0 if not text else min(bisect.bisect_left(ends, len(text)) + 1, len(ends))
+        empty = kept == 0
+        n = 1 if empty else kept
+        token_ends = (0,) if empty else tuple(min(ends[i], len(text)) for i in range(kept))
+        reveal = generation.reveal_logprob[:n]
+        values: dict[str, Any] = {}
+        if generation.states is not None:
+            positions = generation.states[:, :n]
+            values["answer_states"] = LayerStates(self.reader_layers, positions.double().mean(1).float().numpy())
+            if self.probe_config.reader_tail:
+                values["tail_states"] = LayerStates(self.reader_layers,
+                                                    positions[:, -self.probe_config.reader_tail :].half().numpy())
+            values["prompt_states"] = generation.prompt_states
+        return ResponseProbe(
+            n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
+            token_logprobs=tuple(float(v) for v in reveal), token_ends=token_ends, empty=empty,
+            reveal_steps=tuple(int(s) for s in generation.reveal_step[:n]),
+            final_token_logprobs=tuple(float(v) for v in generation.final_logprob[:n]), **values,
+        )
+
+    # ----------------------------------------------------------------------------- loglikelihood
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+        note_unprobed_requests(requests)
+        self._ll_probes = {}
+        try:
+            answers = super().loglikelihood(requests, disable_tqdm)
+            return [ProbeLL(answer, self._ll_probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+        finally:
+            self._ll_probes = {}
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        raise NotImplementedError(
+            "hf-probes-diffusion has no rolling (perplexity) log-likelihood: a masked diffusion LM's likelihood is "
+            "only estimated (Monte Carlo, per request); use generation or multiple-choice tasks"
+        )
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[tuple[float, bool]]:
+        """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``."""
+        config = self.diffusion_config
+        out = []
+        for key, context_ids, continuation_ids in requests:
+            if not continuation_ids:
+                raise ValueError(f"an empty continuation cannot be scored by hf-probes-diffusion: {key!r}")
+            room = self.max_length - len(continuation_ids)
+            context_ids = context_ids[-room:] if room > 0 else context_ids[:0]
+            context = torch.tensor(context_ids, dtype=torch.long, device=self.device)
+            continuation = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
+            forward = self._forward(None)
+            estimate = mc_loglikelihood(
+                forward, context, continuation, mask_token_id=self.mask_token_id, samples=config.mc_samples,
+                batch_size=config.mc_batch_size, seed=request_seed(config.seed, context_ids, continuation_ids),
+            )
+            greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
+            answer = (estimate, greedy)
+            if key is not None:  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
+                self._ll_probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
+            out.append(answer)
+        return out
+
+    @torch.no_grad()
+    def _is_greedy(self, forward: Forward, context: torch.Tensor, continuation: torch.Tensor) -> bool:
+        """Whether decoding the continuation's length one token per step gives the continuation."""
+        n = continuation.numel()
+        decoded = masked_diffusion_decode(forward, context.reshape(1, -1), mask_token_id=self.mask_token_id,
+                                          gen_length=n, block_length=n, steps=n)
+        return bool(torch.equal(decoded.tokens[0], continuation.cpu()))
+
+    @torch.no_grad()
+    def _likelihood_probe(self, forward: Forward, context: torch.Tensor, continuation: torch.Tensor, estimate: float) -> ResponseProbe:
+        """The estimate as a record; with the reader, the states of one forward over the unmasked request
+        (mean over the continuation's positions and over the context's)."""
+        n, p = continuation.numel(), context.numel()
+        values: dict[str, Any] = {}
+        if self.reader_layers:
+            _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
+            picked = [states[layer][0].float() for layer in self.reader_layers]
+            values["answer_states"] = LayerStates(self.reader_layers, torch.stack([h[p:].mean(0) for h in picked]).cpu().numpy())
+            tail = self.probe_config.reader_prompt_tail
+            start = max(0, p - tail) if tail else 0
+            if p > start:
+                values["prompt_states"] = LayerStates(self.reader_layers,
+                                                      torch.stack([h[start:p].mean(0) for h in picked]).cpu().numpy())
+        return ResponseProbe(n_tokens=n, mean_token_logprob=estimate / n, prompt_tokens=p, **values)
+
+
+class _DecodedLengths:
+    """``lengths[i]`` = length of the decoding of the first i+1 tokens, decoded once on demand (for bisect)."""
+
+    def __init__(self, decode: Callable[[list[int]], str], tokens: list[int]) -> None:
+        self._decode, self._tokens, self._known = decode, tokens, {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, i: int) -> int:
+        if i not in self._known:
+            self._known[i] = len(self._decode(self._tokens[: i + 1]))
+        return self._known[i]
