@@ -71,7 +71,9 @@ class _Belief:
 
     @classmethod
     def of(cls, logp: Tensor) -> _Belief:
-        return cls(logp, logp.exp(), bool(torch.isfinite(logp).all()))
+        # log-probabilities are <= 0: one reduction tells whether a -inf (or a nan) is present
+        finite = logp.numel() == 0 or bool(logp.amin() > -math.inf)
+        return cls(logp, logp.exp(), finite)
 
 
 def _js_divergence(a: _Belief, b: _Belief, dim: int) -> Tensor:

@@ -8,6 +8,7 @@ prediction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -191,7 +192,10 @@ def distribution_baselines(logits: Tensor) -> PredictionBaselines:
     z = logits.to(torch.float64)
     log_o = torch.log_softmax(z, dim=-1)
     o = log_o.exp()
-    entropy = -torch.where(o > 0, o * log_o, torch.zeros_like(o)).sum(-1)
+    o_log_o = o * log_o
+    if not bool(z.amin() > -math.inf):  # a -inf logit: 0·log 0 = 0 (not nan)
+        o_log_o = torch.where(o > 0, o_log_o, torch.zeros_like(o))
+    entropy = -o_log_o.sum(-1)
     top2 = z.topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]
     ipr = 1.0 / (o * o).sum(-1)
