@@ -8,7 +8,9 @@ whole process, model included, is the wrapper's own): it loads the model (conver
 safetensors folder in ``~/.cache/lm-eval-probes/bench``, so loading costs no GGUF dequantisation),
 evaluates the task once on 2 documents (warm-up: kernels, dataset build, one-time copies), then
 times ``simple_evaluate`` on ``--limit`` documents. Wrappers alternate within each repeat; the best
-wall time of the repeats counts. Printed per row: wall seconds and the ratio to plain ``hf``, the
+wall time of the repeats counts. ``--baseline_package DIR`` runs every probe wrapper a second time
+from another install of the package (``<wrapper>@baseline``), right beside the current one: a
+before/after comparison under the same machine load. Printed per row: wall seconds and the ratio to plain ``hf``, the
 peak RSS of the whole process and its ratio to plain ``hf``'s, and the peak RSS growth over the
 loaded model (ΔRSS, MB) beside it; then one JSON line per row (``{"task": ..., "wrapper": ...}``).
 Machines are noisy: compare ratios from one run.
@@ -137,13 +139,18 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"wall_s": wall, "peak_rss_mb": peak / 2**20, "delta_rss_mb": (peak - loaded) / 2**20}))
 
 
+BASELINE = "@baseline"
+
+
 def measure(args: argparse.Namespace, task: str, wrapper: str) -> dict[str, float]:
     limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
-    command = [sys.executable, __file__, "--worker", "--model", args.model, "--task", task, "--wrapper", wrapper,
-               "--limit", str(limit), "--batch_size", str(args.batch_size)]
+    command = [sys.executable, __file__, "--worker", "--model", args.model, "--task", task,
+               "--wrapper", wrapper.removesuffix(BASELINE), "--limit", str(limit), "--batch_size", str(args.batch_size)]
     if args.data:
         command += ["--data", args.data]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if wrapper.endswith(BASELINE):  # the same wrapper from another install of the package, imported first
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_package, env.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"{task} / {wrapper} failed:\n{done.stderr[-4000:]}")
@@ -156,25 +163,28 @@ def sweep(args: argparse.Namespace) -> None:
         ["probes_proofwriter", "probes_gsm8k"] if args.data else [])
     print(f"model {args.model}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}; "
           f"fresh process per row")
-    print(f"{'task':24s} {'wrapper':9s} {'wall s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} {'ratio':>6s} {'ΔRSS MB':>8s}")
+    print(f"{'task':24s} {'wrapper':18s} {'wall s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} {'ratio':>6s} {'ΔRSS MB':>8s}")
+    wrappers = list(args.wrappers)
+    if args.baseline_package:  # each probe wrapper also from the baseline install, right beside it
+        wrappers = [w for wrapper in args.wrappers for w in ([wrapper] if wrapper == "hf" else [wrapper + BASELINE, wrapper])]
     lines = []
     for task in tasks:
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.repeats):
-            for wrapper in args.wrappers:
+            for wrapper in wrappers:
                 got = measure(args, task, wrapper)
                 old = best.get(wrapper)
                 best[wrapper] = got if old is None else {
                     "wall_s": min(old["wall_s"], got["wall_s"]), "peak_rss_mb": max(old["peak_rss_mb"], got["peak_rss_mb"]),
                     "delta_rss_mb": max(old["delta_rss_mb"], got["delta_rss_mb"])}
         base = best["hf"]
-        for wrapper in args.wrappers:
+        for wrapper in wrappers:
             row = best[wrapper]
             limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
             line = {"model": args.model, "task": task, "wrapper": wrapper, "limit": limit, **row,
                     "wall_ratio": row["wall_s"] / base["wall_s"], "rss_ratio": row["peak_rss_mb"] / base["peak_rss_mb"]}
             lines.append(line)
-            print(f"{task:24s} {wrapper:9s} {row['wall_s']:8.2f} {line['wall_ratio']:6.2f} {row['peak_rss_mb']:12.0f} "
+            print(f"{task:24s} {wrapper:18s} {row['wall_s']:8.2f} {line['wall_ratio']:6.2f} {row['peak_rss_mb']:12.0f} "
                   f"{line['rss_ratio']:6.2f} {row['delta_rss_mb']:8.0f}", flush=True)
     for line in lines:
         print(json.dumps(line))
@@ -251,6 +261,9 @@ def main() -> None:
     parser.add_argument("--gsm8k_limit", type=int, default=4, help="documents of probes_gsm8k (long 5-shot generations)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--baseline_package", metavar="DIR",
+                        help="also run each probe wrapper from the lm_eval_probes installed in DIR (e.g. "
+                             "`pip install --no-deps --target DIR <older checkout>`), beside the current one")
     parser.add_argument("--lens", action="store_true", help="time the logit lens alone against plain matmuls")
     parser.add_argument("--positions", type=int, default=64, help="--lens: positions read out at once")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
