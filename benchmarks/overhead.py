@@ -8,9 +8,11 @@ whole process, model included, is the wrapper's own): it loads the model (conver
 safetensors folder in ``~/.cache/lm-eval-probes/bench``, so loading costs no GGUF dequantisation),
 evaluates the task once on 2 documents (warm-up: kernels, dataset build, one-time copies), then
 times ``simple_evaluate`` on ``--limit`` documents. Wrappers alternate within each repeat; the best
-wall time of the repeats counts. ``--baseline_package DIR`` runs every probe wrapper a second time
+wall time (and CPU time) of the repeats counts. The CPU time (user + system, all threads, of the
+timed run) is printed beside the wall time: on a machine shared with other work it measures the
+wrapper's own work where the wall time mostly measures the neighbours. ``--baseline_package DIR`` runs every probe wrapper a second time
 from another install of the package (``<wrapper>@baseline``), right beside the current one: a
-before/after comparison under the same machine load. Printed per row: wall seconds and the ratio to plain ``hf``, the
+before/after comparison under the same machine load. Printed per row: wall and CPU seconds and their ratios to plain ``hf``, the
 peak RSS of the whole process and its ratio to plain ``hf``'s, and the peak RSS growth over the
 loaded model (ΔRSS, MB) beside it; then one JSON line per row (``{"task": ..., "wrapper": ...}``).
 Machines are noisy: compare ratios from one run.
@@ -132,11 +134,17 @@ def worker(args: argparse.Namespace) -> None:
                                 num_fewshot=FEWSHOT.get(args.task), verbosity="ERROR")
 
     evaluate(2)
-    start = time.perf_counter()
+    cpu_start, start = _cpu_seconds(), time.perf_counter()
     evaluate(args.limit)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     peak = max(sampler.stop(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    print(json.dumps({"wall_s": wall, "peak_rss_mb": peak / 2**20, "delta_rss_mb": (peak - loaded) / 2**20}))
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "delta_rss_mb": (peak - loaded) / 2**20}))
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 BASELINE = "@baseline"
@@ -163,7 +171,8 @@ def sweep(args: argparse.Namespace) -> None:
         ["probes_proofwriter", "probes_gsm8k"] if args.data else [])
     print(f"model {args.model}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}; "
           f"fresh process per row")
-    print(f"{'task':24s} {'wrapper':18s} {'wall s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} {'ratio':>6s} {'ΔRSS MB':>8s}")
+    print(f"{'task':24s} {'wrapper':18s} {'wall s':>8s} {'ratio':>6s} {'CPU s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} "
+          f"{'ratio':>6s} {'ΔRSS MB':>8s}")
     wrappers = list(args.wrappers)
     if args.baseline_package:  # each probe wrapper also from the baseline install, right beside it
         wrappers = [w for wrapper in args.wrappers for w in ([wrapper] if wrapper == "hf" else [wrapper + BASELINE, wrapper])]
@@ -175,17 +184,20 @@ def sweep(args: argparse.Namespace) -> None:
                 got = measure(args, task, wrapper)
                 old = best.get(wrapper)
                 best[wrapper] = got if old is None else {
-                    "wall_s": min(old["wall_s"], got["wall_s"]), "peak_rss_mb": max(old["peak_rss_mb"], got["peak_rss_mb"]),
+                    "wall_s": min(old["wall_s"], got["wall_s"]), "cpu_s": min(old["cpu_s"], got["cpu_s"]),
+                    "peak_rss_mb": max(old["peak_rss_mb"], got["peak_rss_mb"]),
                     "delta_rss_mb": max(old["delta_rss_mb"], got["delta_rss_mb"])}
         base = best["hf"]
         for wrapper in wrappers:
             row = best[wrapper]
             limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
             line = {"model": args.model, "task": task, "wrapper": wrapper, "limit": limit, **row,
-                    "wall_ratio": row["wall_s"] / base["wall_s"], "rss_ratio": row["peak_rss_mb"] / base["peak_rss_mb"]}
+                    "wall_ratio": row["wall_s"] / base["wall_s"], "cpu_ratio": row["cpu_s"] / base["cpu_s"],
+                    "rss_ratio": row["peak_rss_mb"] / base["peak_rss_mb"]}
             lines.append(line)
-            print(f"{task:24s} {wrapper:18s} {row['wall_s']:8.2f} {line['wall_ratio']:6.2f} {row['peak_rss_mb']:12.0f} "
-                  f"{line['rss_ratio']:6.2f} {row['delta_rss_mb']:8.0f}", flush=True)
+            print(f"{task:24s} {wrapper:18s} {row['wall_s']:8.2f} {line['wall_ratio']:6.2f} {row['cpu_s']:8.1f} "
+                  f"{line['cpu_ratio']:6.2f} {row['peak_rss_mb']:12.0f} {line['rss_ratio']:6.2f} "
+                  f"{row['delta_rss_mb']:8.0f}", flush=True)
     for line in lines:
         print(json.dumps(line))
 
