@@ -118,6 +118,10 @@ def worker(args: argparse.Namespace) -> None:
     from lm_eval.tasks import TaskManager
     from lm_eval_probes.models import ProbeHFLM
 
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     folder = model_folder(args.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
@@ -153,7 +157,8 @@ BASELINE = "@baseline"
 def measure(args: argparse.Namespace, task: str, wrapper: str) -> dict[str, float]:
     limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--task", task,
-               "--wrapper", wrapper.removesuffix(BASELINE), "--limit", str(limit), "--batch_size", str(args.batch_size)]
+               "--wrapper", wrapper.removesuffix(BASELINE), "--limit", str(limit), "--batch_size", str(args.batch_size),
+               "--threads", str(args.threads)]
     if args.data:
         command += ["--data", args.data]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -170,7 +175,7 @@ def sweep(args: argparse.Namespace) -> None:
     tasks = args.tasks or ["probes_synth_arith", "probes_synth_arith_gen"] + (
         ["probes_proofwriter", "probes_gsm8k"] if args.data else [])
     print(f"model {args.model}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}; "
-          f"fresh process per row")
+          f"threads {args.threads or 'default'}; fresh process per row")
     print(f"{'task':24s} {'wrapper':18s} {'wall s':>8s} {'ratio':>6s} {'CPU s':>8s} {'ratio':>6s} {'peak RSS MB':>12s} "
           f"{'ratio':>6s} {'ΔRSS MB':>8s}")
     wrappers = list(args.wrappers)
@@ -273,6 +278,9 @@ def main() -> None:
     parser.add_argument("--gsm8k_limit", type=int, default=4, help="documents of probes_gsm8k (long 5-shot generations)")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per measured process (0: torch's default); 1 keeps a measurement on a "
+                             "shared machine from fighting its neighbours for cores")
     parser.add_argument("--baseline_package", metavar="DIR",
                         help="also run each probe wrapper from the lm_eval_probes installed in DIR (e.g. "
                              "`pip install --no-deps --target DIR <older checkout>`), beside the current one")
