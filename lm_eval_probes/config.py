@@ -13,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega")
+PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega", "margin")
 """Probes the wrapper can compute (``probes=all``): δ_TCB (+ entropy, margin, V_eff baselines), BTE,
 ``reader``: the mean hidden states (answer and prompt positions, a few layers) that the correctness reader
 and the corruption detector are fitted on, and ``omega``: the HyperLens confidence trajectory and its
-refinement area Ω (runs the model's last m blocks again on every source layer's states)."""
+refinement area Ω (runs the model's last m blocks again on every source layer's states), and ``margin``: the
+stability margins and support tokens of the first attention layer (:mod:`lm_eval_probes.margin_capture`)."""
 
 DEFAULT_PROBES: tuple[str, ...] = ("tcb", "bte", "reader")
 """The probes of an ``hf-probes`` run that does not name any: the cheap ones (read from the states the
@@ -30,6 +31,8 @@ READER_LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
 """Default reader layers: round(f · L) for these f (mid to late layers)."""
 
 GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
+
+MARGIN_HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
 _LIST_SEPARATORS = (",", "+", ";", "|", " ")
 
@@ -64,6 +67,10 @@ class ProbeConfig:
             (``probe_omega_layers=0:33``); ``None`` = all, 0..L.
         omega_chunk_tokens: Ω's memory budget (``probe_omega_chunk_tokens``): at most this many tokens
             (sequences × length, at least one sequence) go through the last m blocks at once.
+        margin_support: k, the number of support tokens (smallest margins) kept per response
+            (``probe_margin_support``), k >= 0.
+        margin_heads: how the first layer's per-head margins combine per position (``probe_margin_heads``):
+            ``mean`` (default) or ``min``.
     """
 
     probes: tuple[str, ...] = DEFAULT_PROBES
@@ -78,6 +85,8 @@ class ProbeConfig:
     omega_topk: int = 1
     omega_layers: tuple[int, int] | None = None
     omega_chunk_tokens: int = 16384
+    margin_support: int = 5
+    margin_heads: str = "mean"
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -114,6 +123,10 @@ class ProbeConfig:
                 )
         if self.omega_chunk_tokens < 1:
             raise ValueError(f"probe_omega_chunk_tokens must be >= 1, got {self.omega_chunk_tokens}")
+        if self.margin_support < 0:
+            raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.margin_support}")
+        if self.margin_heads not in MARGIN_HEAD_REDUCTIONS:
+            raise ValueError(unknown_message("probe_margin_heads", self.margin_heads, MARGIN_HEAD_REDUCTIONS))
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
@@ -178,9 +191,11 @@ class ProbeConfig:
             values["omega_depth"] = None if auto else _as_int("probe_omega_depth", depth)
         if "gen_capture" in values:
             values["gen_capture"] = str(values["gen_capture"])
+        if "margin_heads" in values:
+            values["margin_heads"] = str(values["margin_heads"]).strip().lower()
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
-        for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens"):
+        for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens", "margin_support"):
             if name in values:
                 values[name] = _as_int(f"probe_{name}", values[name])
         return cls(**values)

@@ -110,14 +110,19 @@ class _Attention(nn.Module):
     def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, p]
         return x.view(*x.shape[:2], self.heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x: Tensor, *, with_margins: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, *, with_margins: bool, positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         margins = None
         if with_margins:  # the prior over this layer's inputs: per head, strict prefix, averaged over heads
             scale = 1.0 / math.sqrt(self.head_dim)
             weights = prefix_attention_weights(q, k, scale=scale)
-            margins = head_margins(q, k, weights, scale=scale).mean(1)  # [B, T]; nan at t = 0
+            if positions is None:
+                margins = head_margins(q, k, weights, scale=scale).mean(1)  # [B, T]; nan at t = 0
+            else:
+                sampled = head_margins(q, k, weights[..., positions, :], scale=scale, positions=positions).mean(1)
+                margins = sampled.new_full(weights.shape[:1] + weights.shape[-1:], math.nan)
+                margins = margins.index_copy(1, positions, sampled)  # nan where not sampled
         return self.o_proj(out.transpose(1, 2).reshape(x.shape)), margins
 
 
@@ -128,8 +133,8 @@ class _Block(nn.Module):
         self.attn = _Attention(config)
         self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(), nn.Linear(4 * config.d_model, config.d_model))
 
-    def forward(self, x: Tensor, *, with_margins: bool) -> tuple[Tensor, Tensor | None]:
-        attended, margins = self.attn(self.ln_1(x), with_margins=with_margins)
+    def forward(self, x: Tensor, *, with_margins: bool, positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        attended, margins = self.attn(self.ln_1(x), with_margins=with_margins, positions=positions)
         x = x + attended
         return x + self.mlp(self.ln_2(x)), margins
 
@@ -139,7 +144,9 @@ class SupportTokenGPT(nn.Module):
 
     ``forward(input_ids, labels=None, *, noise_std=0.0, generator=None, with_margins=True)`` returns a dict
     with ``logits [B, T, V]``, ``margins [B, T]`` (the first layer's per-head margins on its LayerNorm-ed
-    inputs, mean over heads; ``nan`` at position 0; ``None`` with ``with_margins=False``) and, given
+    inputs, mean over heads; ``nan`` at position 0; ``None`` with ``with_margins=False``; with
+    ``margin_positions`` (int64 ``[n]``) only those positions get a margin, the rest ``nan``: the penalty's
+    mean over positions is then estimated on a sample, which cuts its cost by T/n) and, given
     ``labels [B, T]`` (next-token targets aligned with ``input_ids``; −100 = ignore), ``loss`` (mean CE,
     nats). ``noise_std`` adds N(0, σ²) noise to the embeddings (token + position) before the first block:
     the paper's robustness test. Token embeddings are N(0, 1) at init (PyTorch's default), so σ is on
@@ -164,6 +171,7 @@ class SupportTokenGPT(nn.Module):
         noise_std: float = 0.0,
         generator: torch.Generator | None = None,
         with_margins: bool = True,
+        margin_positions: Tensor | None = None,
         **_ignored: Any,
     ) -> dict[str, Any]:
         if input_ids.ndim != 2 or input_ids.shape[1] > self.gpt_config.context:
@@ -176,7 +184,7 @@ class SupportTokenGPT(nn.Module):
             x = x + noise_std * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         margins = None
         for i, block in enumerate(self.blocks):
-            x, block_margins = block(x, with_margins=with_margins and i == 0)
+            x, block_margins = block(x, with_margins=with_margins and i == 0, positions=margin_positions if i == 0 else None)
             margins = block_margins if i == 0 else margins
         logits = self.head(self.ln_f(x))
         out: dict[str, Any] = {"logits": logits, "margins": margins}

@@ -132,6 +132,16 @@ def test_rotary_head_margin_equals_the_d_by_d_jacobian_with_rotations():
         assert math.isclose(float(got[t]), float(torch.linalg.slogdet(jac).logabsdet), rel_tol=1e-6, abs_tol=1e-12)
 
 
+def test_margins_of_a_subset_of_positions():
+    x, w_q, w_k = random_prior(4, length=10)
+    queries, keys = x @ w_q.T, x @ w_k.T
+    weights = prefix_attention_weights(queries, keys, scale=0.5)
+    full = head_margins(queries, keys, weights, scale=0.5)
+    positions = torch.tensor([2, 5, 9])
+    part = head_margins(queries, keys, weights[positions], scale=0.5, positions=positions)
+    torch.testing.assert_close(part, full[positions])
+
+
 def test_support_tokens_are_the_smallest_defined_margins():
     margins = torch.tensor([math.nan, 0.3, -2.0, 0.1, -2.0, 5.0, -0.5])
     assert support_tokens(margins, 3).tolist() == [2, 4, 6]

@@ -141,6 +141,7 @@ def head_margins(
     scale: float,
     rotation: tuple[Tensor, Tensor] | None = None,
     valid: Tensor | None = None,
+    positions: Tensor | None = None,
     chunk: int = 64,
 ) -> Tensor:
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
@@ -159,26 +160,36 @@ def head_margins(
         rotation: ``(cos, sin)`` each ``[..., T, p]`` in the rotate-half convention
             (R_t v = v·cos_t + rotate_half(v)·sin_t; Llama, Qwen2, Mistral, Gemma); ``None``: no rotation.
         valid: optional bool ``[..., T]``; margins of invalid positions are ``nan``.
-        chunk: query positions processed at once (memory ≈ chunk · T · p floats).
+        positions: optional int64 ``[n]``: ``weights`` is ``[..., n, T]``, the rows of these query positions only
+            (the margins of a subset of positions; e.g. a sampled estimate of a mean over positions).
+        chunk: query positions processed at once (memory ≈ (T + chunk) · p² floats per head and row).
 
     Returns:
-        ``[..., T]`` margins in the dtype of the inputs; ``nan`` at positions without any prefix weight.
+        ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
+        without any prefix weight.
     """
     for name, value in (("query_inputs", query_inputs), ("keys", keys), ("weights", weights)):
         _check_float(name, value)
-    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-1], keys.shape[-2]):
+    length, dim = keys.shape[-2:]
+    rows = length if positions is None else positions.shape[0]
+    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-2], rows, length):
         raise ValueError(
-            f"expected query_inputs and keys [..., T, p] and weights [..., T, T], got {tuple(query_inputs.shape)}, "
-            f"{tuple(keys.shape)} and {tuple(weights.shape)}"
+            f"expected query_inputs and keys [..., T, p] and weights [..., T (or n positions), T], got "
+            f"{tuple(query_inputs.shape)}, {tuple(keys.shape)} and {tuple(weights.shape)}"
         )
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    length, dim = keys.shape[-2:]
+    if positions is not None:
+        if rotation is not None:
+            rotation = (rotation[0][..., positions, :], rotation[1][..., positions, :])
+        if valid is not None:
+            valid = valid[..., positions]
+    outer = (query_inputs[..., :, None] * keys[..., None, :]).flatten(-2)  # [..., T, p²]: u_s k_sᵀ, flattened
     parts = []
-    for lo in range(0, length, chunk):
-        hi = min(length, lo + chunk)
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
         alpha = weights[..., lo:hi, :]  # [..., c, T]
-        second = torch.einsum("...ts,...sp,...sq->...tpq", alpha, query_inputs, keys)
+        second = (alpha @ outer).unflatten(-1, (dim, dim))  # Σ_s α_ts u_s k_sᵀ: one matmul
         mean_u, mean_k = alpha @ query_inputs, alpha @ keys  # [..., c, p]
         cross = second - alpha.sum(-1)[..., None, None] * mean_u[..., :, None] * mean_k[..., None, :]
         if rotation is not None:
