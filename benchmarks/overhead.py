@@ -3,8 +3,9 @@
     python benchmarks/overhead.py [--pretrained DIR --gguf_file F] [--limit N] [--repeats R]
 
 For each task (a loglikelihood/multiple-choice task and a generation task) it runs plain ``hf`` and
-``hf-probes`` with δ_TCB + BTE, with every probe (+ the reader's hidden-state means) and (generation)
-with teacher-forced capture, alternately ``--repeats`` times, and prints the ratio
+``hf-probes`` with δ_TCB + BTE, with every probe (+ the reader's hidden-state means), with Ω, with the
+first-layer stability margins (``probes=margin``) and (generation) with teacher-forced capture (``--wrappers``
+picks some), alternately ``--repeats`` times, and prints the ratio
 of the best wall times and the ratio of the peak resident-memory growth during the runs (RSS sampled
 every 5 ms; the model is loaded once, and every wrapper runs each task once before timing, so one-time
 costs such as the float64 copy of the unembedding are not counted). Machines are noisy: compare ratios
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--wrappers", help="comma-separated wrapper names to time (default: all; 'hf' is always timed)")
     args = parser.parse_args()
 
     import lm_eval
@@ -93,6 +95,7 @@ def main() -> None:
         "hf-probes tcb+bte": ProbeHFLM(**common, probes="tcb,bte"),
         "hf-probes tcb+bte+reader": ProbeHFLM(**common, probes="tcb,bte,reader"),
         "hf-probes omega (m=5)": ProbeHFLM(**common, probes="omega"),
+        "hf-probes margin": ProbeHFLM(**common, probes="margin"),
         "hf-probes tcb+bte teacher_forced": ProbeHFLM(**common, probes="tcb,bte", probe_gen_capture="teacher_forced"),
     }
 
@@ -102,7 +105,14 @@ def main() -> None:
 
     print(f"model {folder} {gguf or ''}; limit {args.limit}; batch {args.batch_size}; best of {args.repeats}")
     print(f"{'task':28s} {'wrapper':34s} {'wall s':>8s} {'ratio':>7s} {'peak ΔRSS MB':>13s} {'ratio':>7s}")
-    for task, names in ((args.ll_task, list(wrappers)[:4]), (args.gen_task, list(wrappers))):
+    if args.wrappers:
+        wanted = {"hf", *(name.strip() for name in args.wrappers.split(","))}
+        unknown = wanted - set(wrappers)
+        if unknown:
+            parser.error(f"unknown wrappers {sorted(unknown)}; valid: {', '.join(wrappers)}")
+        wrappers = {name: lm for name, lm in wrappers.items() if name in wanted}
+    loglikelihood_names = [name for name in wrappers if "teacher_forced" not in name]  # no generation option
+    for task, names in ((args.ll_task, loglikelihood_names), (args.gen_task, list(wrappers))):
         best: dict[str, tuple[float, int]] = {}
         for name in names:  # warm-up: dataset build, kernels, one-time copies (the fp64 unembedding)
             evaluate(wrappers[name], task)()
