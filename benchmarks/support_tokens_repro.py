@@ -81,7 +81,7 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
     warmup = max(1, size.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, size.steps) / size.steps))
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, size.steps) / max(1, size.steps)))
     )
     batches = torch.Generator().manual_seed(seed + 1)  # the same batches for every λ
     sampled = torch.Generator().manual_seed(seed + 2)  # the penalty's positions: a stream of their own
