@@ -14,6 +14,9 @@ generation; this subclass only
   forward runs anyway;
 * Ω (``probes=omega``) — the :class:`~lm_eval_probes.architectures.FocalDepthDecoder` re-runs the last
   m blocks on every source layer's states of the same forward (loglikelihood: the harness's own);
+* stability margins (``probes=margin``) — :class:`~lm_eval_probes.margin_capture.FirstLayerMargins` hooks the
+  first attention layer's inputs in the same forwards (loglikelihood: the harness's own; generation:
+  ``generate``'s own calls, joined into the whole sequence) and reduces each response's sequence at once;
 * returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
   responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
 """
