@@ -95,7 +95,8 @@ class FirstLayerMargins:
     Args:
         model: a ``*ForCausalLM`` of a family in :data:`MARGIN_FAMILIES`.
         heads: how the per-head margins combine per position: ``mean`` (default) or ``min``.
-        chunk: query positions per determinant batch (memory ≈ (T + chunk) · p² float64 per head and row).
+        chunk: query positions per determinant batch (memory ≈ (T + chunk) · p² float64 per head; one batch row
+            at a time in :meth:`of_segment`).
     """
 
     def __init__(self, model: nn.Module, *, heads: str = "mean", chunk: int = 64) -> None:
@@ -199,7 +200,14 @@ class FirstLayerMargins:
                 cos, sin = cos.index_select(0, index), sin.index_select(0, index)
             if valid is not None:
                 valid = valid.index_select(0, index.to(valid.device))
-        return self.margins(hidden, cos, sin, valid).cpu(), ids.cpu()
+        rows_out = []
+        for row in range(hidden.shape[0]):  # one row at a time: the float64 [H, T, p²] products dominate memory
+            pick = slice(row, row + 1)
+            rows_out.append(self.margins(hidden[pick], cos[pick] if cos.shape[0] > 1 else cos,
+                                         sin[pick] if sin.shape[0] > 1 else sin,
+                                         None if valid is None else valid[pick]).cpu())
+        margins = torch.cat(rows_out) if rows_out else torch.empty(0, hidden.shape[1], dtype=torch.float64)
+        return margins, ids.cpu()
 
 
 class MarginRows:
