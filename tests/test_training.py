@@ -47,7 +47,7 @@ def test_penalty_gradient_is_finite_and_pushes_away_from_the_boundary():
         w_q -= 1e-4 * w_q.grad
         w_k -= 1e-4 * w_k.grad
     after = prior_margins(x, w_q, w_k)
-    assert float(after[2]) > float(margins[2].detach()) + 0.05  # one small step moved the support token away
+    assert float(after[2].detach()) > float(margins[2].detach()) + 0.05  # one small step moved the support token away
 
 
 def test_clamped_positions_contribute_no_gradient():
