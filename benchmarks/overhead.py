@@ -18,7 +18,8 @@ loaded model (ΔRSS, MB) beside it; then one JSON line per row (``{"task": ..., 
 Machines are noisy: compare ratios from one run.
 
 Wrappers: ``hf``; ``tcb+bte`` (``probes=tcb,bte``); ``default`` (the default probe set, ``probes``
-not given); ``omega`` (``probes=omega``, its own cost target; only with ``--wrappers``). Tasks: ``probes_synth_arith`` and
+not given); ``omega`` (``probes=omega``) and ``margin`` (``probes=margin``), each with its own cost
+target, only with ``--wrappers``. Tasks: ``probes_synth_arith`` and
 ``probes_synth_arith_gen`` always; ``probes_proofwriter`` and ``probes_gsm8k`` (5-shot) when
 ``--data DIR`` holds their local files (``DIR/proofwriter/test.jsonl``, ``DIR/gsm8k/{test,train}.jsonl``).
 
@@ -48,6 +49,7 @@ WRAPPERS: dict[str, dict[str, Any]] = {
     "tcb+bte": {"probes": "tcb,bte"},
     "default": {"probes": None},  # the default probe set
     "omega": {"probes": "omega"},
+    "margin": {"probes": "margin"},
 }
 FEWSHOT = {"probes_gsm8k": 5}
 
@@ -273,7 +275,7 @@ def main() -> None:
     parser.add_argument("--data", help="folder with proofwriter/ and gsm8k/ local files (adds those two tasks)")
     parser.add_argument("--tasks", nargs="*", help="tasks to run (default: see above)")
     parser.add_argument("--wrappers", nargs="*", default=list(DEFAULT_WRAPPERS), choices=list(WRAPPERS),
-                        help="hf first (the baseline); omega is not in the default list")
+                        help="hf first (the baseline); omega and margin are not in the default list")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--gsm8k_limit", type=int, default=4, help="documents of probes_gsm8k (long 5-shot generations)")
     parser.add_argument("--batch_size", type=int, default=8)

@@ -13,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega")
+PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega", "margin")
 """Probes the wrapper can compute (``probes=all``): δ_TCB (+ entropy, margin, V_eff baselines), BTE,
 ``reader``: the mean hidden states (answer and prompt positions, a few layers) that the correctness reader
 and the corruption detector are fitted on, and ``omega``: the HyperLens confidence trajectory and its
-refinement area Ω (runs the model's last m blocks again on every source layer's states)."""
+refinement area Ω (runs the model's last m blocks again on every source layer's states), and ``margin``: the
+stability margins and support tokens of the first attention layer (:mod:`lm_eval_probes.margin_capture`)."""
 
 DEFAULT_PROBES: tuple[str, ...] = ("tcb", "bte", "reader")
 """The probes of an ``hf-probes`` run that does not name any: the cheap ones (read from the states the
@@ -34,6 +35,8 @@ GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
 BTE_PROFILE_MODES: tuple[str, ...] = ("window", "full")
 """``probe_bte_profile``: ``window`` reads out only the layers of ē_M's central window (the cheap default),
 ``full`` every layer, so each record also carries the whole depth profile (for the reports' plots)."""
+
+MARGIN_HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
 _LIST_SEPARATORS = (",", "+", ";", "|", " ")
 
@@ -74,6 +77,10 @@ class ProbeConfig:
             (``probe_omega_layers=0:33``); ``None`` = all, 0..L.
         omega_chunk_tokens: Ω's memory budget (``probe_omega_chunk_tokens``): at most this many tokens
             (sequences × length, at least one sequence) go through the last m blocks at once.
+        margin_support: k, the number of support tokens (smallest margins) kept per response
+            (``probe_margin_support``), k >= 0.
+        margin_heads: how the first layer's per-head margins combine per position (``probe_margin_heads``):
+            ``mean`` (default) or ``min``.
     """
 
     probes: tuple[str, ...] = DEFAULT_PROBES
@@ -90,6 +97,8 @@ class ProbeConfig:
     omega_topk: int = 1
     omega_layers: tuple[int, int] | None = None
     omega_chunk_tokens: int = 16384
+    margin_support: int = 5
+    margin_heads: str = "mean"
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -128,6 +137,10 @@ class ProbeConfig:
                 )
         if self.omega_chunk_tokens < 1:
             raise ValueError(f"probe_omega_chunk_tokens must be >= 1, got {self.omega_chunk_tokens}")
+        if self.margin_support < 0:
+            raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.margin_support}")
+        if self.margin_heads not in MARGIN_HEAD_REDUCTIONS:
+            raise ValueError(unknown_message("probe_margin_heads", self.margin_heads, MARGIN_HEAD_REDUCTIONS))
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
@@ -192,12 +205,12 @@ class ProbeConfig:
             values["omega_depth"] = None if auto else _as_int("probe_omega_depth", depth)
         if "bte_features" in values:
             values["bte_features"] = _as_flag("probe_bte_features", values["bte_features"])
-        for name in ("gen_capture", "bte_profile"):
+        for name in ("gen_capture", "bte_profile", "margin_heads"):
             if name in values:
                 values[name] = str(values[name]).strip().lower()
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
-        for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens"):
+        for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens", "margin_support"):
             if name in values:
                 values[name] = _as_int(f"probe_{name}", values[name])
         return cls(**values)

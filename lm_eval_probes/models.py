@@ -14,6 +14,9 @@ generation; this subclass only
   forward runs anyway;
 * Ω (``probes=omega``) — the :class:`~lm_eval_probes.architectures.FocalDepthDecoder` re-runs the last
   m blocks on every source layer's states of the same forward (loglikelihood: the harness's own);
+* stability margins (``probes=margin``) — :class:`~lm_eval_probes.margin_capture.FirstLayerMargins` hooks the
+  first attention layer's inputs in the same forwards (loglikelihood: the harness's own; generation:
+  ``generate``'s own calls, joined into the whole sequence) and reduces each response's sequence at once;
 * returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
   responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
 """
@@ -21,6 +24,7 @@ generation; this subclass only
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import inspect
 from collections import defaultdict, deque
@@ -57,6 +61,7 @@ from lm_eval_probes.integration import (
     probed_task,
     register_rows,
 )
+from lm_eval_probes.margin_capture import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
 
@@ -74,6 +79,8 @@ class ProbeHFLM(HFLM):
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._loglikelihood_rows: LoglikelihoodRows | None = None  # set inside loglikelihood
         self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]] | None = None
+        self._margin_rows: MarginRows | None = None  # probes=margin, inside loglikelihood
+        self._gen_margins: deque[GenerationMargins] | None = None  # probes=margin, inside generate_until
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
@@ -91,6 +98,9 @@ class ProbeHFLM(HFLM):
                 source_layers=config.resolved_omega_layers(num_layers), top_k=config.omega_topk,
                 chunk_tokens=config.omega_chunk_tokens, chunk_positions=config.chunk_positions,
             )
+        self.margin_reader: FirstLayerMargins | None = None
+        if self.readout is not None and "margin" in self.probe_config.probes:
+            self.margin_reader = FirstLayerMargins(self.model, heads=self.probe_config.margin_heads)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -111,14 +121,48 @@ class ProbeHFLM(HFLM):
         note_unprobed_requests(requests)
         plan = lens_plan(requests)
         with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder,
-                                plan) as rows:
+                                plan) as rows, self._margin_capture() as first_layer:
             self._loglikelihood_rows = rows
+            margin_rows = None if first_layer is None else MarginRows(
+                self.margin_reader, first_layer, support=self.probe_config.margin_support)
+            self._margin_rows = margin_rows
+
+            def on_answer(attr: str, req: Any, answer: Any) -> None:
+                rows.on_answer(attr, req, answer)
+                if margin_rows is not None:
+                    margin_rows.on_answer(attr, req, answer)
+
             try:
-                with answers_tapped(self, rows.on_answer, forward_partials=False):
+                with answers_tapped(self, on_answer, forward_partials=False):
                     answers = super().loglikelihood(requests, disable_tqdm)
             finally:
-                self._loglikelihood_rows = None
-        return [ProbeLL(answer, rows.probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+                self._loglikelihood_rows = self._margin_rows = None
+        out = []
+        for req, answer in zip(requests, answers, strict=True):
+            probe = rows.probes.get(tuple(req.args))
+            if margin_rows is not None and probe is not None:
+                probe = self._with_margins(probe, margin_rows.summaries.get(tuple(req.args)))
+            out.append(ProbeLL(answer, probe))
+        return out
+
+    @contextmanager
+    def _margin_capture(self, *, join: bool = False) -> Iterator[Any]:
+        """The first-layer hooks of ``probes=margin`` (``None`` without it)."""
+        if self.margin_reader is None:
+            yield None
+            return
+        with self.margin_reader.capture(join=join) as inputs:
+            yield inputs
+
+    def _with_margins(self, probe: ResponseProbe, summary: MarginSummary | None) -> ResponseProbe:
+        """``probe`` with the margin fields of ``summary`` (support tokens decoded one by one)."""
+        if summary is None:
+            return probe
+        return dataclasses.replace(
+            probe, margin_mean=summary.mean, margin_min=summary.minimum, margin_support_positions=summary.positions,
+            margin_support_tokens=tuple(self.tok_decode([token]) for token in summary.token_ids),
+            margin_support_values=summary.values,
+        )
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         if self._loglikelihood_rows is not None:
@@ -128,11 +172,16 @@ class ProbeHFLM(HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._loglikelihood_rows is not None:
             self._loglikelihood_rows.new_batch()
-        return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        logits = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        if self._margin_rows is not None:
+            self._margin_rows.after_forward()
+        return logits
 
     def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:
         if self._loglikelihood_rows is not None:
             self._loglikelihood_rows.add_row(inplen, contlen)
+        if self._margin_rows is not None:
+            self._margin_rows.add_row(inplen)
         return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
 
     # ----------------------------------------------------------------------------- generation
@@ -143,6 +192,7 @@ class ProbeHFLM(HFLM):
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
         self._gen_rows = deque()
+        self._gen_margins = None if self.margin_reader is None else deque()
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
@@ -155,17 +205,21 @@ class ProbeHFLM(HFLM):
                     )
                 kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
-                probes[(req[0], text)].append(rows.summarize(
+                probe = rows.summarize(
                     0, 1 if empty else kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
                     tail=self.probe_config.reader_tail, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
-                ))
+                )
+                if self._gen_margins is not None:
+                    margins = self._gen_margins.popleft().summary(kept, self.probe_config.margin_support)
+                    probe = self._with_margins(probe, margins)
+                probes[(req[0], text)].append(probe)
 
         try:
             with answers_tapped(self, on_answer, forward_partials=False):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
-            self._gen_rows = None
+            self._gen_rows = self._gen_margins = None
         out = []
         for req, text in zip(requests, texts, strict=True):
             queue = probes.get((req.args[0], text))
@@ -178,7 +232,7 @@ class ProbeHFLM(HFLM):
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
         tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.reader_layers)
-        with tapped if during else _nothing() as tap:
+        with tapped if during else _nothing() as tap, self._margin_capture(join=True) as first_layer:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
@@ -189,6 +243,8 @@ class ProbeHFLM(HFLM):
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
+        if first_layer is not None and self._gen_margins is not None:
+            self._gen_margins.extend(generation_margins(self.margin_reader, first_layer, prompt_len, bounds))
         teacher_forced = block_inputs = None
         if not during or self.focal_decoder is not None:
             with block_inputs_of(self.focal_decoder) as block_inputs:

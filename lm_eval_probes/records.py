@@ -104,6 +104,11 @@ class ResponseProbe:
         omega_trajectory: HyperLens confidence trajectory C_i over the source layers (default i = 0..L:
             L+1 floats): mean over response positions of the top-K mass of the focal-depth decoding of layer i.
         omega: the refinement area Ω = Σ_i (1 − C_i) of that trajectory.
+        margin_mean / margin_min: mean / minimum stability margin of the first attention layer over the positions
+            the model saw (context and response; the first position has none), ``probes=margin``.
+        margin_support_positions / margin_support_tokens / margin_support_values: the k support tokens (smallest
+            margins, smallest first): positions in the sequence the model saw (0 = its first token), their
+            decoded tokens and margins.
         answer_states: ``[k, H]`` mean hidden state over the response positions at the reader layers.
         prompt_states: ``[k, H]`` mean hidden state over the prompt (context) positions at the reader layers.
         tail_states: generation only: ``[k, m, H]`` (float16) states of the last m response positions, so
@@ -140,6 +145,11 @@ class ResponseProbe:
     bte_features: tuple[float, ...] | None = None
     omega_trajectory: tuple[float, ...] | None = None
     omega: float | None = None
+    margin_mean: float | None = None
+    margin_min: float | None = None
+    margin_support_positions: tuple[int, ...] | None = None
+    margin_support_tokens: tuple[str, ...] | None = None
+    margin_support_values: tuple[float, ...] | None = None
     answer_states: LayerStates | None = None
     prompt_states: LayerStates | None = None
     tail_states: LayerStates | None = None

@@ -359,6 +359,7 @@ def probe_metric_values(
         ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
         ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),
         ("omega", probe.omega, {"omega": probe.omega}),
+        ("margin", probe.margin_mean, {"margin": probe.margin_mean, "margin_min": probe.margin_min}),
     ):
         if value is None or not math.isfinite(value):
             continue

@@ -12,7 +12,7 @@ from lm_eval_probes.models import ProbeHFLM
 @pytest.mark.parametrize(
     "value, expected",
     [("tcb,bte", ("tcb", "bte")), ("tcb+bte", ("tcb", "bte")), ("[tcb,bte]", ("tcb", "bte")),
-     (["bte"], ("bte",)), ("none", ()), ("all", ("tcb", "bte", "reader", "omega")), ("TCB", ("tcb",))],
+     (["bte"], ("bte",)), ("none", ()), ("all", ("tcb", "bte", "reader", "omega", "margin")), ("TCB", ("tcb",))],
 )
 def test_probe_lists(value, expected):
     assert parse_probe_list(value) == expected

@@ -1,7 +1,7 @@
 """Pure probe math on tensors and arrays (torch / numpy / scipy / scikit-learn only; no transformers, no lm_eval).
 
 One module per method: :mod:`.tcb` (Token Constraint Bound), :mod:`.bte` (Belief-Trajectory
-Energy), :mod:`.omega` (HyperLens refinement area Ω), :mod:`.confidence` (output confidence of a response), :mod:`.calibration` (ECE, selective
+Energy), :mod:`.omega` (HyperLens refinement area Ω), :mod:`.margin` (stability margins and support tokens), :mod:`.confidence` (output confidence of a response), :mod:`.calibration` (ECE, selective
 AUROC, AURC, temperature scaling), :mod:`.reader` (the latent correctness reader / corruption
 detector), :mod:`.correlation` (Spearman and partial Spearman ρ with difficulty) and :mod:`.attribution`
 (detection / attribution classifiers on BTE's trajectory readouts).
@@ -47,6 +47,15 @@ _SOURCES: dict[str, str] = {
     "ReaderScores": "reader",
     "reader_auroc_score": "reader",
     "reader_scores": "reader",
+    "attention_covariance": "margin",
+    "head_margins": "margin",
+    "prefix_attention_weights": "margin",
+    "prior_jacobian": "margin",
+    "prior_margins": "margin",
+    "prior_margins_direct": "margin",
+    "rotate_half": "margin",
+    "scalar_prior_jacobian": "margin",
+    "support_tokens": "margin",
     "confidence_trajectory": "omega",
     "refinement_area": "omega",
     "top_k_mass": "omega",

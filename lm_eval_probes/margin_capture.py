@@ -1,0 +1,272 @@
+"""Evaluation-time stability margins of a pretrained model's first attention layer (``probes=margin``).
+
+The paper's margin (:mod:`lm_eval_probes.probes.margin`) belongs to an embedding-level attention prior.
+A pretrained LLM has no such prior; its closest counterpart is the first attention layer, which reads the
+(normalised) token embeddings. Per head h of that layer, with its own query/key projections, rotary
+rotation and the key/value head it shares (grouped KV heads):
+
+    α_ts = softmax_{s<t}(scale · q_t·k_s)       (the model's logits, renormalised over the strict prefix)
+    m_t^h = log|det(I_p − scale · R_t Σ_s α_ts (u_s − ū_t)(k_s − k̄_t)ᵀ)|,   u_s = W_Q^h x_s
+
+(:func:`~lm_eval_probes.probes.margin.head_margins`), x_s = the first attention layer's input (the output
+of its input norm), and the position's margin is the mean over heads (or the minimum:
+``probe_margin_heads``). Every place where this departs from the paper's prior is listed in the README.
+
+:class:`FirstLayerMargins` holds the layer's weights and a hook (:meth:`FirstLayerMargins.capture`) that
+records, for every forward of the model inside the block, the layer's inputs, rotary tables, the token ids
+and the attention mask: nothing is recomputed but two small projections, and during ``generate`` the
+one-position calls are joined into the whole sequence (no extra forward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_eval_probes.architectures import UnsupportedModelError
+from lm_eval_probes.config import MARGIN_HEAD_REDUCTIONS
+from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, rotate_half, support_tokens
+
+MARGIN_FAMILIES: tuple[str, ...] = ("gemma", "llama", "mistral", "qwen2")
+"""``model_type`` values whose first attention layer has separate ``q_proj``/``k_proj``, rotate-half rotary
+embeddings, no query/key norm and no attention-logit soft-capping (what the margin's formula assumes)."""
+
+
+@dataclass
+class FirstLayerInputs:
+    """What :meth:`FirstLayerMargins.capture` recorded: one segment per forward call of the model.
+
+    Each segment: ``ids [B, t]`` token ids, ``hidden [B, t, d]`` the first attention layer's input,
+    ``cos``/``sin`` ``[B or 1, t, p]`` its rotary tables, ``mask [B, T]`` the model's 2-D attention mask of
+    that call (``None`` when not given: no padding before the call's last position).
+    """
+
+    segments: list[dict[str, Any]] = field(default_factory=list)
+
+    def latest(self) -> dict[str, Any]:
+        if not self.segments or "hidden" not in self.segments[-1]:
+            raise RuntimeError("no first-layer inputs were captured: run the forward inside FirstLayerMargins.capture()")
+        return self.segments[-1]
+
+    def joined(self) -> dict[str, Any]:
+        """The calls of one ``generate`` (prefill, then one position per step) as one sequence."""
+        parts = [s for s in self.segments if "hidden" in s]
+        if not parts:
+            raise RuntimeError("no first-layer inputs were captured: run generate inside FirstLayerMargins.capture()")
+        joined = {name: torch.cat([p[name] for p in parts], dim=1) for name in ("ids", "hidden", "cos", "sin")}
+        joined["mask"] = parts[-1]["mask"]
+        return joined
+
+
+@dataclass(frozen=True)
+class MarginSummary:
+    """One sequence's margins reduced: mean and minimum over positions with a margin, and the support tokens
+    (positions in the sequence the model saw, their token ids and margins, smallest margin first)."""
+
+    mean: float
+    minimum: float
+    positions: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) -> MarginSummary:
+    """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence → a :class:`MarginSummary` (nan when none)."""
+    defined = margins[~torch.isnan(margins)]
+    support = support_tokens(margins, k)
+    return MarginSummary(
+        mean=float(defined.mean()) if defined.numel() else math.nan,
+        minimum=float(defined.min()) if defined.numel() else math.nan,
+        positions=tuple(int(i) for i in support),
+        token_ids=tuple(int(token_ids[i]) for i in support),
+        values=tuple(float(margins[i]) for i in support),
+    )
+
+
+class FirstLayerMargins:
+    """Per-position margins m_t of a model's first attention layer (see the module docstring).
+
+    Args:
+        model: a ``*ForCausalLM`` of a family in :data:`MARGIN_FAMILIES`.
+        heads: how the per-head margins combine per position: ``mean`` (default) or ``min``.
+        chunk: query positions per determinant batch (memory ≈ (T + chunk) · p² float64 per head; one batch row
+            at a time in :meth:`of_segment`).
+    """
+
+    def __init__(self, model: nn.Module, *, heads: str = "mean", chunk: int = 64) -> None:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if model_type not in MARGIN_FAMILIES:
+            raise UnsupportedModelError(
+                f"probes=margin needs a first attention layer with q_proj/k_proj, rotate-half rotary embeddings and no "
+                f"query/key norm; model_type {model_type!r} is not one of {', '.join(MARGIN_FAMILIES)}"
+            )
+        if heads not in MARGIN_HEAD_REDUCTIONS:
+            raise ValueError(f"heads must be one of {MARGIN_HEAD_REDUCTIONS}, got {heads!r}")
+        self.model = model
+        self.attention = model.model.layers[0].self_attn
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(self.attention, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = float(getattr(self.attention, "scaling", self.head_dim**-0.5))
+        self.heads = heads
+        self.chunk = chunk
+
+    @contextmanager
+    def capture(self, *, join: bool = False) -> Iterator[FirstLayerInputs]:
+        """Hooks on the model and its first attention layer, removed when the block ends. Without ``join`` only
+        the latest forward's inputs are kept; with it every call's (one ``generate``: :meth:`FirstLayerInputs.joined`)."""
+        inputs = FirstLayerInputs()
+
+        def enter(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            mask = kwargs.get("attention_mask")
+            if not join:
+                inputs.segments.clear()
+            inputs.segments.append({
+                "ids_in": None if ids is None else ids.detach(),
+                "mask": mask.detach() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None,
+            })
+
+        def attention_inputs(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not inputs.segments or "hidden" in inputs.segments[-1]:
+                return  # a call outside the model's forward, or a second call within one
+            segment = inputs.segments[-1]
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            rotary = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+            if hidden is None or rotary is None:
+                raise UnsupportedModelError("the first attention layer was called without hidden_states/position_embeddings")
+            ids = segment.pop("ids_in")
+            if ids is None or ids.shape != hidden.shape[:2]:
+                raise UnsupportedModelError("probes=margin needs input_ids matching the first layer's positions")
+            segment.update(ids=ids, hidden=hidden.detach(), cos=rotary[0].detach(), sin=rotary[1].detach())
+
+        handles = []
+        try:
+            handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(self.attention.register_forward_pre_hook(attention_inputs, with_kwargs=True))
+            yield inputs
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @torch.no_grad()
+    def margins(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T]`` float64 margins (``nan``: no prefix, or ``valid`` False) from the first layer's inputs.
+
+        Args:
+            hidden: ``[B, T, d]`` the first attention layer's input; cos, sin: ``[B or 1, T, p]`` its rotary tables.
+            valid: optional bool ``[B, T]`` (False = padding).
+        """
+        batch, length, _ = hidden.shape
+        x = hidden.double()
+        attn = self.attention
+        u = nn.functional.linear(x, attn.q_proj.weight.double())  # the query bias cancels in u_s − ū_t
+        k_bias = None if attn.k_proj.bias is None else attn.k_proj.bias.double()
+        keys = nn.functional.linear(x, attn.k_proj.weight.double(), k_bias)
+        u = u.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, p]
+        keys = keys.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, p]
+        cos, sin = cos.double().unsqueeze(1), sin.double().unsqueeze(1)  # [B or 1, 1, T, p]
+        keys = keys * cos + rotate_half(keys) * sin
+        q_bias = None if attn.q_proj.bias is None else attn.q_proj.bias.double().view(self.num_heads, 1, self.head_dim)
+        queries = u if q_bias is None else u + q_bias
+        queries = queries * cos + rotate_half(queries) * sin
+        groups = self.num_heads // self.num_kv_heads
+        keys = keys.repeat_interleave(groups, dim=1)  # head h reads KV head h // groups
+        mask = None if valid is None else valid.bool().unsqueeze(1).expand(batch, self.num_heads, length)
+        weights = prefix_attention_weights(queries, keys, scale=self.scale, valid=mask)
+        rotation = (cos.expand(batch, 1, length, -1), sin.expand(batch, 1, length, -1))
+        per_head = head_margins(u, keys, weights, scale=self.scale, rotation=rotation, valid=mask, chunk=self.chunk)
+        if self.heads == "min":
+            return per_head.min(dim=1).values  # nan propagates: a position without a margin has none in any head
+        return per_head.mean(dim=1)
+
+    def of_segment(self, segment: dict[str, Any], rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Margins ``[b, T]`` and ids ``[b, T]`` of a captured segment (optionally only some batch rows)."""
+        hidden, cos, sin, ids = segment["hidden"], segment["cos"], segment["sin"], segment["ids"]
+        mask = segment.get("mask")
+        length = hidden.shape[1]
+        valid = None if mask is None else mask[:, -length:].bool() if mask.shape[1] >= length else None
+        if rows is not None:
+            index = torch.tensor(list(rows), device=hidden.device)
+            hidden, ids = hidden.index_select(0, index), ids.index_select(0, index)
+            if cos.shape[0] > 1:
+                cos, sin = cos.index_select(0, index), sin.index_select(0, index)
+            if valid is not None:
+                valid = valid.index_select(0, index.to(valid.device))
+        rows_out = []
+        for row in range(hidden.shape[0]):  # one row at a time: the float64 [H, T, p²] products dominate memory
+            pick = slice(row, row + 1)
+            rows_out.append(self.margins(hidden[pick], cos[pick] if cos.shape[0] > 1 else cos,
+                                         sin[pick] if sin.shape[0] > 1 else sin,
+                                         None if valid is None else valid[pick]).cpu())
+        margins = torch.cat(rows_out) if rows_out else torch.empty(0, hidden.shape[1], dtype=torch.float64)
+        return margins, ids.cpu()
+
+
+class MarginRows:
+    """Bookkeeping of one ``loglikelihood`` call for ``probes=margin``, beside HFLM's own batching.
+
+    After each forward (:meth:`after_forward`) the margins of every row of the batch are computed at once;
+    HFLM then names each row's input length in row order (:meth:`add_row`, from ``_select_cont_toks``) and
+    answers the row's requests (:meth:`on_answer`, from ``cache_hook.add_partial``). A request's margins are
+    those of the row's input positions ``[0, input length)``: its context and all but its last continuation
+    token (what the model saw). Only the current batch's ``[B, T]`` margins are held.
+    """
+
+    def __init__(self, reader: FirstLayerMargins, inputs: FirstLayerInputs, *, support: int) -> None:
+        self.reader, self.inputs, self.support = reader, inputs, support
+        self.summaries: dict[Any, MarginSummary] = {}
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._next_row = 0
+        self._row: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def after_forward(self) -> None:
+        self._batch = self.reader.of_segment(self.inputs.latest())
+        self._next_row, self._row = 0, None
+
+    def add_row(self, input_length: int) -> None:
+        if self._batch is None:
+            return
+        margins, ids = self._batch
+        row, self._next_row = self._next_row, self._next_row + 1
+        self._row = (margins[row, :input_length], ids[row, :input_length])
+
+    def on_answer(self, attr: str, request_key: Any, _answer: Any) -> None:
+        if attr == "loglikelihood" and self._row is not None:
+            self.summaries[request_key] = summarize_margins(*self._row, self.support)
+
+
+@dataclass(frozen=True)
+class GenerationMargins:
+    """One generation's margins over the positions the model saw: its (unpadded) prompt, then the generated
+    tokens fed back (all but the last); :meth:`summary` cuts them to the kept tokens."""
+
+    margins: torch.Tensor
+    token_ids: torch.Tensor
+    prompt_tokens: int
+
+    def summary(self, kept: int, support: int) -> MarginSummary:
+        """Margins of the prompt and the first ``kept − 1`` kept tokens (the inputs of the kept span)."""
+        stop = self.prompt_tokens + max(kept, 1) - 1
+        return summarize_margins(self.margins[:stop], self.token_ids[:stop], support)
+
+
+def generation_margins(
+    reader: FirstLayerMargins, inputs: FirstLayerInputs, prompt_len: int, bounds: Sequence[int]
+) -> list[GenerationMargins]:
+    """Per row of one (left-padded) ``generate`` batch, the margins of its real positions up to its bound."""
+    joined = inputs.joined()
+    margins, ids = reader.of_segment(joined)
+    mask = joined["mask"]
+    first = [0] * margins.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
+    return [
+        GenerationMargins(margins[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
+        for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
+    ]

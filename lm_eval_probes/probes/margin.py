@@ -1,0 +1,248 @@
+"""Stability margins and support tokens of the embedding-level causal attention prior.
+
+Source: "Support Tokens, Stability Margins, and a New Foundation for Robust LLMs" (arXiv 2602.22271).
+Latent-noise view of causal self-attention over embeddings: x_t = μ_t(x) + ε_t with
+μ_t = Σ_{s<t} α_ts x_s and α_ts = softmax_{s<t}(x_tᵀ W_Qᵀ W_K x_s / √p). The Jacobian of the residual
+e_t = x_t − μ_t with respect to x_t is I − Σ_t A, where A = W_Kᵀ W_Q / √p and
+Σ_t = Σ_s α_ts (x_s − x̄_t)(x_s − x̄_t)ᵀ is the attention-weighted covariance of the prefix
+(x̄_t = Σ_s α_ts x_s). The margin m_t = log|det(I − Σ_t A)| enters the exact log-likelihood as a
+log-barrier; it tends to −∞ at the degeneracy boundary det = 0. Support tokens are the positions with the
+smallest margins (closest to the boundary). Scalar case (d = p = 1): ∂e_t/∂x_t = 1 − a·Var_t.
+
+Two exact forms of the margin: the d×d ``slogdet`` of I − Σ_t A (:func:`prior_margins_direct`) and, by
+Sylvester's identity det(I_d − Σ_t W_Kᵀ W_Q/√p) = det(I_p − W_Q Σ_t W_Kᵀ/√p), a p×p determinant of the
+attention-weighted cross-covariance of the query- and key-projected inputs
+(:func:`prior_margins`, and :func:`head_margins` for one head of a pretrained model with rotary
+embeddings: there the cross-covariance is rotated by the query's rotation R_t, see its docstring).
+
+Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.training` uses it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "attention_covariance",
+    "head_margins",
+    "prefix_attention_weights",
+    "prior_jacobian",
+    "prior_margins",
+    "prior_margins_direct",
+    "rotate_half",
+    "scalar_prior_jacobian",
+    "support_tokens",
+]
+
+
+def _check_float(name: str, value: Tensor) -> None:
+    if not isinstance(value, Tensor) or not torch.is_floating_point(value):
+        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
+
+
+def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None) -> Tensor:
+    """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
+
+    Args:
+        queries: ``[..., T, p]`` (as used in the logits: with bias and rotary rotation, if any).
+        keys: ``[..., T, p]``.
+        scale: the logit scale (1/√p in the paper).
+        valid: optional bool ``[..., T]``: False marks padding, never attended to.
+
+    Returns:
+        ``[..., T, T]`` row-stochastic over the valid s < t; a row with no valid prefix (the first real
+        token) is all zeros. The diagonal is excluded: the paper's μ_t averages the *previous* tokens.
+    """
+    _check_float("queries", queries)
+    _check_float("keys", keys)
+    if queries.shape != keys.shape or queries.ndim < 2:
+        raise ValueError(f"queries and keys must both be [..., T, p], got {tuple(queries.shape)} and {tuple(keys.shape)}")
+    length = queries.shape[-2]
+    logits = scale * queries @ keys.transpose(-1, -2)
+    allowed = torch.ones(length, length, dtype=torch.bool, device=queries.device).tril(-1)
+    if valid is not None:
+        if valid.shape != queries.shape[:-1]:
+            raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
+        allowed = allowed & valid.bool().unsqueeze(-2)
+    logits = logits.masked_fill(~allowed, -math.inf)
+    weights = torch.softmax(logits, dim=-1)
+    return torch.nan_to_num(weights, nan=0.0)  # a row without any allowed s: softmax of all −inf
+
+
+def attention_covariance(x: Tensor, weights: Tensor) -> Tensor:
+    """Σ_t = Σ_s α_ts (x_s − x̄_t)(x_s − x̄_t)ᵀ, the attention-weighted covariance of the prefix.
+
+    Args:
+        x: ``[T, d]`` inputs; weights: ``[T, T]`` rows α_t· (each summing to 1 or all zero).
+
+    Returns:
+        ``[T, d, d]`` symmetric positive semi-definite; zero for a row of zero weights.
+    """
+    _check_float("x", x)
+    _check_float("weights", weights)
+    if x.ndim != 2 or weights.shape != (x.shape[0], x.shape[0]):
+        raise ValueError(f"x must be [T, d] and weights [T, T], got {tuple(x.shape)} and {tuple(weights.shape)}")
+    mean = weights @ x  # [T, d]
+    second = torch.einsum("ts,sd,se->tde", weights, x, x)
+    return second - weights.sum(-1)[:, None, None] * mean[:, :, None] * mean[:, None, :]
+
+
+def prior_jacobian(x: Tensor, w_q: Tensor, w_k: Tensor, *, scale: float | None = None) -> Tensor:
+    """The Jacobian ∂e_t/∂x_t = I − Σ_t A of the prior's residual, A = W_Kᵀ W_Q · scale.
+
+    Args:
+        x: ``[T, d]`` embeddings of one sequence; w_q, w_k: ``[p, d]`` projections; scale: default 1/√p.
+
+    Returns:
+        ``[T, d, d]``. Position 0 (no prefix) gives I.
+    """
+    w_q, w_k, scale = _projections(x, w_q, w_k, scale)
+    weights = prefix_attention_weights(x @ w_q.T, x @ w_k.T, scale=scale)
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    return eye - attention_covariance(x, weights) @ (scale * w_k.T @ w_q)
+
+
+def prior_margins_direct(x: Tensor, w_q: Tensor, w_k: Tensor, *, scale: float | None = None) -> Tensor:
+    """m_t = log|det(I_d − Σ_t A)| by a d×d ``slogdet`` (the reference form; O(T·d³)).
+
+    Args:
+        x: ``[T, d]``; w_q, w_k: ``[p, d]``; scale: default 1/√p.
+
+    Returns:
+        ``[T]`` margins (natural log); 0 at position 0; −inf exactly on the degeneracy boundary.
+    """
+    return torch.linalg.slogdet(prior_jacobian(x, w_q, w_k, scale=scale)).logabsdet
+
+
+def prior_margins(x: Tensor, w_q: Tensor, w_k: Tensor, *, scale: float | None = None, valid: Tensor | None = None) -> Tensor:
+    """m_t = log|det(I_p − W_Q Σ_t W_Kᵀ · scale)| (Sylvester form of :func:`prior_margins_direct`; O(T²·p²)).
+
+    Args:
+        x: ``[..., T, d]`` embeddings (a batch of sequences is fine); w_q, w_k: ``[p, d]``; scale: default 1/√p.
+        valid: optional bool ``[..., T]``, False = padding (neither attended to nor given a margin).
+
+    Returns:
+        ``[..., T]`` margins; ``nan`` where there is no valid prefix (the first real token, padding).
+    """
+    w_q, w_k, scale = _projections(x, w_q, w_k, scale)
+    queries, keys = x @ w_q.T, x @ w_k.T
+    weights = prefix_attention_weights(queries, keys, scale=scale, valid=valid)
+    return head_margins(queries, keys, weights, scale=scale, valid=valid)
+
+
+def head_margins(
+    query_inputs: Tensor,
+    keys: Tensor,
+    weights: Tensor,
+    *,
+    scale: float,
+    rotation: tuple[Tensor, Tensor] | None = None,
+    valid: Tensor | None = None,
+    positions: Tensor | None = None,
+    chunk: int = 64,
+) -> Tensor:
+    """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
+
+    C_t = Σ_s α_ts (u_s − ū_t)(k_s − k̄_t)ᵀ is the attention-weighted cross-covariance of the
+    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use; R_t is the rotation applied to
+    the query at position t (rotary embeddings; identity without). Derivation: with
+    q_t = R_t W_Q x_t (+ bias), ∂μ_t/∂x_t = Σ_s α_ts (x_s − x̄_t)(k_s − k̄_t)ᵀ R_t W_Q · scale, and
+    Sylvester's identity turns det(I_d − ·) into this p×p determinant. Biases cancel in u_s − ū_t.
+
+    Args:
+        query_inputs: ``[..., T, p]`` u_s = W_Q x_s (a query bias may be included: it cancels; no rotation).
+        keys: ``[..., T, p]`` keys as in the logits (bias and rotation included).
+        weights: ``[..., T, T]`` α over the strict prefix (:func:`prefix_attention_weights`).
+        scale: the logit scale (1/√p in the paper).
+        rotation: ``(cos, sin)`` each ``[..., T, p]`` in the rotate-half convention
+            (R_t v = v·cos_t + rotate_half(v)·sin_t; Llama, Qwen2, Mistral, Gemma); ``None``: no rotation.
+        valid: optional bool ``[..., T]``; margins of invalid positions are ``nan``.
+        positions: optional int64 ``[n]``: ``weights`` is ``[..., n, T]``, the rows of these query positions only
+            (the margins of a subset of positions; e.g. a sampled estimate of a mean over positions).
+        chunk: query positions processed at once (memory ≈ (T + chunk) · p² floats per head and row).
+
+    Returns:
+        ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
+        without any prefix weight.
+    """
+    for name, value in (("query_inputs", query_inputs), ("keys", keys), ("weights", weights)):
+        _check_float(name, value)
+    length, dim = keys.shape[-2:]
+    rows = length if positions is None else positions.shape[0]
+    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-2], rows, length):
+        raise ValueError(
+            f"expected query_inputs and keys [..., T, p] and weights [..., T (or n positions), T], got "
+            f"{tuple(query_inputs.shape)}, {tuple(keys.shape)} and {tuple(weights.shape)}"
+        )
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if positions is not None:
+        if rotation is not None:
+            rotation = (rotation[0][..., positions, :], rotation[1][..., positions, :])
+        if valid is not None:
+            valid = valid[..., positions]
+    outer = (query_inputs[..., :, None] * keys[..., None, :]).flatten(-2)  # [..., T, p²]: u_s k_sᵀ, flattened
+    parts = []
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        alpha = weights[..., lo:hi, :]  # [..., c, T]
+        second = (alpha @ outer).unflatten(-1, (dim, dim))  # Σ_s α_ts u_s k_sᵀ: one matmul
+        mean_u, mean_k = alpha @ query_inputs, alpha @ keys  # [..., c, p]
+        cross = second - alpha.sum(-1)[..., None, None] * mean_u[..., :, None] * mean_k[..., None, :]
+        if rotation is not None:
+            cos, sin = (r[..., lo:hi, :, None] for r in rotation)  # rotate the query index (rows)
+            cross = cross * cos + rotate_half(cross, dim=-2) * sin
+        eye = torch.eye(dim, dtype=cross.dtype, device=cross.device)
+        parts.append(torch.linalg.slogdet(eye - scale * cross).logabsdet)
+    margins = torch.cat(parts, dim=-1) if parts else keys.new_empty(keys.shape[:-1])
+    undefined = weights.sum(-1) == 0
+    if valid is not None:
+        undefined = undefined | ~valid.bool()
+    return margins.masked_fill(undefined, math.nan)
+
+
+def rotate_half(v: Tensor, *, dim: int = -1) -> Tensor:
+    """(v₁, v₂) → (−v₂, v₁) along ``dim`` (halves of even size): the rotary convention of Llama-family models."""
+    first, second = v.chunk(2, dim=dim)
+    return torch.cat((-second, first), dim=dim)
+
+
+def scalar_prior_jacobian(a: float | Tensor, variance: Tensor) -> Tensor:
+    """The scalar case (d = p = 1) of the Jacobian: 1 − a·Var_t, with a = w_k·w_q/√p the coupling.
+
+    ``variance``: the attention-weighted variance Var_t ≥ 0 of the prefix. The margin is log|1 − a·Var_t|;
+    for a > 0 the degeneracy boundary is Var_t = 1/a, for a < 0 there is none (the term promotes dispersion).
+    """
+    _check_float("variance", variance)
+    return 1.0 - a * variance
+
+
+def support_tokens(margins: Tensor, k: int) -> Tensor:
+    """Positions of the ``k`` smallest margins (the support tokens), smallest first; ties by position.
+
+    Args:
+        margins: ``[T]``; ``nan`` entries (no prefix, padding) are never chosen.
+        k: k ≥ 0; fewer are returned when fewer margins are defined.
+
+    Returns:
+        ``[min(k, #defined)]`` int64 positions.
+    """
+    _check_float("margins", margins)
+    if margins.ndim != 1:
+        raise ValueError(f"margins must be [T], got {tuple(margins.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    defined = torch.nonzero(~torch.isnan(margins)).squeeze(-1)
+    order = torch.sort(margins[defined], stable=True).indices  # stable: equal margins keep position order
+    return defined[order[:k]]
+
+
+def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tuple[Tensor, Tensor, float]:
+    for name, value in (("x", x), ("w_q", w_q), ("w_k", w_k)):
+        _check_float(name, value)
+    if w_q.ndim != 2 or w_q.shape != w_k.shape or x.shape[-1] != w_q.shape[1]:
+        raise ValueError(f"expected x [..., T, d] and w_q, w_k [p, d], got {tuple(x.shape)}, {tuple(w_q.shape)}, {tuple(w_k.shape)}")
+    return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
