@@ -77,7 +77,7 @@ def test_bad_model_args_fail_before_loading_with_the_valid_values(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode != 0
-    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte, reader, omega." in proc.stderr
+    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte, reader, omega, margin." in proc.stderr
     proc = run(
         [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
          "--model_args", "pretrained=/does/not/exist,probe_tcb_epsilon=2", "--tasks", "probes_synth_logic",
