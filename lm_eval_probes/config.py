@@ -322,6 +322,8 @@ def _as_float(name: str, value: Any) -> float:
 
 
 def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

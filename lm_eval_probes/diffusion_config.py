@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lm_eval_probes.config import unknown_message
+from lm_eval_probes.config import _as_int, unknown_message
 
 PREFIX = "diffusion_"
 
@@ -116,18 +116,6 @@ def _parse(key: str, value: Any, kind: Any) -> Any:
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "auto"))):
         return None
     return _as_int(key, value)
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if number != int(number):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(number)
 
 
 def _as_bool(name: str, value: Any) -> bool:

@@ -44,7 +44,7 @@ from lm_eval_probes.integration import (
     note_unprobed_requests,
     register_rows,
 )
-from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -190,11 +190,7 @@ class DiffusionProbeHFLM(HFLM):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
             self._generations = None
-        out = []
-        for req, text in zip(requests, texts, strict=True):
-            queue = probes.get((req.args[0], text))
-            out.append(ProbeStr(text, queue.popleft() if queue else None))
-        return out
+        return with_generation_probes(requests, texts, probes)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas, with every

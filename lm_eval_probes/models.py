@@ -63,7 +63,7 @@ from lm_eval_probes.integration import (
 )
 from lm_eval_probes.margin_capture import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
 from lm_eval_probes.probes import central_window
-from lm_eval_probes.records import LayerStates, ProbeLL, ProbeStr, ResponseProbe
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -220,11 +220,7 @@ class ProbeHFLM(HFLM):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
             self._gen_rows = self._gen_margins = None
-        out = []
-        for req, text in zip(requests, texts, strict=True):
-            queue = probes.get((req.args[0], text))
-            out.append(ProbeStr(text, queue.popleft() if queue else None))
-        return out
+        return with_generation_probes(requests, texts, probes)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         if self.readout is None or self._gen_rows is None:

@@ -10,6 +10,8 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 from __future__ import annotations
 
 import base64
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -266,3 +268,15 @@ class ReaderRecord:
         features = data.get("features")
         return cls(None if features is None else LayerStates.from_dict(features), int(data["label"]), data.get("group"),
                    data.get("document"))
+
+
+def with_generation_probes(
+    requests: Sequence[Any], texts: Sequence[str], probes: Mapping[tuple[str, str], deque[ResponseProbe]]
+) -> list[ProbeStr]:
+    """Each generated text with its probe: the probes were queued by (context, text) as lm_eval answered them
+    (in its own order); identical answers to identical contexts take them first come, first served."""
+    out = []
+    for req, text in zip(requests, texts, strict=True):
+        queue = probes.get((req.args[0], text))
+        out.append(ProbeStr(text, queue.popleft() if queue else None))
+    return out
