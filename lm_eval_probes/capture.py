@@ -63,7 +63,7 @@ class HiddenStateTap:
         if self.calls == 1 and self.first_call_layers:
             self.first_call = tuple(hidden_states[layer].detach() for layer in self.first_call_layers)
         if self.last_position_only:
-            self.steps.append(tuple(h[:, -1].detach() for h in hidden_states))
+            self.steps.append(tuple(h[:, -1].detach().clone() for h in hidden_states))  # a view would keep the whole call's states
         else:
             self.latest = tuple(h.detach() for h in hidden_states)
 
