@@ -162,7 +162,7 @@ class PositionProbes:
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
         already know their summed log-probability). Generations pass ``tail`` (keep the last ``tail``
-        positions' reader states one by one, float16) and ``token_ends`` (character end of each token
+        positions' reader states one by one, float16, or float32 where a value exceeds float16's range) and ``token_ends`` (character end of each token
         in the response text); they then also keep every token's log-probability. ``empty`` marks a
         generation whose kept text is empty, summarized at the one position that chose to stop.
         """
@@ -207,7 +207,11 @@ class PositionProbes:
             if n:
                 values["answer_states"] = LayerStates(self.reader_layers, states.double().mean(1).float().numpy())
             if n and tail:
-                values["tail_states"] = LayerStates(self.reader_layers, states[:, -tail:].half().numpy())
+                kept = states[:, -tail:]
+                packed = kept.half()
+                if not bool(torch.isfinite(packed).all()):  # beyond float16's ±65504 (Gemma's residual stream)
+                    packed = kept.float()
+                values["tail_states"] = LayerStates(self.reader_layers, packed.numpy())
             values["prompt_states"] = prompt_states
         if token_ends is not None:
             if len(token_ends) != n:

@@ -63,7 +63,8 @@ class ProbeConfig:
             the memory of the logit lens to about ``3 · chunk · V`` floats.
         reader_layers: ``hidden_states`` indices (0 = embeddings … L) whose mean states are recorded
             (``probe_reader_layers=12+16+20``); ``None`` = round(f·L) for f in :data:`READER_LAYER_FRACTIONS`.
-        reader_tail: generation only: the last positions whose states are kept one by one (float16), so the
+        reader_tail: generation only: the last positions whose states are kept one by one (float16; float32 where a
+            value exceeds float16's range, as in Gemma's residual stream), so the
             reader can average over the answer span the task's filter extracts (``probe_reader_tail``);
             an answer outside them falls back to the whole generation.
         reader_prompt_tail: the prompt states are the mean over the last this-many prompt positions

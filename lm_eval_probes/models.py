@@ -81,6 +81,9 @@ class ProbeHFLM(HFLM):
         self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]] | None = None
         self._margin_rows: MarginRows | None = None  # probes=margin, inside loglikelihood
         self._gen_margins: deque[GenerationMargins] | None = None  # probes=margin, inside generate_until
+        self._longest_continuation: int | None = None  # inside _loglikelihood_tokens: the call's longest continuation
+        self._continuation_of_row: dict[tuple[int, ...], int] = {}  # and each row's (HFLM's input ids) longest one
+        self._logit_offset = 0  # the first position of the latest forward's logits (see _first_read_position)
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
@@ -167,21 +170,69 @@ class ProbeHFLM(HFLM):
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         if self._loglikelihood_rows is not None:
             self._loglikelihood_rows.note_requests(requests)
-        return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        self._longest_continuation = max((len(req[2]) for req in requests), default=None)
+        self._continuation_of_row = {}
+        for _, context_ids, continuation_ids in requests:  # HFLM's row of a request: (context + continuation)[-(max_length + 1):][:-1]
+            row = tuple((list(context_ids) + list(continuation_ids))[-(self.max_length + 1):][:-1])
+            self._continuation_of_row[row] = max(self._continuation_of_row.get(row, 0), len(continuation_ids))
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        finally:
+            self._longest_continuation, self._continuation_of_row, self._logit_offset = None, {}, 0
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._loglikelihood_rows is not None:
             self._loglikelihood_rows.new_batch()
-        logits = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        first = self._first_read_position(inps) if attn_mask is None and labels is None else 0
+        self._logit_offset = first
+        if first == 0:
+            logits = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        else:  # HFLM's own call (no_grad, autocast), with the logits of the positions it reads only
+            (name, _), = self._one_logit.items()
+            with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                                                 enabled=self.mixed_precision_dtype is not None):
+                logits = self.model(inps, **{name: inps.shape[1] - first}).logits
         if self._margin_rows is not None:
             self._margin_rows.after_forward()
         return logits
 
+    def _detect_batch_size(self, requests: Sequence[Any] | None = None, pos: int = 0) -> int:
+        """HFLM's search, with the full ``[B, T, V]`` logits (the most a batch can need): a batch of varied
+        lengths may read more positions than the search's batch of equal ones."""
+        longest, self._longest_continuation = self._longest_continuation, None
+        try:
+            return super()._detect_batch_size(requests, pos)
+        finally:
+            self._longest_continuation = longest
+
+    def _first_read_position(self, inps: torch.Tensor) -> int:
+        """The first position whose logits HFLM's loglikelihood reads in this right-padded batch, or 0.
+
+        Row i reads the c_i positions before its input length n_i (HFLM pads on the right with zeros), so no
+        row reads a position before min_i (n_i − c_i). n_i is bounded from below by stripping trailing zeros
+        (a real trailing zero id only lowers it), and c_i is the longest continuation of the requests whose
+        row these ids are (or, when the stripped ids match none, the call's longest). The model then unembeds
+        the positions from there on (``logits_to_keep``), and HFLM's own arithmetic (``ctx_len = inplen +
+        logits.shape[0] − padding_len_inp``) finds each row's continuation in the shorter tensor: the same
+        values, without the ``[B, T, V]`` logits of the prompts (on a 262k vocabulary, most of a forward's
+        FLOPs and memory).
+        """
+        if self._longest_continuation is None or not self._one_logit or inps.dim() != 2:
+            return 0
+        real = inps != 0
+        lengths = (inps.shape[1] - real.flip(1).int().argmax(dim=1)) * real.any(dim=1)
+        first = inps.shape[1]
+        for ids, n in zip(inps.tolist(), lengths.tolist()):
+            first = min(first, n - self._continuation_of_row.get(tuple(ids[:n]), self._longest_continuation))
+        return max(0, first)
+
     def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:
-        if self._loglikelihood_rows is not None:
-            self._loglikelihood_rows.add_row(inplen, contlen)
-        if self._margin_rows is not None:
-            self._margin_rows.add_row(inplen)
+        if inplen is not None:  # HFLM's position in the logits → the position in the sequence (and its states)
+            position = inplen + self._logit_offset
+            if self._loglikelihood_rows is not None:
+                self._loglikelihood_rows.add_row(position, contlen)
+            if self._margin_rows is not None:
+                self._margin_rows.add_row(position)
         return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
 
     # ----------------------------------------------------------------------------- generation

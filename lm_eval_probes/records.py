@@ -113,7 +113,7 @@ class ResponseProbe:
             decoded tokens and margins.
         answer_states: ``[k, H]`` mean hidden state over the response positions at the reader layers.
         prompt_states: ``[k, H]`` mean hidden state over the prompt (context) positions at the reader layers.
-        tail_states: generation only: ``[k, m, H]`` (float16) states of the last m response positions, so
+        tail_states: generation only: ``[k, m, H]`` (float16; float32 when a value exceeds float16's range) states of the last m response positions, so
             the reader can average over the answer span that the task's filter extracts later.
         token_logprobs: generation only: the log-probability of every response token.
         token_ends: generation only: the character offset where each response token ends in the text.

@@ -59,6 +59,13 @@ def assert_same_states(got, want, rtol: float) -> None:
     np.testing.assert_allclose(got.values, want.values, rtol=rtol, atol=rtol * float(np.abs(want.values).max()))
 
 
+def assert_same_answers(got, want) -> None:
+    """hf-probes' loglikelihood answers equal stock ``hf``'s: greedy flags exactly, log-likelihoods to float32
+    rounding (hf-probes unembeds only the positions HFLM reads, so its matmul has other shapes)."""
+    assert [bool(a[1]) for a in got] == [bool(b[1]) for b in want]
+    assert [float(a[0]) for a in got] == pytest.approx([float(b[0]) for b in want], rel=1e-6, abs=1e-6)
+
+
 def assert_same_probe(got, want, rel: float = 1e-4) -> None:
     assert got is not None
     assert got.n_tokens == want.n_tokens
@@ -83,12 +90,36 @@ def test_loglikelihood_capture_matches_teacher_forced_and_stock_hf(tiny_model_di
     lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=batch_size, max_batch_size=4)
     stock = HFLM(pretrained=folder, device="cpu", batch_size=batch_size, max_batch_size=4)
     answers = lm.loglikelihood(ll_instances())
-    assert [tuple(a) for a in answers] == [tuple(s) for s in stock.loglikelihood(ll_instances())]
+    assert_same_answers(answers, stock.loglikelihood(ll_instances()))
     for (context, continuation), answer in zip(LL_REQUESTS, answers):
         ctx_ids, cont_ids = lm._encode_pair(context, continuation)
         want = recompute(lm, ctx_ids, cont_ids, lm.probe_config)
         assert_same_probe(answer.probe, want)
         assert answer.probe.mean_token_logprob * len(cont_ids) == pytest.approx(answer[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("probes", ["none", "tcb+bte+reader"])
+def test_only_the_positions_hflm_reads_are_unembedded(tiny_model_dir, probes):
+    """The forward unembeds from the first position a row of the batch reads on (``logits_to_keep``); HFLM's
+    answers stay those of stock ``hf``, which unembeds every position."""
+    folder = tiny_model_dir("llama")
+    lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=3, probes=probes)
+    seen: list[tuple[int, int]] = []  # (positions in, positions unembedded) per forward
+    inputs: list[int] = []
+    hooks = [lm.model.register_forward_pre_hook(lambda _m, args: inputs.append(args[0].shape[1])),
+             lm.model.get_output_embeddings().register_forward_hook(
+                 lambda _m, args, _out: seen.append((inputs[-1], args[0].shape[1])))]
+    context = "Anne is kind. If someone is kind then they are smart. The bear is red. All red things are big. Is Anne smart?"
+    requests = [(context[: len(context) - 7 * i], option) for i in range(3) for option in (" True", " False", " Unknown")]
+    instances = lambda: [Instance("loglikelihood", {}, r, 0, ("t", i, 1)) for i, r in enumerate(requests)]  # noqa: E731
+    try:
+        answers = lm.loglikelihood(instances())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert_same_answers(answers, HFLM(pretrained=folder, device="cpu", batch_size=3).loglikelihood(instances()))
+    assert seen and all(kept <= total for total, kept in seen)
+    assert sum(kept for _, kept in seen) < sum(total for total, _ in seen) / 4, seen
 
 
 def test_logits_cache_off_gives_the_same_probes(tiny_model_dir):

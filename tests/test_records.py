@@ -145,3 +145,19 @@ def test_aggregations_report_undefined_as_json_null():
     with pytest.warns(UndefinedMetricWarning):
         assert rows["selective_auroc"]([(0.9, 1), (0.8, 1)]) is None
     assert json.dumps({"x": rows["ece"]([(0.9, 1), (0.6, 0)])}, allow_nan=False)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e6])
+def test_tail_states_keep_values_beyond_float16(scale):
+    """Gemma's residual stream exceeds float16's ±65504: the kept tail falls back to float32 there."""
+    import torch
+
+    from lm_eval_probes.capture import PositionProbes
+
+    states = torch.linspace(-3.0, 3.0, 2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4) * scale
+    probes = PositionProbes(num_positions=5, num_layers=4, bte_window=None, reader_layers=(1, 2), reader_states=states)
+    probe = probes.summarize(0, 5, mean_token_logprob=-1.0, tail=3)
+    tail = probe.tail_states.values
+    assert tail.dtype == (np.float16 if scale == 1.0 else np.float32) and np.isfinite(tail).all()
+    np.testing.assert_allclose(tail, states[:, -3:].numpy(), rtol=1e-3)
+    np.testing.assert_allclose(probe.tail_states.mean_positions(1, 3).values, states[:, -2:].double().mean(1).numpy(), rtol=1e-3)
