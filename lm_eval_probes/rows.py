@@ -15,6 +15,10 @@ files hold):
 * ``confidence``: ``(confidence, correct)``; ``confidence_keyed``: ``(confidence, correct, document)``
   (the document's identity orders the records before a seeded split, so no float decides a fold).
 * ``reader``: a :class:`~lm_eval_probes.records.ReaderRecord`.
+* ``vector``: a list of floats (a depth profile or trajectory), so that ``--log_samples`` files carry it
+  for the reports; aggregated by the mean over documents of its mean (``probe_vector_mean``).
+* ``support``: the support tokens, ``{"positions": [...], "tokens": [...], "margins": [...]}`` (smallest
+  margin first); aggregated by the mean over documents of the mean support margin (``probe_support_mean``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOptions
 from lm_eval_probes.probes.correlation import count, partial_spearman_score, spearman_score
 
-VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader")
+VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
 FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector")
 
 
@@ -69,6 +73,9 @@ ROWS: tuple[Row, ...] = (
     Row("omega", "float", "mean", False, "probe", "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth confidence trajectory (probes=omega)"),
     Row("margin", "float", "mean", True, "probe", "mean over documents of the mean stability margin log|det(I − Σ_t A)| of the first attention layer over the positions the model saw (probes=margin)"),
     Row("margin_min", "float", "mean", True, "probe", "mean over documents of the smallest margin (the first support token's)"),
+    Row("bte_profile", "vector", "probe_vector_mean", False, "probe", "probe_bte_profile=full: mean over documents of the mean JSD e(l) over all L layer transitions (nats); per document the depth profile e(0..L-1) is in --log_samples"),
+    Row("omega_trajectory", "vector", "probe_vector_mean", True, "probe", "probes=omega: mean over documents and source layers of the focal-depth confidence C_i (= 1 − Ω / number of source layers); per document the trajectory C_i is in --log_samples"),
+    Row("margin_support", "support", "probe_support_mean", True, "probe", "probes=margin: mean over documents of the mean margin of the k support tokens; per document their positions, tokens and margins are in --log_samples"),
     Row("confidence", "float", "mean", True, "probe", "chosen option's probability (MC) / geometric-mean token probability of the answer (generation; an empty generation: the probability of the token that ended it)"),
     Row("reveal_step", "float", "mean", False, "probe", "masked diffusion (hf-probes-diffusion) only: mean over documents of the mean denoising step (0 = first) at which the tokens the confidence reads were revealed; with `confidence` per document in --log_samples, confidence against reveal order"),
     Row("response_tokens", "float", "mean", False, "probe", "number of response positions probed (an empty generation: 1, the position that chose to stop)"),
@@ -136,7 +143,26 @@ def undefined_as_none(fn: Callable[..., float]) -> Callable[..., float | None]:
     return aggregate
 
 
+def vector_mean(items: Iterable[Any]) -> float:
+    """Mean over documents of each document's mean of its list of floats (lists with a missing or non-finite
+    member are skipped); ``nan`` when no document has one."""
+    means = []
+    for item in items:
+        if isinstance(item, (list, tuple)) and item and all(isinstance(v, (int, float)) for v in item):
+            values = [float(v) for v in item]
+            if all(math.isfinite(v) for v in values):
+                means.append(math.fsum(values) / len(values))
+    return math.fsum(means) / len(means) if means else math.nan
+
+
+def support_mean(items: Iterable[Any]) -> float:
+    """Mean over documents of the mean margin of their support tokens (``item["margins"]``)."""
+    return vector_mean(item.get("margins") if isinstance(item, dict) else None for item in items)
+
+
 AGGREGATIONS: dict[str, Callable[..., Any]] = {
+    "probe_vector_mean": undefined_as_none(vector_mean),
+    "probe_support_mean": undefined_as_none(support_mean),
     "probe_spearman": undefined_as_none(spearman_score),
     "probe_partial_spearman": undefined_as_none(partial_spearman_score),
     "probe_count": count,

@@ -343,7 +343,8 @@ def probe_metric_values(
     for a document without a label (so a run without any label shows the ρ rows as ``null``): ρ records
     ``(value, difficulty)``, length-controlled records ``(value, difficulty, response tokens)`` and
     ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt tokens, difficulty)``, and
-    ``difficulty_missing`` (1 for a document without a label).
+    ``difficulty_missing`` (1 for a document without a label). The BTE depth profile (``probe_bte_profile=full``),
+    the Ω trajectory and the support tokens are per-document lists (a non-finite member ``None``) and a dict.
     """
     values: dict[str, Any] = {"response_tokens": probe.n_tokens}
     if probe.token_ends is not None:
@@ -369,4 +370,11 @@ def probe_metric_values(
             values[f"{name}_spearman_partial"] = (value, difficulty, probe.n_tokens)
             if probe.prompt_tokens is not None:
                 values[f"{name}_spearman_partial_prompt"] = (value, difficulty, probe.prompt_tokens)
+    for name, vector in (("bte_profile", probe.bte_profile), ("omega_trajectory", probe.omega_trajectory)):
+        if vector is not None:
+            values[name] = [float(v) if math.isfinite(v) else None for v in vector]
+    if probe.margin_support_values is not None:
+        values["margin_support"] = {
+            "positions": list(probe.margin_support_positions or ()), "tokens": list(probe.margin_support_tokens or ()),
+            "margins": [float(v) if math.isfinite(v) else None for v in probe.margin_support_values]}
     return values

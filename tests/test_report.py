@@ -35,7 +35,10 @@ LIMIT = 12
 EVIL = '<script>alert("x")</script>'
 
 
-def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path) -> Path:
+ALL_PROBES = {"probes": "all", "probe_bte_profile": "full"}
+
+
+def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path, **probe_args: str) -> Path:
     """What ``lm-eval-probes --log_samples --output_path out`` writes, done in-process (faster)."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
@@ -44,7 +47,7 @@ def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path) -> P
 
     tracker = EvaluationTracker(output_path=str(out))
     results = lm_eval.simple_evaluate(
-        model="hf-probes", model_args={"pretrained": model_dir, "probes": "tcb+bte+reader"}, tasks=tasks, limit=LIMIT,
+        model="hf-probes", model_args={"pretrained": model_dir, "probes": "tcb+bte+reader", **probe_args}, tasks=tasks, limit=LIMIT,
         device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker, gen_kwargs={"max_gen_toks": 4},
         task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),
                                                      metadata={"probes_data_dir": str(data_dir)}),
@@ -59,15 +62,17 @@ def record_run(model_dir: str, tasks: list[str], out: Path, data_dir: Path) -> P
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
     """Run a: llama on synth_logic + proofwriter + its swap twin; run b: llama again later (synth_logic again
-    + synth_arith_gen); run c: gpt2 on synth_logic only."""
+    + synth_arith_gen); both with every probe and the full BTE profile. Run c: gpt2 on synth_logic only,
+    default probes."""
     root = tmp_path_factory.mktemp("runs")
     data = write_data_dir(root / "data")
     llama, gpt2 = tiny_model_dir("llama"), tiny_model_dir("gpt2")
     out = {
-        "a": record_run(llama, ["probes_synth_logic", "probes_proofwriter", "probes_proofwriter_noise_swap"], root / "a", data),
+        "a": record_run(llama, ["probes_synth_logic", "probes_proofwriter", "probes_proofwriter_noise_swap"], root / "a", data,
+                        **ALL_PROBES),
     }
     time.sleep(1.1)  # a later date id
-    out["b"] = record_run(llama, ["probes_synth_logic", "probes_synth_arith_gen"], root / "b", data)
+    out["b"] = record_run(llama, ["probes_synth_logic", "probes_synth_arith_gen"], root / "b", data, **ALL_PROBES)
     out["c"] = record_run(gpt2, ["probes_synth_logic"], root / "c", data)
     return out
 
@@ -317,8 +322,40 @@ def test_html_is_self_contained(report):
     pngs = sorted((out / "plots").glob("*.png"))
     assert len(images) == len(pngs) >= 8
     kinds = {p.name.split("_probes_")[0] for p in pngs}
-    assert {"reliability", "risk_coverage", "robustness", "difficulty", "bte_energy"} <= kinds
-    assert "no per-layer profile" in page
+    assert {"reliability", "risk_coverage", "robustness", "difficulty", "bte_profiles.png", "omega_trajectories.png"} <= kinds
+    assert "no per-layer profile" not in page
+
+
+def test_without_profiles_the_bte_plots_show_the_window_energy(runs, tmp_path):
+    build_report([runs["c"]], tmp_path, n_resamples=20)
+    names = {p.name for p in (tmp_path / "plots").glob("*.png")}
+    assert "bte_profiles.png" not in names and "omega_trajectories.png" not in names
+    assert any(name.startswith("bte_energy_probes_") for name in names)
+    assert "no per-layer profile" in (tmp_path / "index.html").read_text()
+    assert "Support tokens" not in (tmp_path / "leaderboard.md").read_text()
+
+
+def test_support_tokens_table_counts_the_samples(runs, report):
+    built, out = report
+    rows = {(r.model, r.task): r for r in built.support}
+    llama = next(m for m in built.models if m.tasks.get("probes_synth_arith_gen"))
+    assert set(rows) == {(llama.name, task) for task in llama.tasks}  # gpt2's run had no margin probe
+    for (_, task), row in rows.items():
+        lines = [json.loads(line) for line in llama.tasks[task].samples_file.read_text().splitlines()]
+        records = [r["margin_support"] for r in lines if r["filter"] == lines[0]["filter"]]
+        assert row.n_documents == len(records) == LIMIT and row.k == 5
+        want: dict[str, int] = {}
+        for record in records:
+            for token in set(record["tokens"]):
+                want[token] = want.get(token, 0) + 1
+        assert list(row.top) == sorted(want.items(), key=lambda item: (-item[1], item[0]))[: len(row.top)]
+        assert row.mean_margin == pytest.approx(np.mean([np.mean(r["margins"]) for r in records]), rel=1e-12)
+    markdown = (out / "leaderboard.md").read_text()
+    section = markdown_section(markdown, "Support tokens")
+    assert len(markdown_rows(section)) == 1 + len(rows)  # the header, then a row per (model, task)
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(s["model"], s["task"]) for s in summary["support_tokens"]} == set(rows)
+    assert "<h2>Support tokens</h2>" in (out / "index.html").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -411,7 +448,7 @@ def test_page_renders_in_headless_chromium(report, tmp_path):
     check = json.loads(html_module.unescape(match.group(1)))
     pngs = list((out / "plots").glob("*.png"))
     assert check["images"] == len(pngs) and check["broken"] == 0
-    assert check["tables"] == 2 + len(built.tables)  # overview, robustness, one per task
+    assert check["tables"] == 3 + len(built.tables)  # overview, robustness, support tokens, one per task
     assert check["overviewRows"] == len(built.overview.models) == 2
     assert check["bestFirst"] == built.overview.models[0] and check["worstFirst"] == built.overview.models[-1]
     assert check["sortedClass"].endswith("sorted-asc")

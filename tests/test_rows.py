@@ -50,7 +50,8 @@ def test_row_table_is_consistent():
 
 
 def test_every_declared_row_appears_in_a_real_run_and_every_emitted_row_is_declared(tiny_model_dir, data_dir):
-    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4, probes="all")  # omega is not default
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4, probes="all",  # omega is not default
+                   probe_bte_profile="full")  # the depth profile row
     out = run(lm, [MC_TASK, GEN_TASK, DETECTOR_TASK], data_dir, limit=16)
     emitted: set[str] = set()
     for task, results in out["results"].items():
@@ -63,6 +64,22 @@ def test_every_declared_row_appears_in_a_real_run_and_every_emitted_row_is_decla
     declared = set(rows.ROWS_BY_NAME) - set(rows.DIFFUSION_ROWS)  # those: tests/test_diffusion.py
     assert emitted == declared, declared ^ emitted
     json.dumps(out["results"], allow_nan=False)
+    layers = lm.model.config.num_hidden_layers
+    for task in (MC_TASK, GEN_TASK):  # the per-document vectors reach the samples, and their rows are their means
+        samples = out["samples"][task]
+        profiles = [s["bte_profile"] for s in samples]
+        trajectories = [s["omega_trajectory"] for s in samples]
+        support = [s["margin_support"] for s in samples]
+        assert {len(p) for p in profiles} == {layers} and {len(t) for t in trajectories} == {layers + 1}
+        assert all(len(s["positions"]) == len(s["tokens"]) == len(s["margins"]) == 5 for s in support)
+        assert all(s["margins"] == sorted(s["margins"]) for s in support)
+        assert all(math.isclose(s["omega"], sum(1 - c for c in t), rel_tol=1e-9) for s, t in zip(samples, trajectories))
+        results = {key.split(",")[0]: value for key, value in out["results"][task].items()
+                   if key.endswith("," + samples[0]["filter"])}
+        assert results["bte_profile"] == pytest.approx(np.mean([np.mean(p) for p in profiles]), rel=1e-12)
+        assert results["omega_trajectory"] == pytest.approx(np.mean([np.mean(t) for t in trajectories]), rel=1e-12)
+        assert results["margin_support"] == pytest.approx(np.mean([np.mean(s["margins"]) for s in support]), rel=1e-12)
+        json.dumps([profiles, trajectories, support], allow_nan=False)
 
 
 def _assert_rows_equal(got: dict, want: dict, where: str) -> None:

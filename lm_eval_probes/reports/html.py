@@ -25,9 +25,11 @@ from lm_eval_probes.reports.tables import (
     Cell,
     Overview,
     RobustnessRow,
+    SupportRow,
     TaskTable,
     format_delta,
     format_parameters,
+    support_text,
 )
 
 TEMPLATE = "leaderboard.html.j2"
@@ -118,6 +120,19 @@ def robustness_table(rows: Sequence[RobustnessRow]) -> HtmlTable:
     return HtmlTable(tuple(header), tuple(out))
 
 
+def support_table(rows: Sequence[SupportRow]) -> HtmlTable:
+    header = (HtmlHead("model", "name"), HtmlHead("task", "name"), HtmlHead("documents"), HtmlHead("k"),
+              HtmlHead("mean support margin ↑", "", "mean over documents of their support tokens' mean margin"),
+              HtmlHead("most frequent support tokens", "name", "token ×documents whose k smallest margins include it"))
+    out = []
+    for r in rows:
+        margin = (HtmlCell(f"{r.mean_margin:.4g}", repr(r.mean_margin)) if math.isfinite(r.mean_margin)
+                  else HtmlCell(UNDEFINED_TEXT, "", "undefined"))
+        out.append((_name_cell(r.model), _name_cell(r.task), HtmlCell(str(r.n_documents), str(r.n_documents)),
+                    HtmlCell(str(r.k), str(r.k)), margin, HtmlCell(support_text(r), "", "name tokens")))
+    return HtmlTable(header, tuple(out))
+
+
 def figure_section(title: str, note: str, figures: Sequence[Figure]) -> FigureSection:
     return FigureSection(title, note, tuple(
         {"title": f.title, "caption": f.caption, "base64": base64.b64encode(f.png).decode("ascii")} for f in figures))
@@ -130,6 +145,7 @@ def render_page(
     view: Overview,
     tables: Sequence[TaskTable],
     robustness: Sequence[RobustnessRow],
+    support: Sequence[SupportRow],
     sections: Sequence[FigureSection],
     models: Sequence[ModelResults],
     notes: Sequence[str],
@@ -149,6 +165,7 @@ def render_page(
     return environment.get_template(TEMPLATE).render(
         title=title, version=version, overview=overview_table(view),
         task_tables=[task_html_table(t) for t in tables], robustness=robustness_table(robustness),
+        support=support_table(support),
         figure_sections=[s for s in sections if s.figures or s.note], models=model_notes, tasks=[t.task for t in tables],
         notes=list(notes), n_resamples=n_resamples, seed=seed, level=level,
     )

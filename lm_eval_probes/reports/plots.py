@@ -5,7 +5,9 @@ Each function returns :class:`Figure` objects (or none when the runs lack what i
 * :func:`reliability_figures` — reliability diagram per task (accuracy vs mean confidence per bin);
 * :func:`risk_coverage_figures` — risk–coverage curve per task;
 * :func:`robustness_figures` — clean vs noised accuracy and selective AUROC per clean task and operator;
-* :func:`difficulty_figures` — accuracy, confidence, BTE energy and δ_TCB per difficulty level;
+* :func:`difficulty_figures` — accuracy, confidence, BTE energy, δ_TCB, Ω and margin per difficulty level;
+* :func:`omega_figures` — HyperLens confidence trajectories C_i (mean over documents) where samples carry
+  ``omega_trajectory`` (``probes=omega``);
 * :func:`bte_figures` — BTE depth profiles (mean over documents of e(l)) where samples carry
   ``bte_profile``; otherwise the distribution of the central-window energy ē_M, with a note that the
   samples hold no profile.
@@ -38,7 +40,7 @@ DIFFICULTY_SOURCES: tuple[str, ...] = ("bte_spearman", "tcb_spearman", "length_s
 
 DIFFICULTY_METRICS: tuple[tuple[str, str], ...] = (
     ("correct", "accuracy"), ("confidence", "confidence"), ("bte_energy", "BTE energy ē_M (nats)"),
-    ("tcb_log10", "log10 δ_TCB"),
+    ("tcb_log10", "log10 δ_TCB"), ("omega", "HyperLens Ω"), ("margin", "mean stability margin"),
 )
 
 
@@ -234,26 +236,11 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
         ``--log_samples`` files of this plugin carry only ē_M), so the figures show ē_M per task.
     """
     figures: list[Figure] = []
-    profiles: dict[str, list[np.ndarray]] = {}
-    for model in models:
-        for result in model.tasks.values():
-            for sample in result.samples:
-                profile = sample.get("bte_profile")
-                if isinstance(profile, list) and profile and all(isinstance(v, (int, float)) for v in profile):
-                    profiles.setdefault(model.name, []).append(np.asarray(profile, dtype=float))
+    profiles = _depth_curves(models, "bte_profile")
     if profiles:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, rows in profiles.items():
-            depth = max(len(r) for r in rows)
-            stacked = np.full((len(rows), depth), np.nan)
-            for i, r in enumerate(rows):
-                stacked[i, : len(r)] = r
-            relative = np.arange(depth) / max(1, depth - 1)
-            ax.plot(relative, np.nanmean(stacked, axis=0), label=plain_label(f"{name} ({depth} transitions)"))
-        ax.set(xlabel="relative depth (transition l → l+1)", ylabel="mean JSD (nats)", title="BTE depth profile")
-        ax.legend(fontsize=7)
-        figures.append(Figure("bte_profiles", "BTE depth profiles",
-                              "Mean over documents of the per-transition JSD e(l).", _render(fig)))
+        figures.append(_depth_figure(
+            profiles, "bte_profiles", "BTE depth profiles", "relative depth (transition l → l+1)", "mean JSD (nats)",
+            "transitions", "Mean over documents (each task's correctness filter) of the per-transition JSD e(l)."))
         return figures, True
     for task in _tasks(models):
         data = []
@@ -277,3 +264,45 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
                               "Per-document ē_M. The samples carry no per-layer profile, so no depth profile is drawn.",
                               _render(fig)))
     return figures, False
+
+
+def _depth_curves(models: Sequence[ModelResults], key: str) -> dict[str, list[np.ndarray]]:
+    """Model name → the per-document vectors under ``key`` (``bte_profile``, ``omega_trajectory``) of every
+    task's samples of its correctness filter (one line per document); a ``null`` member stays ``nan``."""
+    curves: dict[str, list[np.ndarray]] = {}
+    for model in models:
+        for result in model.tasks.values():
+            primary = primary_metric(result)
+            for sample in result.samples_of(primary[1]) if primary else result.samples:
+                vector = sample.get(key)
+                if isinstance(vector, list) and vector and all(v is None or isinstance(v, (int, float)) for v in vector):
+                    curves.setdefault(model.name, []).append(np.array([math.nan if v is None else v for v in vector], dtype=float))
+    return curves
+
+
+def _depth_figure(curves: Mapping[str, list[np.ndarray]], name: str, title: str, xlabel: str, ylabel: str,
+                  unit: str, caption: str) -> Figure:
+    """One line per model: the mean over documents of its vectors against relative depth (0 = first, 1 = last)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model, rows in curves.items():
+        depth = max(len(r) for r in rows)
+        stacked = np.full((len(rows), depth), np.nan)
+        for i, r in enumerate(rows):
+            stacked[i, : len(r)] = r
+        relative = np.arange(depth) / max(1, depth - 1)
+        ax.plot(relative, np.nanmean(stacked, axis=0), marker="o", markersize=2,
+                label=plain_label(f"{model} ({depth} {unit}, {len(rows)} documents)"))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    return Figure(name, title, caption, _render(fig))
+
+
+def omega_figures(models: Sequence[ModelResults]) -> list[Figure]:
+    """HyperLens Ω: the mean confidence trajectory C_i per model, when samples carry ``omega_trajectory``."""
+    curves = _depth_curves(models, "omega_trajectory")
+    if not curves:
+        return []
+    return [_depth_figure(
+        curves, "omega_trajectories", "HyperLens confidence trajectories", "relative depth of the source layer i",
+        "C_i (top-K mass of the focal-depth decoding)", "source layers",
+        "Mean over documents (each task's correctness filter) of C_i; Ω = Σ_i (1 − C_i) is the area above the curve.")]

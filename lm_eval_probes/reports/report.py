@@ -4,7 +4,7 @@ Reads every ``results_*.json`` under the given folders (and the ``samples_*.json
 the runs of each model, and writes into ``--out``:
 
 * ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate), the robustness
-  table for noised twins, and one table per task with every row;
+  table for noised twins, the support tokens (``probes=margin``), and one table per task with every row;
 * ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr and CI columns);
 * ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings;
 * ``index.html`` — one self-contained page (tables sortable, figures embedded);
@@ -31,6 +31,7 @@ from lm_eval_probes.reports.tables import (
     BootstrapSettings,
     Overview,
     RobustnessRow,
+    SupportRow,
     TaskTable,
     leaderboard_csv,
     markdown_escape,
@@ -38,6 +39,8 @@ from lm_eval_probes.reports.tables import (
     overview_markdown,
     robustness_markdown,
     robustness_rows,
+    support_markdown,
+    support_rows,
     task_markdown,
     task_table,
 )
@@ -56,6 +59,7 @@ class Report:
     overview: Overview
     tables: tuple[TaskTable, ...]
     robustness: tuple[RobustnessRow, ...]
+    support: tuple[SupportRow, ...]
     notes: tuple[str, ...]
 
 
@@ -68,7 +72,8 @@ def _notes(models: Sequence[ModelResults], bte_profiles: bool) -> list[str]:
                              "intervals and no plots for it.")
     if not bte_profiles:
         notes.append("BTE depth profiles: the --log_samples files hold each document's central-window energy ē_M, "
-                     "not its per-layer profile, so the BTE plots show the distribution of ē_M per model.")
+                     "not its per-layer profile (run with probe_bte_profile=full for that), so the BTE plots show the "
+                     "distribution of ē_M per model.")
     notes.append("The reader rows (lcr_auroc, lcr_ece, corruption_auroc) are shown without an interval: their "
                  "hidden-state features are not written to the samples files. ece_scaled has none either: its "
                  "temperature is fitted out-of-fold, and a resample that repeats a document would put it in a "
@@ -102,6 +107,9 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
                    "noised": {k: v.to_json() for k, v in r.noised.items()},
                    "delta_noised_minus_clean": {k: (v if math.isfinite(v) else None) for k, v in r.delta.items()}}
                   for r in report.robustness]
+    support = [{"model": r.model, "task": r.task, "n_documents": r.n_documents, "k": r.k,
+                "mean_margin": r.mean_margin if math.isfinite(r.mean_margin) else None,
+                "top_tokens": [{"token": token, "documents": n} for token, n in r.top]} for r in report.support]
     return {
         "generator": f"lm-eval-probes {VERSION} report",
         "bootstrap": {"method": "percentile bootstrap over documents", "n_resamples": settings.n_resamples,
@@ -109,6 +117,7 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         "ranking": [m for m in report.overview.models],
         "models": models,
         "robustness": robustness,
+        "support_tokens": support,
         "notes": list(report.notes),
     }
 
@@ -123,6 +132,9 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
     ]
     if report.robustness:
         parts += ["## Robustness to noised inputs", "", "Δ = noised − clean.", "", robustness_markdown(report.robustness), ""]
+    if report.support:
+        parts += ["## Support tokens", "", "`probes=margin`: the k smallest-margin tokens of each document, and how many "
+                  "documents each token is a support token of.", "", support_markdown(report.support), ""]
     for table in report.tables:
         parts += [f"## {markdown_escape(table.task)}", "", task_markdown(table), ""]
     if report.notes:
@@ -159,13 +171,15 @@ def build_report(
     tables = tuple(task_table(models, task, settings) for task in task_names)
     view = overview(models, tables)
     robustness = tuple(robustness_rows(models, settings))
+    support = tuple(support_rows(models))
     sections: list[html.FigureSection] = []
     bte_profiles = False
     if plots:
         bte, bte_profiles = plotting.bte_figures(models)
         figure_groups = [
             ("BTE depth profiles" if bte_profiles else "BTE central-window energy",
-             "" if bte_profiles else "The samples carry ē_M per document but no per-layer profile.", bte),
+             "" if bte_profiles else "The samples carry ē_M per document but no per-layer profile (probe_bte_profile=full).", bte),
+            ("HyperLens Ω", "", plotting.omega_figures(models)),
             ("Reliability diagrams", "", plotting.reliability_figures(models)),
             ("Risk–coverage curves", "", plotting.risk_coverage_figures(models)),
             ("Clean vs noised", "", plotting.robustness_figures(robustness)),
@@ -177,7 +191,7 @@ def build_report(
             for figure in figures:
                 (plot_dir / f"{figure.name}.png").write_bytes(figure.png)
             sections.append(html.figure_section(title_, note, figures))
-    report = Report(Path(out), tuple(models), view, tables, robustness, tuple(_notes(models, bte_profiles or not plots)))
+    report = Report(Path(out), tuple(models), view, tables, robustness, support, tuple(_notes(models, bte_profiles or not plots)))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "leaderboard.md").write_text(markdown_page(report, settings), encoding="utf-8")
@@ -186,7 +200,7 @@ def build_report(
     (out_dir / "summary.json").write_text(json.dumps(summary_json(report, settings), indent=2, ensure_ascii=False,
                                                      allow_nan=False), encoding="utf-8")
     page = html.render_page(title=title, version=VERSION, view=view, tables=tables, robustness=robustness,
-                            sections=sections, models=models, notes=report.notes, n_resamples=n_resamples,
+                            support=support, sections=sections, models=models, notes=report.notes, n_resamples=n_resamples,
                             seed=seed, level=level)
     (out_dir / "index.html").write_text(page, encoding="utf-8")
     return report

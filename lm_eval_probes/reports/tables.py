@@ -1,4 +1,5 @@
-"""The leaderboard's tables: cells with stderr or bootstrap CI, per-task tables, the overview, robustness.
+"""The leaderboard's tables: cells with stderr or bootstrap CI, per-task tables, the overview, robustness,
+support tokens.
 
 Everything here is data plus plain-text rendering (Markdown, CSV); :mod:`.html` renders the same
 objects as a page. Cells distinguish *missing* (the model has no such task or row) from *undefined*
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +21,7 @@ from lm_eval_probes.reports.bootstrap import ConfidenceInterval, percentile_inte
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
+from lm_eval_probes.rows import support_mean
 
 PRIMARY_METRICS: tuple[str, ...] = ("acc", "exact_match", "acc_norm")
 """The correctness row of a task: the first of these it has."""
@@ -286,6 +290,55 @@ def robustness_rows(models: Sequence[ModelResults], settings: BootstrapSettings)
     return sorted(rows, key=lambda r: (r.base, r.operator, r.model))
 
 
+SUPPORT_TOP = 8
+"""Support-token tables list this many of the most frequent tokens per model and task."""
+
+
+@dataclass(frozen=True)
+class SupportRow:
+    """One model on one task: the support tokens of ``probes=margin`` (the k smallest-margin tokens per
+    document, from the samples' ``margin_support`` records of the task's correctness filter).
+
+    ``top``: (token, documents it is a support token of) for the :data:`SUPPORT_TOP` most frequent, ties by
+    token; ``mean_margin``: mean over documents of their support tokens' mean margin (``nan`` if none).
+    """
+
+    model: str
+    task: str
+    n_documents: int
+    k: int
+    top: tuple[tuple[str, int], ...]
+    mean_margin: float
+
+
+def support_rows(models: Sequence[ModelResults]) -> list[SupportRow]:
+    """Every (model, task) whose samples carry support tokens, sorted by task, model."""
+    out = []
+    for model in models:
+        for task, result in model.tasks.items():
+            primary = primary_metric(result)
+            samples = result.samples_of(primary[1]) if primary else result.samples
+            support = [s["margin_support"] for s in samples if isinstance(s.get("margin_support"), dict)]
+            if not support:
+                continue
+            counts: Counter[str] = Counter()
+            for record in support:
+                counts.update({str(token) for token in record.get("tokens") or ()})
+            top = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:SUPPORT_TOP])
+            k = max(len(record.get("tokens") or ()) for record in support)
+            out.append(SupportRow(model.name, task, len(support), k, top, support_mean(support)))
+    return sorted(out, key=lambda r: (r.task, r.model))
+
+
+def format_token(token: str) -> str:
+    """A token shown with its quotes and escapes (leading spaces and newlines stay visible)."""
+    return json.dumps(token, ensure_ascii=False)
+
+
+def support_text(row: SupportRow) -> str:
+    return ", ".join(f"{format_token(token)} ×{n}" for token, n in row.top)
+
+
 # --------------------------------------------------------------------------- plain-text rendering
 
 
@@ -383,3 +436,10 @@ def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dic
                         + [value(cell_of.get((name, c), MISSING), "value") for c in columns]
                         + [value(cell_of.get((name, c), MISSING), part) for c, part in extra])
     return buffer.getvalue()
+
+
+def support_markdown(rows: Sequence[SupportRow]) -> str:
+    header = ["model", "task", "documents", "k", "mean support margin ↑", f"most frequent support tokens (documents, top {SUPPORT_TOP})"]
+    return _markdown_table(header, ([markdown_escape(r.model), markdown_escape(r.task), str(r.n_documents), str(r.k),
+                                     f"{r.mean_margin:.4g}" if math.isfinite(r.mean_margin) else UNDEFINED_TEXT,
+                                     markdown_escape(support_text(r))] for r in rows))
