@@ -1,4 +1,4 @@
-# make demo — set up .venv, sweep the bundled SmolLM2-135M-Instruct (DEMO_MODELS=smollm2,gemma adds Gemma-3-270M) over the synthetic tasks with probes, write the leaderboard
+# make demo — set up .venv, sweep the bundled SmolLM2-135M-Instruct and Gemma-3-270M (DEMO_MODELS=smollm2 for one) over the synthetic tasks with probes, write the leaderboard
 # make test — set up .venv and run the test suite (tiny random models; real-model tests are marked slow)
 PYTHON ?= python3
 VENV := .venv
@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 DEPS := $(VENV)/.deps-installed
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 DEMO_LIMIT ?= 40
-DEMO_MODELS ?= smollm2
+DEMO_MODELS ?= smollm2,gemma
 DEMO_OUT ?= results/demo
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 

