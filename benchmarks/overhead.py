@@ -17,7 +17,8 @@ peak RSS of the whole process and its ratio to plain ``hf``'s, and the peak RSS 
 loaded model (ΔRSS, MB) beside it; then one JSON line per row (``{"task": ..., "wrapper": ...}``).
 Machines are noisy: compare ratios from one run.
 
-Wrappers: ``hf``; ``tcb+bte`` (``probes=tcb,bte``); ``default`` (the default probe set, ``probes``
+Wrappers: ``hf``; ``none`` (``hf-probes`` with ``probes=none``: its forward unembeds only the positions
+HFLM reads, so this row is the wrapper's own cost without probes); ``tcb+bte`` (``probes=tcb,bte``); ``default`` (the default probe set, ``probes``
 not given); ``omega`` (``probes=omega``) and ``margin`` (``probes=margin``), each with its own cost
 target, only with ``--wrappers``. Tasks: ``probes_synth_arith`` and
 ``probes_synth_arith_gen`` always; ``probes_proofwriter`` and ``probes_gsm8k`` (5-shot) when
@@ -46,6 +47,7 @@ CACHE = Path(os.environ.get("LM_EVAL_PROBES_BENCH_CACHE", Path.home() / ".cache"
 DEFAULT_WRAPPERS = ("hf", "tcb+bte", "default")
 WRAPPERS: dict[str, dict[str, Any]] = {
     "hf": {},
+    "none": {"probes": "none"},  # hf-probes without probes: the wrapper's own forward (logits only where read)
     "tcb+bte": {"probes": "tcb,bte"},
     "default": {"probes": None},  # the default probe set
     "omega": {"probes": "omega"},
