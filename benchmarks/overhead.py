@@ -158,6 +158,10 @@ def _cpu_seconds() -> float:
 BASELINE = "@baseline"
 
 
+class RowFailed(Exception):
+    """A measured process that failed (e.g. a probe the model's architecture does not support)."""
+
+
 def measure(args: argparse.Namespace, task: str, wrapper: str) -> dict[str, float]:
     limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--task", task,
@@ -170,7 +174,10 @@ def measure(args: argparse.Namespace, task: str, wrapper: str) -> dict[str, floa
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_package, env.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
-        raise SystemExit(f"{task} / {wrapper} failed:\n{done.stderr[-4000:]}")
+        if wrapper == "hf":
+            raise SystemExit(f"{task} / {wrapper} failed:\n{done.stderr[-4000:]}")
+        last = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise RowFailed(last[-1] if last else f"exit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -188,9 +195,16 @@ def sweep(args: argparse.Namespace) -> None:
     lines = []
     for task in tasks:
         best: dict[str, dict[str, float]] = {}
+        failed: dict[str, str] = {}
         for _ in range(args.repeats):
             for wrapper in wrappers:
-                got = measure(args, task, wrapper)
+                if wrapper in failed:
+                    continue
+                try:
+                    got = measure(args, task, wrapper)
+                except RowFailed as error:  # reported as its own row; the other wrappers go on
+                    failed[wrapper] = str(error)
+                    continue
                 old = best.get(wrapper)
                 best[wrapper] = got if old is None else {
                     "wall_s": min(old["wall_s"], got["wall_s"]), "cpu_s": min(old["cpu_s"], got["cpu_s"]),
@@ -198,6 +212,10 @@ def sweep(args: argparse.Namespace) -> None:
                     "delta_rss_mb": max(old["delta_rss_mb"], got["delta_rss_mb"])}
         base = best["hf"]
         for wrapper in wrappers:
+            if wrapper in failed:
+                lines.append({"model": args.model, "task": task, "wrapper": wrapper, "failed": failed[wrapper]})
+                print(f"{task:24s} {wrapper:18s} failed: {failed[wrapper][:200]}", flush=True)
+                continue
             row = best[wrapper]
             limit = args.gsm8k_limit if task == "probes_gsm8k" else args.limit
             line = {"model": args.model, "task": task, "wrapper": wrapper, "limit": limit, **row,
