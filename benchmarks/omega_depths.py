@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from overhead import model_folder  # noqa: E402  (the bundled models as plain safetensors folders)
 
-ROWS = ("omega_trajectory", "omega", "omega_spearman", "omega_spearman_partial", "acc", "exact_match")
+ROWS = ("omega_trajectory", "omega", "omega_spearman", "omega_spearman_partial", "omega_spearman_partial_prompt", "acc",
+        "exact_match")
 
 
 def thirds(trajectories: list[list[float]]) -> tuple[float, float, float]:
