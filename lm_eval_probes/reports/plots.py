@@ -33,7 +33,7 @@ from lm_eval_probes.probes.calibration import reliability_diagram, risk_coverage
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
-from lm_eval_probes.reports.tables import RobustnessRow, primary_metric  # noqa: E402
+from lm_eval_probes.reports.tables import RobustnessRow, primary_metric, primary_samples  # noqa: E402
 
 DIFFICULTY_SOURCES: tuple[str, ...] = ("bte_spearman", "tcb_spearman", "length_spearman", "prompt_length_spearman")
 """Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
@@ -248,8 +248,7 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
             result = model.tasks.get(task)
             if result is None:
                 continue
-            primary = primary_metric(result)
-            samples = result.samples_of(primary[1]) if primary else result.samples
+            samples = primary_samples(result)
             values = [float(s["bte_energy"]) for s in samples
                       if isinstance(s.get("bte_energy"), (int, float)) and math.isfinite(float(s["bte_energy"]))]
             if values:
@@ -272,8 +271,7 @@ def _depth_curves(models: Sequence[ModelResults], key: str) -> dict[str, list[np
     curves: dict[str, list[np.ndarray]] = {}
     for model in models:
         for result in model.tasks.values():
-            primary = primary_metric(result)
-            for sample in result.samples_of(primary[1]) if primary else result.samples:
+            for sample in primary_samples(result):
                 vector = sample.get(key)
                 if isinstance(vector, list) and vector and all(v is None or isinstance(v, (int, float)) for v in vector):
                     curves.setdefault(model.name, []).append(np.array([math.nan if v is None else v for v in vector], dtype=float))

@@ -14,7 +14,8 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, percentile_interval, resample_indices
@@ -129,6 +130,13 @@ def primary_metric(task: TaskResult) -> tuple[str, str] | None:
             if task.metric(name, filter_name) is not None:
                 return name, filter_name
     return None
+
+
+def primary_samples(task: TaskResult) -> list[Mapping[str, Any]]:
+    """The samples lines of the task's correctness filter (one per document); every line when it has no
+    correctness row."""
+    primary = primary_metric(task)
+    return task.samples_of(primary[1]) if primary else list(task.samples)
 
 
 def task_cell(model: ModelResults, task: str, metric: str, filter_name: str, settings: BootstrapSettings) -> Cell:
@@ -316,9 +324,7 @@ def support_rows(models: Sequence[ModelResults]) -> list[SupportRow]:
     out = []
     for model in models:
         for task, result in model.tasks.items():
-            primary = primary_metric(result)
-            samples = result.samples_of(primary[1]) if primary else result.samples
-            support = [s["margin_support"] for s in samples if isinstance(s.get("margin_support"), dict)]
+            support = [s["margin_support"] for s in primary_samples(result) if isinstance(s.get("margin_support"), dict)]
             if not support:
                 continue
             counts: Counter[str] = Counter()
