@@ -112,14 +112,24 @@ class LensReadout:
     def vocab_size(self) -> int:
         return self.unembed.shape[0]
 
-    def logits(self, hidden: torch.Tensor, *, normalized: bool, capped: bool = True) -> torch.Tensor:
+    def logits(
+        self, hidden: torch.Tensor, *, normalized: bool, capped: bool = True, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm is already applied;
-        ``capped=False`` returns ``W h + b`` before the soft-capping (δ_TCB's input)."""
+        ``capped=False`` returns ``W h + b`` before the soft-capping (δ_TCB's input); ``out``: a float32
+        ``[..., V]`` tensor to write them into (and return), instead of a new one."""
         if not normalized:
             hidden = self.final_norm(hidden.to(self._norm_device))
-        hidden = hidden.to(self.device)
-        logits = torch.nn.functional.linear(hidden.float(), self.unembed, self.bias)
-        return self.cap(logits) if capped else logits
+        hidden = hidden.to(self.device).float()
+        if out is None:
+            logits = torch.nn.functional.linear(hidden, self.unembed, self.bias)
+        else:
+            logits = torch.matmul(hidden, self.unembed.T, out=out)
+            if self.bias is not None:
+                logits.add_(self.bias)
+        if not capped or self.logit_softcap is None:
+            return logits
+        return logits.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap) if out is not None else self.cap(logits)
 
     def cap(self, logits: torch.Tensor) -> torch.Tensor:
         """The model's logit transform g (soft-capping ``c·tanh(z/c)``, or the identity)."""

@@ -31,11 +31,10 @@ from lm_eval_probes.probes import (
     central_window,
     central_window_energy,
     confidence_trajectory,
-    consecutive_js_divergences,
+    consecutive_js_divergences_of_logits,
     depth_profile,
-    distribution_baselines,
     refinement_area,
-    token_constraint_bound,
+    tcb_with_baselines,
     transition_statistics,
 )
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -228,6 +227,28 @@ class PositionProbes:
         )
 
 
+def _layer_logits(
+    layer_states: Sequence[torch.Tensor],
+    readout: LensReadout,
+    lo: int,
+    hi: int,
+    first: int,
+    last: int,
+    final_logits: torch.Tensor | None,
+) -> Iterator[torch.Tensor]:
+    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, written into two alternating buffers
+    (:func:`consecutive_js_divergences_of_logits` overwrites each and is done with it two entries later); layer L's
+    are ``final_logits`` (already read out; overwritten too, so its caller must be done with them)."""
+    buffers: list[torch.Tensor] = []
+    for index, layer in enumerate(range(first, last + 1)):
+        if layer == len(layer_states) - 1:
+            yield final_logits
+            continue
+        if len(buffers) < 2:
+            buffers.append(torch.empty(hi - lo, readout.vocab_size, device=readout.device))
+        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffers[index % 2])
+
+
 def position_probes_of_spans(
     spans: Sequence[Sequence[torch.Tensor]],
     readout: LensReadout,
@@ -296,17 +317,15 @@ def position_probes(
 
     for lo in range(0, n, config.chunk_positions):
         hi = min(n, lo + config.chunk_positions)
-        final_logprobs = None
         if want_final:
             final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
             raw_logits = readout.logits(final_hidden, normalized=True, capped=False)
             final_logits = readout.cap(raw_logits)
-            final_logprobs = torch.log_softmax(final_logits, dim=-1)
         if token_ids is not None:
             ids = token_ids[lo:hi].to(readout.device).long().unsqueeze(-1)
-            keep("token_logprob", final_logprobs.gather(-1, ids).squeeze(-1))
+            keep("token_logprob", torch.log_softmax(final_logits, dim=-1).gather(-1, ids).squeeze(-1))
         if want_tcb:
-            delta = token_constraint_bound(
+            delta, baselines = tcb_with_baselines(
                 final_hidden,
                 readout.unembed,
                 readout.bias,
@@ -316,17 +335,13 @@ def position_probes(
                 logits=raw_logits,
             )
             keep("log10_tcb", torch.log10(delta.double()))
-            baselines = distribution_baselines(final_logits)
             keep("entropy", baselines.entropy)
             keep("logit_margin", baselines.logit_margin)
             keep("v_eff_ipr", baselines.v_eff_ipr)
             keep("v_eff_exp", baselines.v_eff_exp)
         if want_bte:
-            beliefs = (
-                final_logprobs if layer == num_layers else readout.logprobs(layer_states[layer][lo:hi], normalized=False)
-                for layer in range(first, last + 1)
-            )
-            keep("energy", consecutive_js_divergences(beliefs))
+            keep("energy", consecutive_js_divergences_of_logits(_layer_logits(layer_states, readout, lo, hi, first, last,
+                                                                               final_logits)))
     if n == 0:  # an empty response: enabled probes get empty values (they summarize to nan)
         empty = torch.empty(0, dtype=torch.float64)
         names = (["token_logprob"] if token_ids is not None else []) + (

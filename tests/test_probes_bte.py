@@ -81,6 +81,18 @@ def test_jsd_zero_probability_entries():
     assert float(got[1]) == 0.0
 
 
+def test_jsd_float32_underflowing_probabilities():
+    """Log-probabilities whose probabilities underflow float32 (e^-150 = 0) in both beliefs count as 0, not nan."""
+    head_p, head_q = _random_logprobs((3, 10), 11), _random_logprobs((3, 10), 12)
+    tail = torch.full((3, 500), -150.0, dtype=torch.float64)  # total mass 500·e^-150: nothing, even in float64
+    lp, lq = torch.cat([head_p, tail], -1), torch.cat([head_q, tail - 30.0], -1)
+    got = js_divergence(lp.float(), lq.float())
+    assert torch.isfinite(got).all()
+    np.testing.assert_allclose(got.numpy(), reference_jsd(head_p.exp().numpy(), head_q.exp().numpy()), rtol=1e-5)
+    with_zeros = torch.cat([lp[:, :-1], torch.full((3, 1), -math.inf, dtype=torch.float64)], -1)  # and an exact 0
+    np.testing.assert_allclose(js_divergence(with_zeros.float(), lq.float()).numpy(), got.numpy(), rtol=1e-6)
+
+
 def test_jsd_local_quadratic_approximation():
     """JSD(p, softmax(z + δ)) ≈ ⅛ δᵀ(diag(p) − ppᵀ)δ, with relative error shrinking with |δ|."""
     gen = torch.Generator().manual_seed(9)

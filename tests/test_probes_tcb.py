@@ -224,3 +224,36 @@ def test_given_logits_skip_the_first_product_and_give_the_same_delta():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
     with pytest.raises(ValueError, match="logits must have shape"):
         token_constraint_bound(h.float(), w.float(), logits=logits[..., :-1])
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tcb_with_baselines_equals_the_two_functions_and_leaves_its_inputs(softcap, dtype):
+    from lm_eval_probes.probes import tcb_with_baselines
+
+    _, w, b = _random_problem(400, 12, seed=12, with_bias=True)
+    hs = torch.randn(2, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(13)) * 3.0
+    hs, w, b = hs.to(dtype), w.to(dtype), b.to(dtype)
+    logits = torch.nn.functional.linear(hs, w, b)
+    before = logits.clone()
+    delta, baselines = tcb_with_baselines(hs, w, b, eps=2.0, logit_softcap=softcap, logits=logits)
+    torch.testing.assert_close(logits, before, rtol=0, atol=0)  # computed in place only on its own copies
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    want = token_constraint_bound(hs, w, b, eps=2.0, logit_softcap=softcap)
+    torch.testing.assert_close(delta, want, rtol=rtol, atol=0)
+    capped = logits.double() if softcap is None else softcap * torch.tanh(logits.double() / softcap)
+    reference = distribution_baselines(capped)
+    for name in ("entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"):
+        got = getattr(baselines, name)
+        assert got.shape == (2, 3) and got.dtype == dtype
+        torch.testing.assert_close(got.double(), getattr(reference, name), rtol=rtol, atol=1e-6 if dtype == torch.float32 else 0)
+
+
+def test_baselines_leave_float64_logits_unchanged_and_handle_minus_inf():
+    logits = torch.tensor([[0.0, 1.0, -math.inf, 2.0], [3.0, -math.inf, -math.inf, 3.0]], dtype=torch.float64)
+    before = logits.clone()
+    got = distribution_baselines(logits)
+    torch.testing.assert_close(logits, before, rtol=0, atol=0)
+    p = torch.softmax(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), -1)
+    assert float(got.entropy[0]) == pytest.approx(float(-(p * p.log()).sum()), rel=1e-12)
+    assert float(got.entropy[1]) == pytest.approx(math.log(2.0), rel=1e-12)

@@ -24,6 +24,7 @@ _SOURCES: dict[str, str] = {
     "central_window": "bte",
     "central_window_energy": "bte",
     "consecutive_js_divergences": "bte",
+    "consecutive_js_divergences_of_logits": "bte",
     "depth_profile": "bte",
     "js_divergence": "bte",
     "transition_statistics": "bte",
@@ -61,6 +62,7 @@ _SOURCES: dict[str, str] = {
     "top_k_mass": "omega",
     "PredictionBaselines": "tcb",
     "distribution_baselines": "tcb",
+    "tcb_with_baselines": "tcb",
     "token_constraint_bound": "tcb",
 }
 """Public name → the module that defines it."""

@@ -18,6 +18,7 @@ __all__ = [
     "central_window",
     "central_window_energy",
     "consecutive_js_divergences",
+    "consecutive_js_divergences_of_logits",
     "depth_profile",
     "js_divergence",
     "transition_statistics",
@@ -49,8 +50,8 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
         symmetric; 0 iff p = q, ln 2 for disjoint supports; higher = more different. Computed in
         float32 (half/bfloat16 are upcast), float64 inputs stay float64.
 
-    Formula: log m = logaddexp(log p, log q) − ln 2,
-    JSD = ½ Σ p (log p − log m) + ½ Σ q (log q − log m), with 0·log 0 = 0. (This is the true JSD,
+    Formula: m = (p + q)/2, JSD = ½ Σ p (log p − log m) + ½ Σ q (log q − log m), with 0·log 0 = 0
+    (log m from the probabilities, floored where both underflow to 0). (This is the true JSD,
     not tuned-lens's symmetrised KL.)
     """
     _require_float("logp", logp)
@@ -62,30 +63,60 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
 
 
 class _Belief:
-    """Log-probabilities with their probabilities (exponentiated once) and whether all are finite."""
+    """Log-probabilities with their halved probabilities p/2 (exponentiated once per layer)."""
 
-    __slots__ = ("finite", "logp", "p")
+    __slots__ = ("half", "logp")
 
-    def __init__(self, logp: Tensor, p: Tensor, finite: bool) -> None:
-        self.logp, self.p, self.finite = logp, p, finite
+    def __init__(self, logp: Tensor, half: Tensor) -> None:
+        self.logp, self.half = logp, half
 
     @classmethod
     def of(cls, logp: Tensor) -> _Belief:
-        # log-probabilities are <= 0: one reduction tells whether a -inf (or a nan) is present
-        finite = logp.numel() == 0 or bool(logp.amin() > -math.inf)
-        return cls(logp, logp.exp(), finite)
+        return cls(logp, logp.exp().mul_(0.5))
+
+    @classmethod
+    def of_logits_(cls, logits: Tensor, half: Tensor, dim: int) -> _Belief:
+        """log_softmax of ``logits`` computed in place (``logits`` becomes log p) and p/2 written into ``half``."""
+        logits.sub_(logits.amax(dim, keepdim=True))
+        torch.exp(logits, out=half)
+        total = half.sum(dim, keepdim=True)
+        half.div_(total * 2.0)
+        logits.sub_(total.log_())
+        return cls(logits, half)
 
 
-def _js_divergence(a: _Belief, b: _Belief, dim: int) -> Tensor:
-    """The formula of :func:`js_divergence` (0·log 0 = 0 handled only where a −inf is present)."""
-    log_m = torch.logaddexp(a.logp, b.logp).sub_(_LN2)
-    term_a = (a.logp - log_m).mul_(a.p)
-    term_b = (b.logp - log_m).mul_(b.p)
-    if not a.finite:
-        term_a = torch.where(a.p > 0, term_a, torch.zeros((), dtype=term_a.dtype, device=term_a.device))
-    if not b.finite:
-        term_b = torch.where(b.p > 0, term_b, torch.zeros((), dtype=term_b.dtype, device=term_b.device))
-    return (0.5 * term_a.add_(term_b).sum(dim)).clamp(0.0, _LN2)
+def _log_floor(dtype: torch.dtype) -> float:
+    """A value below the log of the dtype's smallest positive (subnormal) number."""
+    info = torch.finfo(dtype)
+    return math.log(info.tiny * info.eps) - 1.0
+
+
+def _js_divergence(a: _Belief, b: _Belief, dim: int, scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """The formula of :func:`js_divergence`, as Σ (p/2)(log p − log m) + Σ (q/2)(log q − log m), m = p/2 + q/2.
+
+    log m comes from the halved probabilities (one add and one log, cheaper than ``logaddexp`` of the
+    log-probabilities). Where both underflow to 0, m = 0: log m is then clamped to a floor below every
+    representable log, so their terms are 0 · finite = 0. A −inf log-probability (a probability of exactly
+    0) would give 0 · (−inf) = nan: such a result is recomputed with 0·log 0 = 0 made explicit. ``scratch``:
+    two tensors of the beliefs' shape to compute in (none allocated then).
+    """
+    log_m, terms = scratch if scratch is not None else (None, None)
+    log_m = torch.add(a.half, b.half, out=log_m).log_().clamp_min_(_log_floor(a.half.dtype))
+    terms = torch.sub(a.logp, log_m, out=terms).mul_(a.half)
+    terms.addcmul_(torch.sub(b.logp, log_m, out=log_m), b.half)
+    out = terms.sum(dim)
+    if bool(torch.isnan(out).any()):
+        out = _js_divergence_with_zeros(a, b, dim)
+    return out.clamp_(0.0, _LN2)
+
+
+def _js_divergence_with_zeros(a: _Belief, b: _Belief, dim: int) -> Tensor:
+    """:func:`_js_divergence` where terms of a zero probability are 0 (0·log 0 = 0), not 0·(−inf)."""
+    log_m = torch.add(a.half, b.half).log_().clamp_min_(_log_floor(a.half.dtype))
+    zero = torch.zeros((), dtype=log_m.dtype, device=log_m.device)
+    term_a = torch.where(a.half > 0, (a.logp - log_m).mul_(a.half), zero)
+    term_b = torch.where(b.half > 0, (b.logp - log_m).mul_(b.half), zero)
+    return term_a.add_(term_b).sum(dim)
 
 
 def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) -> Tensor:
@@ -107,6 +138,36 @@ def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) 
         previous = current
     if not out:
         raise ValueError("consecutive_js_divergences needs at least two layers")
+    return torch.stack(out)
+
+
+def consecutive_js_divergences_of_logits(layer_logits: Iterable[Tensor], dim: int = -1) -> Tensor:
+    """:func:`consecutive_js_divergences` of the log-softmax of each entry of a stream of float logits.
+
+    Computed in place, for a caller that reads out one layer at a time into reusable buffers: each logits
+    tensor is overwritten with its log-probabilities, and the probabilities and the JSD's work tensors live in
+    four buffers allocated once (no per-layer allocation of vocabulary-sized tensors). A caller may write the
+    next layer's logits into a tensor once the stream has moved two entries past it.
+    """
+    out: list[Tensor] = []
+    previous: _Belief | None = None
+    halves: list[Tensor] = []
+    scratch: tuple[Tensor, Tensor] | None = None
+    for index, logits in enumerate(layer_logits):
+        if logits.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"layer_logits must be float32 or float64 tensors, got dtype {logits.dtype}")
+        if previous is not None and previous.logp.shape != logits.shape:
+            raise ValueError(f"layer logits differ in shape: {tuple(previous.logp.shape)} and {tuple(logits.shape)}")
+        if len(halves) < 2:
+            halves.append(torch.empty_like(logits))
+        current = _Belief.of_logits_(logits, halves[index % 2], dim)  # the previous belief holds the other half
+        if previous is not None:
+            if scratch is None:
+                scratch = (torch.empty_like(logits), torch.empty_like(logits))
+            out.append(_js_divergence(previous, current, dim, scratch))
+        previous = current
+    if not out:
+        raise ValueError("consecutive_js_divergences_of_logits needs at least two layers")
     return torch.stack(out)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PredictionBaselines", "distribution_baselines", "token_constraint_bound"]
+__all__ = ["PredictionBaselines", "distribution_baselines", "tcb_with_baselines", "token_constraint_bound"]
 
 
 def _output_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -78,12 +78,12 @@ def token_constraint_bound(
         row_sq_norms: optional cached ``[V]`` squared row norms ‖w_i‖² of ``unembed`` (unscaled,
             i.e. before soft-capping), so a caller can compute them once per model.
         logits: optional ``[..., V]`` logits ``W h + b`` before soft-capping, when the caller already
-            has them (a logit-lens readout): the first of the three products is then skipped.
+            has them (a logit-lens readout): the first of the two products is then skipped.
 
     Returns:
         δ of shape ``[...]`` in (0, +inf], larger = prediction more constrained. float64 if
-        ``hidden`` or ``unembed`` is float64, else float32. The three V × d products (logits, the
-        two moments of o over the rows, the rows' dots with the top-1 row) run in ``unembed``'s
+        ``hidden`` or ``unembed`` is float64, else float32. The two V × d products (logits, and the
+        two moments of o over the rows in one product of 2N rows) run in ``unembed``'s
         precision (float64 for a float64 ``unembed``, else float32, so no float64 copy of a large
         unembedding is made); everything else (softmax, the expansion, the V-reductions) runs in
         float64. With a float32 ``unembed`` δ keeps 1e-3 relative accuracy against the float64
@@ -96,19 +96,52 @@ def token_constraint_bound(
     predictions, so the sum is expanded around the top-1 row k instead (u_i = ŵ_i − ŵ_k,
     o' = o with o'_k = 0, s = Σ_{j≠k} o_j, S2' = Σ_{j≠k} o_j², ν = μ − ŵ_k = Ŵᵀo' − s ŵ_k):
     ‖J‖² = Σ_{i≠k} o_i² ‖u_i‖² − 2 (Ŵᵀ(o'²) − S2' ŵ_k)·ν + (o_k² + S2') ‖ν‖²,
-    where every term scales with the off-top-1 mass, so nothing large cancels.
+    where every term scales with the off-top-1 mass, so nothing large cancels. Its first sum needs no
+    product of its own: Σ_{i≠k} o_i² ‖u_i‖² = Σ_{i≠k} o_i² ‖ŵ_i‖² − 2 ŵ_k·(Ŵᵀ(o'²)) + S2' ‖ŵ_k‖², from the
+    cached row norms and the second moment already computed (its terms also scale with o'²).
 
-    Cost: three ``[·, d] × [d, V]``-shaped matmuls (4N rows in all) for N positions; no ``[N, V, d]``
+    Cost: two ``[·, d] × [d, V]``-shaped products (3N rows in all) for N positions; no ``[N, V, d]``
     tensor is formed. Memory: a few ``[N, V]`` float64 tensors: chunk positions in the caller for
     long sequences.
     """
+    return _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits, baselines=False)[0]
+
+
+def tcb_with_baselines(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None = None,
+    *,
+    eps: float = 1.0,
+    logit_softcap: float | None = None,
+    row_sq_norms: Tensor | None = None,
+    logits: Tensor | None = None,
+) -> tuple[Tensor, PredictionBaselines]:
+    """:func:`token_constraint_bound` and :func:`distribution_baselines` of the same prediction softmax(g(W h + b)),
+    from one float64 softmax (the same arguments as :func:`token_constraint_bound`)."""
+    delta, baselines = _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits, baselines=True)
+    assert baselines is not None
+    return delta, baselines
+
+
+def _tcb_and_baselines(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    logit_softcap: float | None,
+    row_sq_norms: Tensor | None,
+    logits: Tensor | None,
+    *,
+    baselines: bool,
+) -> tuple[Tensor, PredictionBaselines | None]:
     _validate_tcb_inputs(hidden, unembed, bias, eps, logit_softcap, row_sq_norms)
     out_dtype = _output_dtype(hidden, unembed)
     batch_shape = hidden.shape[:-1]
-    d = unembed.shape[1]
+    vocab, d = unembed.shape
 
     f64 = torch.float64
-    mm = f64 if unembed.dtype == f64 else torch.float32  # the dtype of the three V × d products
+    mm = f64 if unembed.dtype == f64 else torch.float32  # the dtype of the V × d products
     w = unembed.to(mm)  # no copy for a float32 (or float64) unembedding
     h = hidden.reshape(-1, d)
     if logits is None:
@@ -116,40 +149,79 @@ def token_constraint_bound(
         if bias is not None:
             z = z + bias.to(f64)
     else:
-        if tuple(logits.shape) != (*batch_shape, unembed.shape[0]):
-            raise ValueError(f"logits must have shape {(*batch_shape, unembed.shape[0])}, got {tuple(logits.shape)}")
-        z = logits.reshape(-1, unembed.shape[0]).to(f64)
-    if logit_softcap is None:
-        capped, scale = z, None
-    else:
-        t = torch.tanh(z / logit_softcap)
-        capped, scale = logit_softcap * t, 1.0 - t * t
-    o = torch.softmax(capped, dim=-1)
-    row_sq = (w.to(f64) ** 2).sum(-1) if row_sq_norms is None else row_sq_norms.to(f64)
+        if tuple(logits.shape) != (*batch_shape, vocab):
+            raise ValueError(f"logits must have shape {(*batch_shape, vocab)}, got {tuple(logits.shape)}")
+        z = logits.reshape(-1, vocab).to(f64, copy=True)  # a copy: the softmax below works in place
+    capped, scale = _capped(z, logit_softcap)
+    summary = None
+    if baselines:
+        top2 = capped.topk(2, dim=-1).values
+        margin = (top2[..., 0] - top2[..., 1]).reshape(batch_shape)
+    log_o, o = _softmax_(capped)  # capped is now its log-softmax: the same argmax
+    if baselines:
+        summary = _baselines_of(log_o.reshape(*batch_shape, vocab), o.reshape(*batch_shape, vocab), margin, out_dtype)
+    delta = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps)
+    return delta.reshape(batch_shape).to(out_dtype), summary
 
+
+def _capped(z: Tensor, logit_softcap: float | None) -> tuple[Tensor, Tensor | None]:
+    """g(z) and g'(z) (``None`` for the identity) in float64."""
+    if logit_softcap is None:
+        return z, None
+    t = torch.tanh(z / logit_softcap)
+    return logit_softcap * t, 1.0 - t * t
+
+
+def _softmax_(z: Tensor) -> tuple[Tensor, Tensor]:
+    """(log softmax, softmax) of float64 ``z`` along the last axis; ``z`` itself becomes the log-softmax (one
+    new tensor, not three: these are vocabulary-sized)."""
+    z.sub_(z.amax(-1, keepdim=True))
+    o = torch.exp(z)
+    total = o.sum(-1, keepdim=True)
+    o.div_(total)
+    return z.sub_(total.log_()), o
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ_i a_i b_i along the last axis of two ``[N, V]`` tensors, without an ``[N, V]`` product tensor."""
+    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).reshape(a.shape[:-1])
+
+
+def _tcb_of_probabilities(
+    o: Tensor, capped: Tensor, scale: Tensor | None, w: Tensor, mm: torch.dtype, row_sq_norms: Tensor | None, eps: float
+) -> Tensor:
+    """δ of each row of ``[N, V]`` float64 probabilities ``o`` = softmax(``capped``) (overwritten: o'); ``capped``
+    may be shifted per row (it gives the top-1 token k)."""
+    f64 = torch.float64
+    n = o.shape[0]
+    row_sq = (w.to(f64) ** 2).sum(-1) if row_sq_norms is None else row_sq_norms.to(f64)
     k = capped.argmax(dim=-1, keepdim=True)  # [N, 1]
     w_k = w[k.squeeze(-1)]  # [N, d]
     c_k = torch.ones_like(k, dtype=f64) if scale is None else scale.gather(-1, k)  # [N, 1]
     w_hat_k = c_k * w_k.to(f64)
     o_k = o.gather(-1, k).squeeze(-1)
-    o_rest = o.scatter(-1, k, 0.0)  # o'
-    o_rest_sq = o_rest * o_rest
+    o_rest = o.scatter_(-1, k, 0.0)  # o'
     s = o_rest.sum(-1, keepdim=True)
-    s2 = o_rest_sq.sum(-1, keepdim=True)
+    s2 = _row_dot(o_rest, o_rest).unsqueeze(-1)
 
-    weights = torch.cat([o_rest, o_rest_sq]) if scale is None else torch.cat([o_rest * scale, o_rest_sq * scale])
-    moments = (weights.to(mm) @ w).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
-    n = h.shape[0]
+    # the two moments' weights (o_i' ĝ_i and o_i'² ĝ_i), in the products' dtype, in one [2N, V] tensor
+    weights = torch.empty(2 * n, o.shape[-1], dtype=mm, device=o.device)
+    if scale is None:
+        weights[:n].copy_(o_rest)
+        torch.mul(o_rest, o_rest, out=weights[n:])
+        # Σ_{i≠k} o_i'² ‖w_i‖² (in the products' dtype, like the moments)
+        spread_rows = weights[n:] @ row_sq.to(mm)
+    else:
+        torch.mul(o_rest, scale, out=weights[:n])
+        torch.mul(o_rest * o_rest, scale, out=weights[n:])
+        spread_rows = ((o_rest * scale) ** 2 * row_sq).sum(-1)
+    moments = (weights @ w).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
     nu = moments[:n] - s * w_hat_k  # [N, d]
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
-    dots = (w_k @ w.T).to(f64)  # [N, V]: w_i · w_k
-    if scale is None:
-        a = row_sq - 2.0 * dots + row_sq[k]  # ‖u_i‖², i≠k
-    else:
-        a = scale * scale * row_sq - 2.0 * scale * c_k * dots + c_k * c_k * row_sq[k]
-    j_sq = (o_rest_sq * a).sum(-1) - 2.0 * (m2 * nu).sum(-1) + (o_k * o_k + s2.squeeze(-1)) * (nu * nu).sum(-1)
-    delta = float(eps) / j_sq.clamp_min(0.0).sqrt()
-    return delta.reshape(batch_shape).to(out_dtype)
+    # Σ_{i≠k} o_i² ‖ŵ_i − ŵ_k‖², expanded: the second moment gives the cross term (no [N, V] dot products)
+    spread = spread_rows.to(f64) - 2.0 * (w_hat_k * moments[n:]).sum(-1) + s2.squeeze(-1) * (w_hat_k * w_hat_k).sum(-1)
+    j_sq = spread - 2.0 * (m2 * nu).sum(-1) + (o_k * o_k + s2.squeeze(-1)) * (nu * nu).sum(-1)
+    return float(eps) / j_sq.clamp_min(0.0).sqrt()
 
 
 @dataclass(frozen=True)
@@ -189,16 +261,17 @@ def distribution_baselines(logits: Tensor) -> PredictionBaselines:
     if logits.ndim < 1 or logits.shape[-1] < 2:
         raise ValueError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
     out_dtype = _output_dtype(logits)
-    z = logits.to(torch.float64)
-    log_o = torch.log_softmax(z, dim=-1)
-    o = log_o.exp()
-    o_log_o = o * log_o
-    if not bool(z.amin() > -math.inf):  # a -inf logit: 0·log 0 = 0 (not nan)
-        o_log_o = torch.where(o > 0, o_log_o, torch.zeros_like(o))
-    entropy = -o_log_o.sum(-1)
+    z = logits.to(torch.float64, copy=True)
     top2 = z.topk(2, dim=-1).values
-    margin = top2[..., 0] - top2[..., 1]
-    ipr = 1.0 / (o * o).sum(-1)
+    return _baselines_of(*_softmax_(z), top2[..., 0] - top2[..., 1], out_dtype)
+
+
+def _baselines_of(log_o: Tensor, o: Tensor, margin: Tensor, out_dtype: torch.dtype) -> PredictionBaselines:
+    """:class:`PredictionBaselines` from float64 log-probabilities and probabilities and the logit margin."""
+    entropy = -_row_dot(o, log_o)
+    if bool(torch.isnan(entropy).any()):  # a -inf logit: 0·log 0 = 0 (not 0·(−inf) = nan)
+        entropy = -torch.where(o > 0, o * log_o, torch.zeros((), dtype=o.dtype)).sum(-1)
+    ipr = 1.0 / _row_dot(o, o)
     return PredictionBaselines(
         entropy=entropy.to(out_dtype),
         logit_margin=margin.to(out_dtype),
