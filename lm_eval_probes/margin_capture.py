@@ -10,7 +10,9 @@ rotation and the key/value head it shares (grouped KV heads):
 
 (:func:`~lm_eval_probes.probes.margin.head_margins`), x_s = the first attention layer's input (the output
 of its input norm), and the position's margin is the mean over heads (or the minimum:
-``probe_margin_heads``). Every place where this departs from the paper's prior is listed in the README.
+``probe_margin_heads``). Where the family normalises each head's queries and keys (Gemma-3's ``q_norm`` and
+``k_norm``), the keys are the normalised ones and the query norm's Jacobian J_t joins R_t (``query_norm`` of
+:func:`~lm_eval_probes.probes.margin.head_margins`). Every place where this departs from the paper's prior is listed in the README.
 
 :class:`FirstLayerMargins` holds the layer's weights and a hook (:meth:`FirstLayerMargins.capture`) that
 records, for every forward of the model inside the block, the layer's inputs, rotary tables, the token ids
@@ -33,9 +35,13 @@ from lm_eval_probes.architectures import UnsupportedModelError
 from lm_eval_probes.config import MARGIN_HEAD_REDUCTIONS
 from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, rotate_half, support_tokens
 
-MARGIN_FAMILIES: tuple[str, ...] = ("gemma", "llama", "mistral", "qwen2")
+MARGIN_FAMILIES: tuple[str, ...] = ("gemma", "gemma3_text", "llama", "mistral", "qwen2")
 """``model_type`` values whose first attention layer has separate ``q_proj``/``k_proj``, rotate-half rotary
-embeddings, no query/key norm and no attention-logit soft-capping (what the margin's formula assumes)."""
+embeddings, per-head query/key RMS norms or none, and no attention-logit soft-capping (what the margin's
+formula assumes)."""
+
+_QK_NORM_WEIGHT_OFFSET: dict[str, float] = {"gemma3_text": 1.0}
+"""Families with per-head query/key RMS norms (``q_norm``/``k_norm``): the norm multiplies by offset + weight."""
 
 
 @dataclass
@@ -89,6 +95,11 @@ def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) ->
     )
 
 
+def _rms_norm(v: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """g ⊙ v / (mean(v²) + eps)^½ over the last axis."""
+    return gain * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class FirstLayerMargins:
     """Per-position margins m_t of a model's first attention layer (see the module docstring).
 
@@ -103,8 +114,9 @@ class FirstLayerMargins:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         if model_type not in MARGIN_FAMILIES:
             raise UnsupportedModelError(
-                f"probes=margin needs a first attention layer with q_proj/k_proj, rotate-half rotary embeddings and no "
-                f"query/key norm; model_type {model_type!r} is not one of {', '.join(MARGIN_FAMILIES)}"
+                f"probes=margin needs a first attention layer with q_proj/k_proj, rotate-half rotary embeddings, "
+                f"per-head query/key RMS norms or none, and no attention soft-capping; model_type {model_type!r} is "
+                f"not one of {', '.join(MARGIN_FAMILIES)}"
             )
         if heads not in MARGIN_HEAD_REDUCTIONS:
             raise ValueError(f"heads must be one of {MARGIN_HEAD_REDUCTIONS}, got {heads!r}")
@@ -117,6 +129,11 @@ class FirstLayerMargins:
         self.scale = float(getattr(self.attention, "scaling", self.head_dim**-0.5))
         self.heads = heads
         self.chunk = chunk
+        self.qk_norm_offset = _QK_NORM_WEIGHT_OFFSET.get(model_type)
+        if self.qk_norm_offset is None and (hasattr(self.attention, "q_norm") or hasattr(self.attention, "k_norm")):
+            raise UnsupportedModelError(f"probes=margin: model_type {model_type!r} has query/key norms of an unknown form")
+        if getattr(self.attention, "attn_logit_softcapping", None):
+            raise UnsupportedModelError("probes=margin: the first attention layer soft-caps its logits")
 
     @contextmanager
     def capture(self, *, join: bool = False) -> Iterator[FirstLayerInputs]:
@@ -173,19 +190,34 @@ class FirstLayerMargins:
         u = u.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, p]
         keys = keys.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, p]
         cos, sin = cos.double().unsqueeze(1), sin.double().unsqueeze(1)  # [B or 1, 1, T, p]
-        keys = keys * cos + rotate_half(keys) * sin
         q_bias = None if attn.q_proj.bias is None else attn.q_proj.bias.double().view(self.num_heads, 1, self.head_dim)
         queries = u if q_bias is None else u + q_bias
+        query_norm = None
+        if self.qk_norm_offset is not None:  # per-head RMS norms before the rotation (float64 here, not the module's float32)
+            query_gain, query_eps = self._norm_parameters(attn.q_norm)
+            key_gain, key_eps = self._norm_parameters(attn.k_norm)
+            query_norm = (queries, query_gain, query_eps)
+            queries = _rms_norm(queries, query_gain, query_eps)
+            keys = _rms_norm(keys, key_gain, key_eps)
+        keys = keys * cos + rotate_half(keys) * sin
         queries = queries * cos + rotate_half(queries) * sin
         groups = self.num_heads // self.num_kv_heads
         keys = keys.repeat_interleave(groups, dim=1)  # head h reads KV head h // groups
         mask = None if valid is None else valid.bool().unsqueeze(1).expand(batch, self.num_heads, length)
         weights = prefix_attention_weights(queries, keys, scale=self.scale, valid=mask)
         rotation = (cos.expand(batch, 1, length, -1), sin.expand(batch, 1, length, -1))
-        per_head = head_margins(u, keys, weights, scale=self.scale, rotation=rotation, valid=mask, chunk=self.chunk)
+        per_head = head_margins(u, keys, weights, scale=self.scale, rotation=rotation, valid=mask, chunk=self.chunk,
+                                query_norm=query_norm)
         if self.heads == "min":
             return per_head.min(dim=1).values  # nan propagates: a position without a margin has none in any head
         return per_head.mean(dim=1)
+
+    def _norm_parameters(self, norm: nn.Module) -> tuple[torch.Tensor, float]:
+        """A query/key RMS norm's effective weight (offset + weight, float64) and epsilon."""
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+        if eps is None:
+            raise UnsupportedModelError(f"probes=margin: {type(norm).__name__} has no eps / variance_epsilon")
+        return self.qk_norm_offset + norm.weight.detach().double(), float(eps)
 
     def of_segment(self, segment: dict[str, Any], rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Margins ``[b, T]`` and ids ``[b, T]`` of a captured segment (optionally only some batch rows)."""

@@ -14,13 +14,19 @@ from lm_eval_probes.margin_capture import FirstLayerMargins, summarize_margins
 from lm_eval_probes.models import ProbeHFLM
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
 
-MARGIN_ARCHS = ("llama", "qwen2")  # qwen2: query/key biases
+MARGIN_ARCHS = ("llama", "qwen2", "gemma3_text")  # qwen2: query/key biases; gemma3_text: query/key RMS norms
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def rope_tables(config, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of the default rotary embedding, from the paper's formula θ_i = base^(−2i/p)."""
-    p = config.hidden_size // config.num_attention_heads
-    base = config.rope_parameters["rope_theta"]
+    """cos/sin of the default rotary embedding, from the paper's formula θ_i = base^(−2i/p) (the first layer's
+    base, where the family has one per layer type)."""
+    p = head_dim(config)
+    rope = config.rope_parameters
+    base = rope["rope_theta"] if "rope_theta" in rope else rope[config.layer_types[0]]["rope_theta"]
     inv_freq = 1.0 / base ** (torch.arange(0, p, 2, dtype=torch.float64) / p)
     angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None]
     return torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
@@ -54,7 +60,16 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
     config = model.config
     attn = model.model.layers[0].self_attn
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    p = config.hidden_size // heads
+    p = head_dim(config)
+    scale = getattr(config, "query_pre_attn_scalar", p) ** -0.5  # Gemma-3 scales by its own constant
+
+    def norm(v: torch.Tensor, module) -> torch.Tensor:
+        """Gemma-3's per-head RMS norm, (1 + w) ⊙ v / rms(v); the identity for families without one."""
+        if module is None:
+            return v
+        return (1.0 + module.weight.double()) * v / torch.sqrt(v.pow(2).mean() + module.eps)
+
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     x = first_layer_inputs(model, ids)
     cos, sin = rope_tables(config, len(ids))
     wq, wk = attn.q_proj.weight.double(), attn.k_proj.weight.double()
@@ -66,11 +81,11 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
         for h in range(heads):
             g = h // (heads // kv_heads)
             q_rows, k_rows = slice(h * p, (h + 1) * p), slice(g * p, (g + 1) * p)
-            keys = [rotate(wk[k_rows] @ x[s] + bk[k_rows], cos[s], sin[s]) for s in range(t)]
+            keys = [rotate(norm(wk[k_rows] @ x[s] + bk[k_rows], k_norm), cos[s], sin[s]) for s in range(t)]
 
             def residual(xt, t=t, q_rows=q_rows, keys=keys):
-                query = rotate(wq[q_rows] @ xt + bq[q_rows], cos[t], sin[t])
-                alpha = torch.softmax(torch.stack([query @ k for k in keys]) / math.sqrt(p), 0)
+                query = rotate(norm(wq[q_rows] @ xt + bq[q_rows], q_norm), cos[t], sin[t])
+                alpha = torch.softmax(torch.stack([query @ k for k in keys]) * scale, 0)
                 return xt - (alpha[:, None] * x[:t]).sum(0)
 
             jac = torch.autograd.functional.jacobian(residual, x[t])
@@ -150,10 +165,18 @@ def test_heads_min_reduction(tiny_model_dir):
     assert torch.all(minimum[0, 1:] <= mean[0, 1:] + 1e-12) and torch.isnan(minimum[0, 0])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gemma3_text"])
-def test_unsupported_first_layers_fail_clearly(tiny_model_dir, arch):
+def test_unsupported_first_layers_fail_clearly(tiny_model_dir):
     with pytest.raises(UnsupportedModelError, match="probes=margin"):
-        ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=1, probes="margin")
+        ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="margin")
+
+
+def test_query_key_norms_of_another_form_fail_clearly():
+    import transformers
+
+    config = transformers.Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    with pytest.raises(UnsupportedModelError, match="qwen3"):
+        FirstLayerMargins(transformers.Qwen3ForCausalLM(config))
 
 
 def test_margin_options_are_validated():

@@ -143,6 +143,7 @@ def head_margins(
     valid: Tensor | None = None,
     positions: Tensor | None = None,
     chunk: int = 64,
+    query_norm: tuple[Tensor, Tensor, float] | None = None,
 ) -> Tensor:
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
 
@@ -163,6 +164,11 @@ def head_margins(
         positions: optional int64 ``[n]``: ``weights`` is ``[..., n, T]``, the rows of these query positions only
             (the margins of a subset of positions; e.g. a sampled estimate of a mean over positions).
         chunk: query positions processed at once (memory ≈ (T + chunk) · p² floats per head and row).
+        query_norm: for a head whose queries are RMS-normalised before the rotation (Gemma-3's ``q_norm``):
+            ``(v, g, eps)`` with ``v [..., T, p]`` the norm's inputs (projection and bias), ``g [p]`` its
+            effective weight and ``eps``, so q_t = R_t (g ⊙ v_t / r_t), r_t = (mean(v_t²) + eps)^½. The
+            norm's Jacobian J_t = diag(g) (I − v_t v_tᵀ / (p r_t²)) / r_t then sits between the rotation and
+            W_Q: m_t = log|det(I_p − scale · R_t J_t C_t)| (the keys' norm only changes the keys given).
 
     Returns:
         ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
@@ -184,6 +190,8 @@ def head_margins(
             rotation = (rotation[0][..., positions, :], rotation[1][..., positions, :])
         if valid is not None:
             valid = valid[..., positions]
+        if query_norm is not None:
+            query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
     outer = (query_inputs[..., :, None] * keys[..., None, :]).flatten(-2)  # [..., T, p²]: u_s k_sᵀ, flattened
     parts = []
     for lo in range(0, rows, chunk):
@@ -192,6 +200,13 @@ def head_margins(
         second = (alpha @ outer).unflatten(-1, (dim, dim))  # Σ_s α_ts u_s k_sᵀ: one matmul
         mean_u, mean_k = alpha @ query_inputs, alpha @ keys  # [..., c, p]
         cross = second - alpha.sum(-1)[..., None, None] * mean_u[..., :, None] * mean_k[..., None, :]
+        if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
+            v, gain, eps = query_norm
+            v = v[..., lo:hi, :]
+            r_sq = v.pow(2).mean(-1) + eps  # [..., c]
+            projected = (v.unsqueeze(-2) @ cross).squeeze(-2)  # v_tᵀ C_t: [..., c, p]
+            cross = cross - v[..., :, None] * projected[..., None, :] / (dim * r_sq)[..., None, None]
+            cross = gain[:, None] * cross / r_sq.sqrt()[..., None, None]
         if rotation is not None:
             cos, sin = (r[..., lo:hi, :, None] for r in rotation)  # rotate the query index (rows)
             cross = cross * cos + rotate_half(cross, dim=-2) * sin
