@@ -194,7 +194,7 @@ def _tcb_of_probabilities(
     may be shifted per row (it gives the top-1 token k)."""
     f64 = torch.float64
     n = o.shape[0]
-    row_sq = (w.to(f64) ** 2).sum(-1) if row_sq_norms is None else row_sq_norms.to(f64)
+    row_sq = torch.linalg.vector_norm(w, dim=-1, dtype=f64).square() if row_sq_norms is None else row_sq_norms.to(f64)
     k = capped.argmax(dim=-1, keepdim=True)  # [N, 1]
     w_k = w[k.squeeze(-1)]  # [N, d]
     c_k = torch.ones_like(k, dtype=f64) if scale is None else scale.gather(-1, k)  # [N, 1]
