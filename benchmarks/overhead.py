@@ -257,20 +257,17 @@ def lens(args: argparse.Namespace) -> None:
     readouts = 1 + (last - first + 1) - (last == readout.num_layers)
     products = readouts + 2  # in units of an [n, d] @ [d, V] product's FLOPs
     flop = 2.0 * n * d * vocab * products
-    chunk = config.lens_chunk(vocab)  # the lens reads positions out in chunks of at most this many: so do the matmuls
-    sizes = [min(chunk, n - lo) for lo in range(0, n, chunk)]
-    hidden = [torch.randn(size, d) for size in sizes]
-    moments = [torch.rand(2 * size, vocab) for size in sizes]
+    hidden = torch.randn(n, d)
+    moments = torch.rand(2 * n, vocab)
     weight = readout.unembed
 
     def lens_once() -> None:
         position_probes(states, readout, config)
 
     def matmuls_once() -> None:
-        for h, m in zip(hidden, moments, strict=True):
-            for _ in range(readouts):
-                h @ weight.T
-            m @ weight
+        for _ in range(readouts):
+            hidden @ weight.T
+        moments @ weight
 
     # interleaved (lens, matmul, lens, …) so that a burst of the machine's neighbours hits both alike; best of each
     timings = {"lens": float("inf"), "matmul": float("inf")}
@@ -285,12 +282,11 @@ def lens(args: argparse.Namespace) -> None:
     want = token_constraint_bound(final.double(), readout.unembed.double(), None if readout.bias is None else readout.bias.double(),
                                   logit_softcap=readout.logit_softcap)
     error = float(((got.double() - want) / want).abs().max())
-    line = {"model": args.model, "mode": "lens", "positions": n, "vocab": vocab, "d": d, "products": products, "chunk": chunk,
+    line = {"model": args.model, "mode": "lens", "positions": n, "vocab": vocab, "d": d, "products": products,
             "lens_s": timings["lens"], "matmul_s": timings["matmul"], "lens_gflops": flop / timings["lens"] / 1e9,
             "matmul_gflops": flop / timings["matmul"] / 1e9, "lens_share_of_matmul": timings["matmul"] / timings["lens"],
             "tcb_float32_max_rel_error": error, "torch_threads": torch.get_num_threads()}
-    print(f"lens on {n} positions in chunks of {chunk} ({readouts} readouts [{chunk}, {d}] x [{d}, {vocab}] and one "
-          f"[{2 * chunk}, {vocab}] x [{vocab}, {d}] per chunk): "
+    print(f"lens on {n} positions ({readouts} readouts [{n}, {d}] x [{d}, {vocab}] and one [{2 * n}, {vocab}] x [{vocab}, {d}]): "
           f"{line['lens_gflops']:.1f} GFLOP/s; plain matmul {line['matmul_gflops']:.1f} GFLOP/s; "
           f"lens reaches {100 * line['lens_share_of_matmul']:.0f} % of it")
     print(f"float32 δ_TCB vs its float64 reference on these states: max relative difference {error:.2e}")

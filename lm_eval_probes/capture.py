@@ -315,9 +315,8 @@ def position_probes(
     def keep(name: str, value: torch.Tensor) -> None:
         parts.setdefault(name, []).append(value.detach().to("cpu"))
 
-    chunk = config.lens_chunk(readout.vocab_size)
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
+    for lo in range(0, n, config.chunk_positions):
+        hi = min(n, lo + config.chunk_positions)
         if want_final:
             final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
             raw_logits = readout.logits(final_hidden, normalized=True, capped=False)

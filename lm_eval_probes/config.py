@@ -41,11 +41,6 @@ MARGIN_HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 _LIST_SEPARATORS = (",", "+", ";", "|", " ")
 
 
-LENS_CHUNK_LOGITS = 1 << 22
-"""At most this many logits (positions × vocabulary) per lens chunk: a vocabulary-sized float64 buffer of a chunk
-stays at 32 MB (64 positions of a 64k vocabulary; the lens holds about eight such buffers at once)."""
-
-
 @dataclass(frozen=True)
 class ProbeConfig:
     """What the ``hf-probes`` wrapper computes and how.
@@ -64,9 +59,8 @@ class ProbeConfig:
         gen_capture: how generations are probed (``probe_gen_capture``): ``generate`` (the default: the
             states that produced each token, recorded by hooks during decoding, no extra forward) or
             ``teacher_forced`` (one extra forward over prompt + generated ids); see README "Design".
-        chunk_positions: positions read out through the lens at once (``probe_chunk_positions``), and at most
-            :data:`LENS_CHUNK_LOGITS` logits (:meth:`lens_chunk`); bounds the memory of the logit lens to about
-            ``8 · chunk · V`` floats.
+        chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds
+            the memory of the logit lens to about ``3 · chunk · V`` floats.
         reader_layers: ``hidden_states`` indices (0 = embeddings … L) whose mean states are recorded
             (``probe_reader_layers=12+16+20``); ``None`` = round(f·L) for f in :data:`READER_LAYER_FRACTIONS`.
         reader_tail: generation only: the last positions whose states are kept one by one (float16; float32 where a
@@ -148,11 +142,6 @@ class ProbeConfig:
             raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.margin_support}")
         if self.margin_heads not in MARGIN_HEAD_REDUCTIONS:
             raise ValueError(unknown_message("probe_margin_heads", self.margin_heads, MARGIN_HEAD_REDUCTIONS))
-
-    def lens_chunk(self, vocab_size: int) -> int:
-        """Positions per lens chunk for a vocabulary of ``vocab_size``: ``chunk_positions``, fewer where that many
-        positions would hold more than :data:`LENS_CHUNK_LOGITS` logits (16 positions of Gemma-3's 262k)."""
-        return max(1, min(self.chunk_positions, LENS_CHUNK_LOGITS // max(vocab_size, 1)))
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
