@@ -69,9 +69,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
             config = tiny_config(arch, len(tokenizer), eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
             torch.manual_seed(sum(map(ord, arch)))
             model = tf.AutoModelForCausalLM.from_config(config)
-            with torch.no_grad():  # norms start at the identity: give them weights, so tests see what they do
+            with torch.no_grad():  # query/key norms start at the identity: give them weights, so tests see what they do
                 for name, param in model.named_parameters():
-                    if "norm" in name:
+                    if name.endswith(("q_norm.weight", "k_norm.weight")):
                         param.add_(0.3 * torch.randn_like(param))
             model.eval()
             folder = tmp_path_factory.mktemp(f"tiny-{arch}")

@@ -209,8 +209,7 @@ def _tcb_of_probabilities(
     if scale is None:
         weights[:n].copy_(o_rest)
         torch.mul(o_rest, o_rest, out=weights[n:])
-        # Σ_{i≠k} o_i'² ‖w_i‖² (in the products' dtype, like the moments)
-        spread_rows = weights[n:] @ row_sq.to(mm)
+        spread_rows = _row_dot(o_rest, o_rest * row_sq)  # Σ_{i≠k} o_i'² ‖w_i‖², row by row (batch-invariant)
     else:
         torch.mul(o_rest, scale, out=weights[:n])
         torch.mul(o_rest * o_rest, scale, out=weights[n:])
