@@ -128,15 +128,16 @@ class LensReadout:
             logits = torch.matmul(hidden, self.unembed.T, out=out)
             if self.bias is not None:
                 logits.add_(self.bias)
-        if not capped or self.logit_softcap is None:
-            return logits
-        return logits.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap) if out is not None else self.cap(logits)
+        return self.cap(logits, inplace=True) if capped else logits  # the logits are this call's own tensor
 
-    def cap(self, logits: torch.Tensor) -> torch.Tensor:
-        """The model's logit transform g (soft-capping ``c·tanh(z/c)``, or the identity)."""
+    def cap(self, logits: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+        """The model's logit transform g (soft-capping ``c·tanh(z/c)``, or the identity); ``inplace`` overwrites
+        ``logits``."""
         if self.logit_softcap is None:
             return logits
-        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+        if not inplace:
+            logits = logits.clone()
+        return logits.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
 
     def logprobs(self, hidden: torch.Tensor, *, normalized: bool) -> torch.Tensor:
         return torch.log_softmax(self.logits(hidden, normalized=normalized), dim=-1)

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from ._softmax import log_softmax_
+
 __all__ = [
     "belief_trajectory_energy",
     "central_window",
@@ -77,12 +79,7 @@ class _Belief:
     @classmethod
     def of_logits_(cls, logits: Tensor, half: Tensor, dim: int) -> _Belief:
         """log_softmax of ``logits`` computed in place (``logits`` becomes log p) and p/2 written into ``half``."""
-        logits.sub_(logits.amax(dim, keepdim=True))
-        torch.exp(logits, out=half)
-        total = half.sum(dim, keepdim=True)
-        half.div_(total * 2.0)
-        logits.sub_(total.log_())
-        return cls(logits, half)
+        return cls(*log_softmax_(logits, dim, probs_out=half, scale=0.5))
 
 
 def _log_floor(dtype: torch.dtype) -> float:

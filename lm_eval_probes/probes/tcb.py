@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._softmax import log_softmax_
+
 __all__ = ["PredictionBaselines", "distribution_baselines", "tcb_with_baselines", "token_constraint_bound"]
 
 
@@ -157,7 +159,7 @@ def _tcb_and_baselines(
     if baselines:
         top2 = capped.topk(2, dim=-1).values
         margin = (top2[..., 0] - top2[..., 1]).reshape(batch_shape)
-    log_o, o = _softmax_(capped)  # capped is now its log-softmax: the same argmax
+    log_o, o = log_softmax_(capped)  # capped is now its log-softmax: the same argmax
     if baselines:
         summary = _baselines_of(log_o.reshape(*batch_shape, vocab), o.reshape(*batch_shape, vocab), margin, out_dtype)
     delta = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps)
@@ -170,16 +172,6 @@ def _capped(z: Tensor, logit_softcap: float | None) -> tuple[Tensor, Tensor | No
         return z, None
     t = torch.tanh(z / logit_softcap)
     return logit_softcap * t, 1.0 - t * t
-
-
-def _softmax_(z: Tensor) -> tuple[Tensor, Tensor]:
-    """(log softmax, softmax) of float64 ``z`` along the last axis; ``z`` itself becomes the log-softmax (one
-    new tensor, not three: these are vocabulary-sized)."""
-    z.sub_(z.amax(-1, keepdim=True))
-    o = torch.exp(z)
-    total = o.sum(-1, keepdim=True)
-    o.div_(total)
-    return z.sub_(total.log_()), o
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -218,7 +210,7 @@ def _tcb_of_probabilities(
     nu = moments[:n] - s * w_hat_k  # [N, d]
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
     # Σ_{i≠k} o_i² ‖ŵ_i − ŵ_k‖², expanded: the second moment gives the cross term (no [N, V] dot products)
-    spread = spread_rows.to(f64) - 2.0 * (w_hat_k * moments[n:]).sum(-1) + s2.squeeze(-1) * (w_hat_k * w_hat_k).sum(-1)
+    spread = spread_rows - 2.0 * (w_hat_k * moments[n:]).sum(-1) + s2.squeeze(-1) * (w_hat_k * w_hat_k).sum(-1)
     j_sq = spread - 2.0 * (m2 * nu).sum(-1) + (o_k * o_k + s2.squeeze(-1)) * (nu * nu).sum(-1)
     return float(eps) / j_sq.clamp_min(0.0).sqrt()
 
@@ -262,7 +254,7 @@ def distribution_baselines(logits: Tensor) -> PredictionBaselines:
     out_dtype = _output_dtype(logits)
     z = logits.to(torch.float64, copy=True)
     top2 = z.topk(2, dim=-1).values
-    return _baselines_of(*_softmax_(z), top2[..., 0] - top2[..., 1], out_dtype)
+    return _baselines_of(*log_softmax_(z), top2[..., 0] - top2[..., 1], out_dtype)
 
 
 def _baselines_of(log_o: Tensor, o: Tensor, margin: Tensor, out_dtype: torch.dtype) -> PredictionBaselines:
