@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.probes import top_k_mass
+from lm_eval_probes.probes import squared_row_norms, top_k_mass
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,7 @@ class LensReadout:
         self.bias = None if head.bias is None else head.bias.detach().float()
         softcap = getattr(model.config, spec.softcap_attr, None) if spec.softcap_attr else None
         self.logit_softcap: float | None = float(softcap) if softcap else None
-        # ‖w_i‖² accumulated in float64 without a float64 copy of W (chunked float64 copies left the process's heap
-        # 1.2 GB larger for Gemma-3's 262k × 640 unembedding, freed but not returned to the system)
-        self.row_sq_norms = torch.linalg.vector_norm(self.unembed, dim=-1, dtype=torch.float64).square()
+        self.row_sq_norms = squared_row_norms(self.unembed)  # in float64, without a float64 copy of W
 
     @property
     def vocab_size(self) -> int:

@@ -11,7 +11,7 @@ import torch
 from torch.autograd.functional import jacobian
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lm_eval_probes.probes import PredictionBaselines, distribution_baselines, token_constraint_bound
+from lm_eval_probes.probes import PredictionBaselines, distribution_baselines, squared_row_norms, token_constraint_bound
 
 
 def _probabilities(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
@@ -135,6 +135,33 @@ def test_cached_row_norms_and_dtypes():
     assert token_constraint_bound(h.float(), w.float(), b.float()).dtype == torch.float32
     assert token_constraint_bound(h.bfloat16(), w.bfloat16()).dtype == torch.float32
     assert token_constraint_bound(h.float(), w).dtype == torch.float64
+
+
+def _largest_allocation(fn) -> int:
+    """The largest single CPU allocation (bytes) while ``fn()`` runs, from torch's memory profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events()), default=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_squared_row_norms_are_exact_without_a_float64_copy(monkeypatch, dtype):
+    from lm_eval_probes.probes import tcb
+
+    vocab, d, buffer = 1001, 24, 100  # 4 rows per step, the last step a single row
+    w = torch.randn(vocab, d, generator=torch.Generator().manual_seed(0)).to(dtype)
+    monkeypatch.setattr(tcb, "SQUARED_NORM_BUFFER_ELEMENTS", buffer)
+    got = squared_row_norms(w)
+    assert got.dtype == torch.float64 and got.shape == (vocab,)
+    np.testing.assert_allclose(got.numpy(), (w.double() ** 2).sum(-1).numpy(), rtol=1e-15)
+    # the result and the buffer: never a float64 [V, d] (which the one-call float64 norm allocates)
+    assert _largest_allocation(lambda: squared_row_norms(w)) <= 8 * max(vocab, buffer)
+    if dtype != torch.float64:  # the check sees the conversion it guards against
+        assert _largest_allocation(lambda: torch.linalg.vector_norm(w, dim=-1, dtype=torch.float64)) >= 8 * vocab * d
+    with pytest.raises(ValueError, match="floating-point"):
+        squared_row_norms(torch.ones(3, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"\[V, d\]"):
+        squared_row_norms(torch.ones(3))
 
 
 def test_single_token_vocabulary_gives_inf():

@@ -62,6 +62,7 @@ _SOURCES: dict[str, str] = {
     "top_k_mass": "omega",
     "PredictionBaselines": "tcb",
     "distribution_baselines": "tcb",
+    "squared_row_norms": "tcb",
     "tcb_with_baselines": "tcb",
     "token_constraint_bound": "tcb",
 }
