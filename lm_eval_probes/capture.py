@@ -236,17 +236,17 @@ def _layer_logits(
     last: int,
     final_logits: torch.Tensor | None,
 ) -> Iterator[torch.Tensor]:
-    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, written into two alternating buffers
-    (:func:`consecutive_js_divergences_of_logits` overwrites each and is done with it two entries later); layer L's
-    are ``final_logits`` (already read out; overwritten too, so its caller must be done with them)."""
-    buffers: list[torch.Tensor] = []
-    for index, layer in enumerate(range(first, last + 1)):
+    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, each written into one buffer
+    (:func:`consecutive_js_divergences_of_logits` overwrites each entry and is done with it when it asks for the
+    next); layer L's are ``final_logits`` (already read out; overwritten too, so its caller must be done with them)."""
+    buffer: torch.Tensor | None = None
+    for layer in range(first, last + 1):
         if layer == len(layer_states) - 1:
             yield final_logits
             continue
-        if len(buffers) < 2:
-            buffers.append(torch.empty(hi - lo, readout.vocab_size, device=readout.device))
-        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffers[index % 2])
+        if buffer is None:
+            buffer = torch.empty(hi - lo, readout.vocab_size, device=readout.device)
+        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffer)
 
 
 def position_probes_of_spans(

@@ -54,32 +54,65 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
 
     Formula: m = (p + q)/2, JSD = ½ Σ p (log p − log m) + ½ Σ q (log q − log m), with 0·log 0 = 0
     (log m from the probabilities, floored where both underflow to 0). (This is the true JSD,
-    not tuned-lens's symmetrised KL.)
+    not tuned-lens's symmetrised KL.) It is evaluated as ½ Σ p log p + ½ Σ q log q − Σ m log m, each
+    distribution's term once per distribution, with every sum accumulated in float64 (see
+    :func:`_accurate_sum`): float32 sums of these O(entropy) terms would lose their small difference.
     """
     _require_float("logp", logp)
     _require_float("logq", logq)
     if logp.shape != logq.shape:
         raise ValueError(f"logp and logq must have the same shape, got {tuple(logp.shape)} and {tuple(logq.shape)}")
     dtype = torch.promote_types(torch.promote_types(logp.dtype, logq.dtype), torch.float32)
-    return _js_divergence(_Belief.of(logp.to(dtype)), _Belief.of(logq.to(dtype)), dim)
+    return _js_divergence(_Belief.of(logp.to(dtype), dim), _Belief.of(logq.to(dtype), dim), dim)
+
+
+_BLOCK = 64
+"""Entries summed in the input's precision before :func:`_accurate_sum` continues in float64."""
+
+
+def _accurate_sum(x: Tensor, dim: int) -> Tensor:
+    """Σ of ``x`` along ``dim`` in float64, without a float64 copy of ``x``: float32 sums of blocks of
+    :data:`_BLOCK` neighbouring entries (each rounded once, relative to its own small size), then the blocks' sum
+    in float64. Every row is reduced alone, in the same order whatever the rows beside it."""
+    if x.dtype == torch.float64:
+        return x.sum(dim)
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    main = n - n % _BLOCK
+    total = x[..., :main].unflatten(-1, (main // _BLOCK, _BLOCK)).sum(-1).sum(-1, dtype=torch.float64)
+    if main < n:
+        total += x[..., main:].sum(-1, dtype=torch.float64)
+    return total
 
 
 class _Belief:
-    """Log-probabilities with their halved probabilities p/2 (exponentiated once per layer)."""
+    """One distribution's share of the JSD: its halved probabilities p/2 and ``entropy_term`` = Σ (p/2) log p
+    (float64, the distribution axis removed), computed once per distribution."""
 
-    __slots__ = ("half", "logp")
+    __slots__ = ("entropy_term", "half")
 
-    def __init__(self, logp: Tensor, half: Tensor) -> None:
-        self.logp, self.half = logp, half
+    def __init__(self, half: Tensor, entropy_term: Tensor) -> None:
+        self.half, self.entropy_term = half, entropy_term
 
     @classmethod
-    def of(cls, logp: Tensor) -> _Belief:
-        return cls(logp, logp.exp().mul_(0.5))
+    def of(cls, logp: Tensor, dim: int) -> _Belief:
+        half = logp.exp().mul_(0.5)
+        return cls(half, cls._entropy_term_(half * logp, half, dim))
 
     @classmethod
     def of_logits_(cls, logits: Tensor, half: Tensor, dim: int) -> _Belief:
-        """log_softmax of ``logits`` computed in place (``logits`` becomes log p) and p/2 written into ``half``."""
-        return cls(*log_softmax_(logits, dim, probs_out=half, scale=0.5))
+        """The belief of softmax(``logits``), in place: p/2 is written into ``half``, and ``logits`` becomes the
+        terms (p/2) log p (the log-probabilities are not needed once these are formed)."""
+        logp, half = log_softmax_(logits, dim, probs_out=half, scale=0.5)
+        return cls(half, cls._entropy_term_(logp.mul_(half), half, dim))
+
+    @staticmethod
+    def _entropy_term_(terms: Tensor, half: Tensor, dim: int) -> Tensor:
+        """Σ ``terms`` = Σ (p/2) log p; a zero probability's term (0 · −inf = nan) is set to 0 first (in place)."""
+        total = _accurate_sum(terms, dim)
+        if bool(torch.isnan(total).any()):  # rare: a −inf logit. NaN inputs stay NaN (their p/2 is NaN, not 0)
+            total = _accurate_sum(terms.masked_fill_(half == 0, 0.0), dim)
+        return total
 
 
 def _log_floor(dtype: torch.dtype) -> float:
@@ -89,31 +122,17 @@ def _log_floor(dtype: torch.dtype) -> float:
 
 
 def _js_divergence(a: _Belief, b: _Belief, dim: int, scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """The formula of :func:`js_divergence`, as Σ (p/2)(log p − log m) + Σ (q/2)(log q − log m), m = p/2 + q/2.
+    """The formula of :func:`js_divergence`: Σ (p/2) log p + Σ (q/2) log q − Σ m log m, m = p/2 + q/2.
 
-    log m comes from the halved probabilities (one add and one log, cheaper than ``logaddexp`` of the
-    log-probabilities). Where both underflow to 0, m = 0: log m is then clamped to a floor below every
-    representable log, so their terms are 0 · finite = 0. A −inf log-probability (a probability of exactly
-    0) would give 0 · (−inf) = nan: such a result is recomputed with 0·log 0 = 0 made explicit. ``scratch``:
-    two tensors of the beliefs' shape to compute in (none allocated then).
+    Where both probabilities underflow to 0, m = 0: log m is then clamped to a floor below every representable
+    log, so m log m = 0 · finite = 0. ``scratch``: two tensors of the beliefs' shape to compute in (none
+    allocated then). Returned in the beliefs' dtype.
     """
-    log_m, terms = scratch if scratch is not None else (None, None)
-    log_m = torch.add(a.half, b.half, out=log_m).log_().clamp_min_(_log_floor(a.half.dtype))
-    terms = torch.sub(a.logp, log_m, out=terms).mul_(a.half)
-    terms.addcmul_(torch.sub(b.logp, log_m, out=log_m), b.half)
-    out = terms.sum(dim)
-    if bool(torch.isnan(out).any()):
-        out = _js_divergence_with_zeros(a, b, dim)
-    return out.clamp_(0.0, _LN2)
-
-
-def _js_divergence_with_zeros(a: _Belief, b: _Belief, dim: int) -> Tensor:
-    """:func:`_js_divergence` where terms of a zero probability are 0 (0·log 0 = 0), not 0·(−inf)."""
-    log_m = torch.add(a.half, b.half).log_().clamp_min_(_log_floor(a.half.dtype))
-    zero = torch.zeros((), dtype=log_m.dtype, device=log_m.device)
-    term_a = torch.where(a.half > 0, (a.logp - log_m).mul_(a.half), zero)
-    term_b = torch.where(b.half > 0, (b.logp - log_m).mul_(b.half), zero)
-    return term_a.add_(term_b).sum(dim)
+    m_out, log_out = scratch if scratch is not None else (None, None)
+    m = torch.add(a.half, b.half, out=m_out)
+    m_log_m = torch.log(m, out=log_out).clamp_min_(_log_floor(m.dtype)).mul_(m)
+    out = a.entropy_term + b.entropy_term - _accurate_sum(m_log_m, dim)
+    return out.clamp_(0.0, _LN2).to(a.half.dtype)
 
 
 def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) -> Tensor:
@@ -126,11 +145,11 @@ def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) 
     previous: _Belief | None = None
     for logp in layer_logprobs:
         _require_float("layer_logprobs", logp)
-        current = _Belief.of(logp.to(torch.promote_types(logp.dtype, torch.float32)))
+        current = _Belief.of(logp.to(torch.promote_types(logp.dtype, torch.float32)), dim)
         if previous is not None:
-            if previous.logp.shape != current.logp.shape:
-                raise ValueError(f"layer log-probabilities differ in shape: {tuple(previous.logp.shape)} and "
-                                 f"{tuple(current.logp.shape)}")
+            if previous.half.shape != current.half.shape:
+                raise ValueError(f"layer log-probabilities differ in shape: {tuple(previous.half.shape)} and "
+                                 f"{tuple(current.half.shape)}")
             out.append(_js_divergence(previous, current, dim))
         previous = current
     if not out:
@@ -141,27 +160,27 @@ def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) 
 def consecutive_js_divergences_of_logits(layer_logits: Iterable[Tensor], dim: int = -1) -> Tensor:
     """:func:`consecutive_js_divergences` of the log-softmax of each entry of a stream of float logits.
 
-    Computed in place, for a caller that reads out one layer at a time into reusable buffers: each logits
-    tensor is overwritten with its log-probabilities, and the probabilities and the JSD's work tensors live in
-    four buffers allocated once (no per-layer allocation of vocabulary-sized tensors). A caller may write the
-    next layer's logits into a tensor once the stream has moved two entries past it.
+    Computed in place, for a caller that reads out one layer at a time into a reusable buffer: each logits
+    tensor is overwritten (it becomes the belief's terms, then the JSD's work tensor), and the probabilities and
+    one more work tensor live in three buffers allocated once (no per-layer allocation of vocabulary-sized
+    tensors). A caller may write the next layer's logits into the same tensor once the stream has moved past it.
     """
     out: list[Tensor] = []
     previous: _Belief | None = None
     halves: list[Tensor] = []
-    scratch: tuple[Tensor, Tensor] | None = None
+    log_buffer: Tensor | None = None
     for index, logits in enumerate(layer_logits):
         if logits.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"layer_logits must be float32 or float64 tensors, got dtype {logits.dtype}")
-        if previous is not None and previous.logp.shape != logits.shape:
-            raise ValueError(f"layer logits differ in shape: {tuple(previous.logp.shape)} and {tuple(logits.shape)}")
+        if previous is not None and previous.half.shape != logits.shape:
+            raise ValueError(f"layer logits differ in shape: {tuple(previous.half.shape)} and {tuple(logits.shape)}")
         if len(halves) < 2:
             halves.append(torch.empty_like(logits))
         current = _Belief.of_logits_(logits, halves[index % 2], dim)  # the previous belief holds the other half
         if previous is not None:
-            if scratch is None:
-                scratch = (torch.empty_like(logits), torch.empty_like(logits))
-            out.append(_js_divergence(previous, current, dim, scratch))
+            if log_buffer is None:
+                log_buffer = torch.empty_like(logits)
+            out.append(_js_divergence(previous, current, dim, (logits, log_buffer)))  # the logits' tensor is free now
         previous = current
     if not out:
         raise ValueError("consecutive_js_divergences_of_logits needs at least two layers")

@@ -166,12 +166,13 @@ def _tcb_and_baselines(
     capped, scale = _capped(z, logit_softcap)
     summary = None
     if baselines:
-        top2 = capped.topk(2, dim=-1).values
+        top2, top_index = capped.topk(2, dim=-1)
         margin = (top2[..., 0] - top2[..., 1]).reshape(batch_shape)
     log_o, o = log_softmax_(capped)  # capped is now its log-softmax: the same argmax
     if baselines:
         summary = _baselines_of(log_o.reshape(*batch_shape, vocab), o.reshape(*batch_shape, vocab), margin, out_dtype)
-    delta = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps)
+    top1 = top_index[..., :1] if baselines else None  # the top-1 token, from the margin's top 2 (no argmax pass)
+    delta = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps, top1)
     return delta.reshape(batch_shape).to(out_dtype), summary
 
 
@@ -210,32 +211,45 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _tcb_of_probabilities(
-    o: Tensor, capped: Tensor, scale: Tensor | None, w: Tensor, mm: torch.dtype, row_sq_norms: Tensor | None, eps: float
+    o: Tensor,
+    capped: Tensor,
+    scale: Tensor | None,
+    w: Tensor,
+    mm: torch.dtype,
+    row_sq_norms: Tensor | None,
+    eps: float,
+    top1: Tensor | None = None,
 ) -> Tensor:
-    """δ of each row of ``[N, V]`` float64 probabilities ``o`` = softmax(``capped``) (overwritten: o'); ``capped``
-    may be shifted per row (it gives the top-1 token k)."""
+    """δ of each row of ``[N, V]`` float64 probabilities ``o`` = softmax(``capped``); both are overwritten. ``capped``
+    may be shifted per row (it gives the top-1 token k, unless ``top1 [N, 1]`` gives it). Every V-reduction is
+    a per-row sum (no matrix-vector product), so a row's δ does not depend on the rows beside it."""
     f64 = torch.float64
     n = o.shape[0]
     row_sq = squared_row_norms(w) if row_sq_norms is None else row_sq_norms.to(f64)
-    k = capped.argmax(dim=-1, keepdim=True)  # [N, 1]
+    k = capped.argmax(dim=-1, keepdim=True) if top1 is None else top1  # [N, 1]
     w_k = w[k.squeeze(-1)]  # [N, d]
     c_k = torch.ones_like(k, dtype=f64) if scale is None else scale.gather(-1, k)  # [N, 1]
     w_hat_k = c_k * w_k.to(f64)
     o_k = o.gather(-1, k).squeeze(-1)
     o_rest = o.scatter_(-1, k, 0.0)  # o'
     s = o_rest.sum(-1, keepdim=True)
-    s2 = _row_dot(o_rest, o_rest).unsqueeze(-1)
 
-    # the two moments' weights (o_i' ĝ_i and o_i'² ĝ_i), in the products' dtype, in one [2N, V] tensor
-    weights = torch.empty(2 * n, o.shape[-1], dtype=mm, device=o.device)
-    if scale is None:
-        weights[:n].copy_(o_rest)
-        torch.mul(o_rest, o_rest, out=weights[n:])
-        spread_rows = _row_dot(o_rest, o_rest * row_sq)  # Σ_{i≠k} o_i'² ‖w_i‖², row by row (batch-invariant)
+    # the two moments' weights (o_i' ĝ_i and o_i'² ĝ_i), in the products' dtype, in one [2N, V] tensor; o' is
+    # squared in place after its copy (no further [N, V] float64 tensor). For float32 products the weights take
+    # the storage of ``capped`` (the same bytes: its float64 [N, V]), which is not needed once k is known.
+    if mm == torch.float32 and capped.dtype == f64 and capped.is_contiguous() and capped.shape == o.shape:
+        weights = capped.view(torch.float32).view(2 * n, o.shape[-1])
     else:
-        torch.mul(o_rest, scale, out=weights[:n])
-        torch.mul(o_rest * o_rest, scale, out=weights[n:])
-        spread_rows = ((o_rest * scale) ** 2 * row_sq).sum(-1)
+        weights = torch.empty(2 * n, o.shape[-1], dtype=mm, device=o.device)
+    weights[:n].copy_(o_rest if scale is None else o_rest * scale)
+    squares = o_rest.mul_(o_rest)  # o_i'²
+    s2 = squares.sum(-1, keepdim=True)
+    if scale is None:
+        weights[n:].copy_(squares)
+        spread_rows = squares.mul_(row_sq).sum(-1)  # Σ_{i≠k} o_i'² ‖w_i‖²
+    else:
+        weights[n:].copy_(squares.mul_(scale))
+        spread_rows = squares.mul_(scale).mul_(row_sq).sum(-1)  # Σ_{i≠k} o_i'² ‖ŵ_i‖²
     moments = (weights @ w).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
     nu = moments[:n] - s * w_hat_k  # [N, d]
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
