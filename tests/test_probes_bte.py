@@ -219,3 +219,53 @@ def test_consecutive_divergences_equal_pairwise_ones_bit_for_bit():
         consecutive_js_divergences([layers[0]])
     with pytest.raises(ValueError, match="differ in shape"):
         consecutive_js_divergences([layers[0], layers[1][:2]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_divergences_of_logits_equal_those_of_their_log_softmax(dtype):
+    from lm_eval_probes.probes import consecutive_js_divergences, consecutive_js_divergences_of_logits
+
+    gen = torch.Generator().manual_seed(5)
+    vocab = 1000  # not a multiple of the 64-entry blocks of the float64 accumulation
+    logits = [(torch.randn(6, vocab, generator=gen, dtype=torch.float64) * s).to(dtype) for s in (0.3, 1.0, 3.0, 12.0)]
+    logits[1][2, :5] = -math.inf  # exact zero probabilities
+    want = consecutive_js_divergences([torch.log_softmax(z, -1) for z in logits])
+    got = consecutive_js_divergences_of_logits([z.clone() for z in logits])
+    assert got.dtype == dtype and got.shape == (3, 6) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-7 if dtype == torch.float32 else 1e-15)
+    p = [torch.softmax(z.double(), -1).numpy() for z in logits]
+    reference = np.stack([reference_jsd(a, b) for a, b in zip(p[:-1], p[1:])])
+    np.testing.assert_allclose(got.double().numpy(), reference, rtol=1e-4 if dtype == torch.float32 else 1e-10, atol=1e-7 if dtype == torch.float32 else 0)
+    transposed = consecutive_js_divergences_of_logits([z.T.contiguous() for z in logits], dim=0)
+    torch.testing.assert_close(transposed, got, rtol=1e-5, atol=1e-7)
+
+
+def test_divergence_rows_do_not_move_with_the_rows_beside_them():
+    from lm_eval_probes.probes import consecutive_js_divergences_of_logits
+
+    gen = torch.Generator().manual_seed(6)
+    logits = [torch.randn(9, 3000, generator=gen) * s for s in (0.5, 2.0, 6.0)]
+    whole = consecutive_js_divergences_of_logits([z.clone() for z in logits])
+    for rows in (slice(0, 1), slice(2, 5), slice(4, 9)):
+        assert torch.equal(consecutive_js_divergences_of_logits([z[rows].clone() for z in logits]), whole[:, rows])
+    assert torch.equal(js_divergence(torch.log_softmax(logits[0][3:4], -1), torch.log_softmax(logits[1][3:4], -1)),
+                       js_divergence(torch.log_softmax(logits[0], -1), torch.log_softmax(logits[1], -1))[3:4])
+
+
+def test_float32_divergence_of_flat_near_identical_beliefs_keeps_its_small_difference():
+    """JSD = Σ(p/2)log p + Σ(q/2)log q − Σ m log m subtracts sums of size ≈ ln V: accumulated in float32 they
+    would lose a JSD of 1e-5 (float32's spacing at 10 is 1e-6); the float64 accumulation keeps it."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = 50_000
+    z = torch.randn(4, vocab, generator=gen, dtype=torch.float64) * 0.1  # entropy ≈ ln V ≈ 10.8 nats
+    z2 = z + torch.randn(4, vocab, generator=gen, dtype=torch.float64) * 1e-2
+    reference = reference_jsd(torch.softmax(z, -1).numpy(), torch.softmax(z2, -1).numpy())
+    assert 5e-6 < reference.min() and reference.max() < 5e-5
+    got = js_divergence(torch.log_softmax(z.float(), -1), torch.log_softmax(z2.float(), -1)).double().numpy()
+    np.testing.assert_allclose(got, reference, rtol=5e-3)  # 3e-8 absolute: the inputs' float32 rounding
+    # the same three sums in float32 miss it by 10 times more (the check can fail)
+    lp, lq = torch.log_softmax(z.float(), -1), torch.log_softmax(z2.float(), -1)
+    hp, hq = lp.exp() / 2, lq.exp() / 2
+    m = hp + hq
+    naive = ((hp * lp).sum(-1) + (hq * lq).sum(-1) - (m * m.log()).sum(-1)).double().numpy()
+    assert (np.abs(naive - reference) / reference).max() > 5e-2
