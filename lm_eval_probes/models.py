@@ -187,11 +187,15 @@ class ProbeHFLM(HFLM):
         self._logit_offset = first
         if first == 0:
             logits = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
-        else:  # HFLM's own call (no_grad, autocast), with the logits of the positions it reads only
+        else:  # HFLM's own call, with the logits of the positions it reads only (a keyword added by a pre-hook)
             (name, _), = self._one_logit.items()
-            with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
-                                                 enabled=self.mixed_precision_dtype is not None):
-                logits = self.model(inps, **{name: inps.shape[1] - first}).logits
+            keep = inps.shape[1] - first
+            handle = self.model.register_forward_pre_hook(lambda _m, args, kwargs: (args, {**kwargs, name: keep}),
+                                                          with_kwargs=True)
+            try:
+                logits = super()._model_call(inps)
+            finally:
+                handle.remove()
         if self._margin_rows is not None:
             self._margin_rows.after_forward()
         return logits
