@@ -6,11 +6,17 @@ import torch
 from torch import Tensor
 
 
-def log_softmax_(z: Tensor, dim: int = -1, *, probs_out: Tensor | None = None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
-    """``(log softmax(z), scale · softmax(z))`` along ``dim``; ``z`` itself becomes the log-softmax and the
-    probabilities go into ``probs_out`` (a new tensor without it): no other vocabulary-sized tensor is made."""
+def log_softmax_(z: Tensor, dim: int = -1, *, probs_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(log softmax(z), softmax(z))`` along ``dim``; ``z`` itself becomes the log-softmax and the probabilities
+    go into ``probs_out`` (a new tensor without it): no other vocabulary-sized tensor is made.
+
+    The probabilities are the exponentials of the returned log-probabilities, so the two agree entry by entry
+    (to exp's own rounding). Probabilities divided by the normaliser would not: in float32 each log-probability
+    carries its own rounding of up to half a step at its magnitude (~5e-7 at ln V), which a sum Σ p log p of a
+    few large probabilities does not average away, and a small JSD in entropy form would inherit it.
+    """
     z.sub_(z.amax(dim, keepdim=True))
     probs = torch.exp(z, out=probs_out)
     total = probs.sum(dim, keepdim=True)
-    probs.div_(total / scale)
-    return z.sub_(total.log_()), probs
+    z.sub_(total.log_())
+    return z, torch.exp(z, out=probs)

@@ -86,33 +86,35 @@ def _accurate_sum(x: Tensor, dim: int) -> Tensor:
 
 
 class _Belief:
-    """One distribution's share of the JSD: its halved probabilities p/2 and ``entropy_term`` = Σ (p/2) log p
-    (float64, the distribution axis removed), computed once per distribution."""
+    """One distribution's share of the JSD: its probabilities p = exp(log p) and ``entropy_term`` = ½ Σ p log p
+    (float64, the distribution axis removed), computed once per distribution. p and log p agree entry by entry
+    (p is the exponential of the very log-probabilities the term multiplies), which the entropy form needs:
+    a mismatch of δ_i between them moves the JSD by ½ Σ p_i δ_i however small the JSD is."""
 
-    __slots__ = ("entropy_term", "half")
+    __slots__ = ("entropy_term", "probs")
 
-    def __init__(self, half: Tensor, entropy_term: Tensor) -> None:
-        self.half, self.entropy_term = half, entropy_term
+    def __init__(self, probs: Tensor, entropy_term: Tensor) -> None:
+        self.probs, self.entropy_term = probs, entropy_term
 
     @classmethod
     def of(cls, logp: Tensor, dim: int) -> _Belief:
-        half = logp.exp().mul_(0.5)
-        return cls(half, cls._entropy_term_(half * logp, half, dim))
+        probs = logp.exp()
+        return cls(probs, cls._entropy_term_(probs * logp, probs, dim))
 
     @classmethod
-    def of_logits_(cls, logits: Tensor, half: Tensor, dim: int) -> _Belief:
-        """The belief of softmax(``logits``), in place: p/2 is written into ``half``, and ``logits`` becomes the
-        terms (p/2) log p (the log-probabilities are not needed once these are formed)."""
-        logp, half = log_softmax_(logits, dim, probs_out=half, scale=0.5)
-        return cls(half, cls._entropy_term_(logp.mul_(half), half, dim))
+    def of_logits_(cls, logits: Tensor, probs: Tensor, dim: int) -> _Belief:
+        """The belief of softmax(``logits``), in place: p is written into ``probs``, and ``logits`` becomes the
+        terms p log p (the log-probabilities are not needed once these are formed)."""
+        logp, probs = log_softmax_(logits, dim, probs_out=probs)
+        return cls(probs, cls._entropy_term_(logp.mul_(probs), probs, dim))
 
     @staticmethod
-    def _entropy_term_(terms: Tensor, half: Tensor, dim: int) -> Tensor:
-        """Σ ``terms`` = Σ (p/2) log p; a zero probability's term (0 · −inf = nan) is set to 0 first (in place)."""
+    def _entropy_term_(terms: Tensor, probs: Tensor, dim: int) -> Tensor:
+        """½ Σ ``terms`` = ½ Σ p log p; a zero probability's term (0 · −inf = nan) is set to 0 first (in place)."""
         total = _accurate_sum(terms, dim)
-        if bool(torch.isnan(total).any()):  # rare: a −inf logit. NaN inputs stay NaN (their p/2 is NaN, not 0)
-            total = _accurate_sum(terms.masked_fill_(half == 0, 0.0), dim)
-        return total
+        if bool(torch.isnan(total).any()):  # rare: a −inf logit. NaN inputs stay NaN (their p is NaN, not 0)
+            total = _accurate_sum(terms.masked_fill_(probs == 0, 0.0), dim)
+        return total.mul_(0.5)
 
 
 def _log_floor(dtype: torch.dtype) -> float:
@@ -122,17 +124,17 @@ def _log_floor(dtype: torch.dtype) -> float:
 
 
 def _js_divergence(a: _Belief, b: _Belief, dim: int, scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """The formula of :func:`js_divergence`: Σ (p/2) log p + Σ (q/2) log q − Σ m log m, m = p/2 + q/2.
+    """The formula of :func:`js_divergence`: ½ Σ p log p + ½ Σ q log q − Σ m log m, m = (p + q)/2.
 
     Where both probabilities underflow to 0, m = 0: log m is then clamped to a floor below every representable
     log, so m log m = 0 · finite = 0. ``scratch``: two tensors of the beliefs' shape to compute in (none
     allocated then). Returned in the beliefs' dtype.
     """
     m_out, log_out = scratch if scratch is not None else (None, None)
-    m = torch.add(a.half, b.half, out=m_out)
+    m = torch.lerp(a.probs, b.probs, 0.5, out=m_out)  # (p + q)/2 in one pass
     m_log_m = torch.log(m, out=log_out).clamp_min_(_log_floor(m.dtype)).mul_(m)
     out = a.entropy_term + b.entropy_term - _accurate_sum(m_log_m, dim)
-    return out.clamp_(0.0, _LN2).to(a.half.dtype)
+    return out.clamp_(0.0, _LN2).to(a.probs.dtype)
 
 
 def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) -> Tensor:
@@ -147,9 +149,9 @@ def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) 
         _require_float("layer_logprobs", logp)
         current = _Belief.of(logp.to(torch.promote_types(logp.dtype, torch.float32)), dim)
         if previous is not None:
-            if previous.half.shape != current.half.shape:
-                raise ValueError(f"layer log-probabilities differ in shape: {tuple(previous.half.shape)} and "
-                                 f"{tuple(current.half.shape)}")
+            if previous.probs.shape != current.probs.shape:
+                raise ValueError(f"layer log-probabilities differ in shape: {tuple(previous.probs.shape)} and "
+                                 f"{tuple(current.probs.shape)}")
             out.append(_js_divergence(previous, current, dim))
         previous = current
     if not out:
@@ -167,16 +169,16 @@ def consecutive_js_divergences_of_logits(layer_logits: Iterable[Tensor], dim: in
     """
     out: list[Tensor] = []
     previous: _Belief | None = None
-    halves: list[Tensor] = []
+    probs: list[Tensor] = []
     log_buffer: Tensor | None = None
     for index, logits in enumerate(layer_logits):
         if logits.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"layer_logits must be float32 or float64 tensors, got dtype {logits.dtype}")
-        if previous is not None and previous.half.shape != logits.shape:
-            raise ValueError(f"layer logits differ in shape: {tuple(previous.half.shape)} and {tuple(logits.shape)}")
-        if len(halves) < 2:
-            halves.append(torch.empty_like(logits))
-        current = _Belief.of_logits_(logits, halves[index % 2], dim)  # the previous belief holds the other half
+        if previous is not None and previous.probs.shape != logits.shape:
+            raise ValueError(f"layer logits differ in shape: {tuple(previous.probs.shape)} and {tuple(logits.shape)}")
+        if len(probs) < 2:
+            probs.append(torch.empty_like(logits))
+        current = _Belief.of_logits_(logits, probs[index % 2], dim)  # the previous belief holds the other buffer
         if previous is not None:
             if log_buffer is None:
                 log_buffer = torch.empty_like(logits)
