@@ -82,8 +82,9 @@ class ProbeHFLM(HFLM):
         self._margin_rows: MarginRows | None = None  # probes=margin, inside loglikelihood
         self._gen_margins: deque[GenerationMargins] | None = None  # probes=margin, inside generate_until
         self._longest_continuation: int | None = None  # inside _loglikelihood_tokens: the call's longest continuation
-        self._continuation_of_row: dict[tuple[int, ...], int] = {}  # and each row's (HFLM's input ids) longest one
+        self._continuation_of_row: dict[int, int] = {}  # and each row's longest one, by the hash of its input ids
         self._logit_offset = 0  # the first position of the latest forward's logits (see _first_read_position)
+        self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
         super().__init__(pretrained, **hf_args)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
@@ -111,9 +112,12 @@ class ProbeHFLM(HFLM):
         return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
 
     def set_cache_hook(self, cache_hook: Any) -> None:
-        """``--use_cache``: this run's responses (and their probes) live in a table of their probe configuration."""
+        """``--use_cache``: this run's responses (and their probes) live in a table of their probe configuration,
+        and every option of a multiple-choice document goes through the lens: which option a task reads depends on
+        the task's own settings (``metadata.confidence``), which a later run replaying the cache may change."""
         if self.probe_config.enabled:
-            namespace_response_cache(cache_hook, f"lm-eval-probes {lm_eval_probes.__version__} {self.probe_config!r}")
+            fingerprint = f"lm-eval-probes {lm_eval_probes.__version__} {self.probe_config!r} every option"
+            self._responses_cached = namespace_response_cache(cache_hook, fingerprint) is not None
         super().set_cache_hook(cache_hook)
 
     # ----------------------------------------------------------------------------- loglikelihood
@@ -122,7 +126,7 @@ class ProbeHFLM(HFLM):
         if self.readout is None:
             return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
-        plan = lens_plan(requests)
+        plan = LensPlan() if self._responses_cached else lens_plan(requests)
         with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder,
                                 plan) as rows, self._margin_capture() as first_layer:
             self._loglikelihood_rows = rows
@@ -173,7 +177,7 @@ class ProbeHFLM(HFLM):
         self._longest_continuation = max((len(req[2]) for req in requests), default=None)
         self._continuation_of_row = {}
         for _, context_ids, continuation_ids in requests:  # HFLM's row of a request: (context + continuation)[-(max_length + 1):][:-1]
-            row = tuple((list(context_ids) + list(continuation_ids))[-(self.max_length + 1):][:-1])
+            row = hash(tuple((list(context_ids) + list(continuation_ids))[-(self.max_length + 1):][:-1]))
             self._continuation_of_row[row] = max(self._continuation_of_row.get(row, 0), len(continuation_ids))
         try:
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
@@ -215,7 +219,9 @@ class ProbeHFLM(HFLM):
         Row i reads the c_i positions before its input length n_i (HFLM pads on the right with zeros), so no
         row reads a position before min_i (n_i − c_i). n_i is bounded from below by stripping trailing zeros
         (a real trailing zero id only lowers it), and c_i is the longest continuation of the requests whose
-        row these ids are (or, when the stripped ids match none, the call's longest). The model then unembeds
+        row these ids are (or, when the stripped ids match none, the call's longest; rows are looked up by the hash
+        of their ids, which a call holds instead of the ids, and rows whose hashes collide share the longer
+        continuation, which only keeps more logits). The model then unembeds
         the positions from there on (``logits_to_keep``), and HFLM's own arithmetic (``ctx_len = inplen +
         logits.shape[0] − padding_len_inp``) finds each row's continuation in the shorter tensor: the same
         values, without the ``[B, T, V]`` logits of the prompts (on a 262k vocabulary, most of a forward's
@@ -227,7 +233,7 @@ class ProbeHFLM(HFLM):
         lengths = (inps.shape[1] - real.flip(1).int().argmax(dim=1)) * real.any(dim=1)
         first = inps.shape[1]
         for ids, n in zip(inps.tolist(), lengths.tolist()):
-            first = min(first, n - self._continuation_of_row.get(tuple(ids[:n]), self._longest_continuation))
+            first = min(first, n - self._continuation_of_row.get(hash(tuple(ids[:n])), self._longest_continuation))
         return max(0, first)
 
     def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:

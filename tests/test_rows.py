@@ -156,6 +156,25 @@ def test_a_run_killed_mid_way_leaves_no_probe_less_answers_in_the_cache(tiny_mod
     _assert_rows_equal(probe_rows(again["results"][MC_TASK]), probe_rows(fresh["results"][MC_TASK]), "after a crash")
 
 
+def test_use_cache_keeps_the_lens_values_of_every_option(tiny_model_dir, tmp_path):
+    """Under ``--use_cache`` every option goes through the lens: a later run whose task reads other options
+    (``metadata.confidence``) replays the cache with the lens values of the options it now reads."""
+    cache = str(tmp_path / "cache")
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
+
+    def evaluate(confidence: str, **kwargs) -> dict:
+        manager = ProbeTaskManager(include_path=TASKS_DIR, metadata={"confidence": confidence})
+        return lm_eval.simple_evaluate(model=lm, tasks=["probes_synth_arith"], task_manager=manager, limit=12,
+                                       log_samples=True, bootstrap_iters=0, **kwargs)
+
+    evaluate("option", use_cache=cache)
+    replayed, fresh = evaluate("option_norm", use_cache=cache), evaluate("option_norm")
+    samples = replayed["samples"]["probes_synth_arith"]
+    assert all("tcb_log10" in sample and "bte_energy" in sample for sample in samples)
+    _assert_rows_equal(probe_rows(replayed["results"]["probes_synth_arith"]),
+                       probe_rows(fresh["results"]["probes_synth_arith"]), "replayed under another confidence rule")
+
+
 def test_rows_of_tasks_without_correctness_or_labels(tiny_model_dir, data_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4)
     out = run(lm, ["probes_gsm8k_ref"], data_dir, limit=6)
