@@ -284,3 +284,44 @@ def test_baselines_leave_float64_logits_unchanged_and_handle_minus_inf():
     p = torch.softmax(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), -1)
     assert float(got.entropy[0]) == pytest.approx(float(-(p * p.log()).sum()), rel=1e-12)
     assert float(got.entropy[1]) == pytest.approx(math.log(2.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("with_logits", [False, True])
+def test_several_float32_rows_match_their_own_float64_reference(softcap, with_logits):
+    """Each row of a float32 batch (the weights of both moments share one [2N, V] tensor, in the storage of the
+    log-probabilities) against autograd's float64 Jacobian of that row alone."""
+    from lm_eval_probes.probes import tcb_with_baselines
+
+    _, w, b = _random_problem(500, 16, seed=21, with_bias=True)
+    hs = torch.randn(5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) * torch.tensor(
+        [0.5, 1.0, 2.0, 4.0, 8.0], dtype=torch.float64)[:, None]  # from flat to confident predictions
+    h32, w32, b32 = hs.float(), w.float(), b.float()
+    logits = torch.nn.functional.linear(h32, w32, b32) if with_logits else None
+    delta, _ = tcb_with_baselines(h32, w32, b32, logit_softcap=softcap, logits=logits)
+    for row in range(5):
+        reference = reference_delta(h32[row], w32, b32, softcap=softcap)
+        assert abs(float(delta[row]) - reference) / reference < 1e-4, row
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_do_not_move_with_the_rows_beside_them(softcap, dtype):
+    """Given the same logits, δ and the baselines of a row are the same in any batch to the rounding of their
+    float64 reductions (torch's batched dot and product take other kernels for other batch sizes, ~1e-16):
+    every V-reduction is per row, none a float32 matrix-vector product over the batch (those moved rows by
+    ~1e-5 and failed the two-rank gather)."""
+    from lm_eval_probes.probes import tcb_with_baselines
+
+    _, w, b = _random_problem(700, 24, seed=31, with_bias=True)
+    hs = (torch.randn(7, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(32)) * 3.0).to(dtype)
+    w, b = w.to(dtype), b.to(dtype)
+    logits = torch.cat([torch.nn.functional.linear(h[None], w, b) for h in hs])  # a matmul's rows move with N
+    whole, whole_baselines = tcb_with_baselines(hs, w, b, logit_softcap=softcap, logits=logits)
+    rtol = 1e-13 if dtype == torch.float64 else torch.finfo(torch.float32).eps  # float32: one step of the result
+    for rows in ([3], [0, 6], [1, 2, 5], [6, 5, 4, 3, 2, 1, 0]):
+        part, part_baselines = tcb_with_baselines(hs[rows], w, b, logit_softcap=softcap, logits=logits[rows])
+        torch.testing.assert_close(part, whole[rows], rtol=rtol, atol=0, msg=str(rows))
+        for name in ("entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"):
+            torch.testing.assert_close(getattr(part_baselines, name), getattr(whole_baselines, name)[rows], rtol=rtol,
+                                       atol=0, msg=f"{rows} {name}")

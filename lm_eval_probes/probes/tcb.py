@@ -222,7 +222,8 @@ def _tcb_of_probabilities(
 ) -> Tensor:
     """δ of each row of ``[N, V]`` float64 probabilities ``o`` = softmax(``capped``); both are overwritten. ``capped``
     may be shifted per row (it gives the top-1 token k, unless ``top1 [N, 1]`` gives it). Every V-reduction is
-    a per-row sum (no matrix-vector product), so a row's δ does not depend on the rows beside it."""
+    a per-row float64 sum (no float32 matrix-vector product over the batch), so a row's δ moves with the rows
+    beside it only by float64 rounding."""
     f64 = torch.float64
     n = o.shape[0]
     row_sq = squared_row_norms(w) if row_sq_norms is None else row_sq_norms.to(f64)
@@ -241,7 +242,10 @@ def _tcb_of_probabilities(
         weights = capped.view(torch.float32).view(2 * n, o.shape[-1])
     else:
         weights = torch.empty(2 * n, o.shape[-1], dtype=mm, device=o.device)
-    weights[:n].copy_(o_rest if scale is None else o_rest * scale)
+    if scale is None:
+        weights[:n].copy_(o_rest)
+    else:
+        torch.mul(o_rest, scale, out=weights[:n])
     squares = o_rest.mul_(o_rest)  # o_i'²
     s2 = squares.sum(-1, keepdim=True)
     if scale is None:
