@@ -249,9 +249,9 @@ def lens(args: argparse.Namespace) -> None:
     with torch.no_grad():
         states = [h[0] for h in model(ids, output_hidden_states=True).hidden_states]
     readout = LensReadout(model)
-    config = ProbeConfig(probes=("tcb", "bte"))
-    first, last = bte_transitions(readout.num_layers, config)
     n, (vocab, d) = states[0].shape[0], readout.unembed.shape
+    config = ProbeConfig(probes=("tcb", "bte"), chunk_positions=n)  # one chunk: the matmuls' shapes below
+    first, last = bte_transitions(readout.num_layers, config)
     # final readout + the window's (last - first + 1 layers, the last one shared when it is L), each [n, d] @ [d, V];
     # δ_TCB's two moments of the final distribution over the rows: one [2n, V] @ [V, d] product
     readouts = 1 + (last - first + 1) - (last == readout.num_layers)

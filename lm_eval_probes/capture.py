@@ -1,15 +1,18 @@
 """Capture hidden states during the harness's own forward passes and reduce them at once.
 
-Two pieces:
+The pieces:
 
 * :func:`hidden_state_tap` — a context manager holding two hooks on the causal-LM module: a pre-hook
   that asks for ``output_hidden_states`` and a hook that keeps what the forward returned (the latest
   call's states, or only the last position of every call during ``generate``). Hooks never outlive
   the ``with`` block.
 * :func:`position_probes` — per-position probe values of one response span (all layers → a few floats
-  per position and transition), computed in chunks of positions so the logit lens never holds more
-  than ``chunk · V`` floats per layer; :meth:`PositionProbes.summarize` reduces a slice of them to a
-  :class:`~lm_eval_probes.records.ResponseProbe`.
+  per position and transition), computed in chunks of positions so the logit lens holds a few
+  ``chunk · V`` buffers at a time, and only the readouts a row reads; :meth:`PositionProbes.summarize`
+  reduces a slice of them to a :class:`~lm_eval_probes.records.ResponseProbe`.
+* :class:`LensPlan` — which answered loglikelihood requests need the lens (of a multiple-choice document,
+  only the option the task reads), and :class:`LoglikelihoodRows` — the bookkeeping that takes each answered
+  request's states out of the harness's own forwards and probes them once the plan has decided.
 """
 
 from __future__ import annotations
