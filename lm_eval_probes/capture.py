@@ -262,19 +262,43 @@ def position_probes_of_spans(
 ) -> list[PositionProbes]:
     """:func:`position_probes` of several spans in one pass (the unembedding is read once per chunk, not per span).
 
-    ``spans[i]`` holds L+1 tensors ``[n_i, H]``; returns one :class:`PositionProbes` per span.
+    ``spans[i]`` holds L+1 tensors ``[n_i, H]`` (``None`` for a layer no probe reads, in every span alike);
+    returns one :class:`PositionProbes` per span.
     """
     if not spans:
         return []
-    joined = [torch.cat([span[layer] for span in spans]) for layer in range(len(spans[0]))]
+    joined = [None if spans[0][layer] is None else torch.cat([span[layer] for span in spans])
+              for layer in range(len(spans[0]))]
     ids = None if token_ids is None else torch.cat([t.reshape(-1) for t in token_ids])
     probes = position_probes(joined, readout, config, ids, lens=lens)
     out, offset = [], 0
     for span in spans:
-        n = span[0].shape[0]
+        n = _positions(span)
         out.append(probes.span(offset, offset + n))
         offset += n
     return out
+
+
+def _positions(layer_states: Sequence[torch.Tensor | None]) -> int:
+    """The positions of a span's states (its first layer that is kept)."""
+    kept = next((h for h in layer_states if h is not None), None)
+    if kept is None:
+        raise ValueError("no layer's states were kept")
+    return kept.shape[0]
+
+
+def read_layers(num_layers: int, config: ProbeConfig, *, lens: bool = True) -> frozenset[int]:
+    """The ``hidden_states`` indices :func:`position_probes` reads under ``config``: the final layer (δ_TCB), the
+    layers of BTE's transitions and the reader layers; ``lens=False``: the reader layers only."""
+    layers: set[int] = set()
+    if lens and "tcb" in config.probes:
+        layers.add(num_layers)
+    if lens and "bte" in config.probes:
+        first, last = bte_transitions(num_layers, config)
+        layers.update(range(first, last + 1))
+    if "reader" in config.probes:
+        layers.update(config.resolved_reader_layers(num_layers))
+    return frozenset(layers)
 
 
 def bte_transitions(num_layers: int, config: ProbeConfig) -> tuple[int, int]:
@@ -299,7 +323,7 @@ def position_probes(
 
     Args:
         layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
-            last one post final norm).
+            last one post final norm); ``None`` for a layer outside :func:`read_layers`.
         readout: the model's logit-lens readout.
         config: which probes and options.
         token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
@@ -309,7 +333,11 @@ def position_probes(
     num_layers = len(layer_states) - 1
     if num_layers != readout.num_layers:
         raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
-    n = layer_states[0].shape[0]
+    needed = read_layers(num_layers, config, lens=lens) | ({num_layers} if token_ids is not None else set())
+    missing = sorted(layer for layer in needed if layer_states[layer] is None)
+    if missing:
+        raise ValueError(f"the states of layers {missing} are needed by the probes {config.probes} but were not kept")
+    n = _positions(layer_states)
     want_tcb, want_bte = lens and "tcb" in config.probes, lens and "bte" in config.probes
     first, last = bte_transitions(num_layers, config) if "bte" in config.probes else (0, 0)
     want_final = token_ids is not None or want_tcb or (want_bte and last == num_layers)
@@ -433,7 +461,7 @@ class LensPlan:
 class _PendingAnswer:
     """An answered request whose lens values wait for the plan (or for enough positions to batch)."""
 
-    states: list[torch.Tensor]  # L+1 tensors [n, H] (copies: the batch's states are released)
+    states: list[torch.Tensor | None]  # L+1: copies [n, H] of the layers a probe reads (the batch's are released)
     loglik: float
     prompt_tokens: int
     prompt_states: LayerStates | None
@@ -485,6 +513,8 @@ class LoglikelihoodRows:
         self._pending: dict[Any, _PendingAnswer] = {}  # answered, need not yet known
         self._queue: dict[Any, _PendingAnswer] = {}  # need the lens, not yet probed
         self._queued_positions = 0
+        # what a chosen option's lens and reader read, and the last layer (which also tells the positions)
+        self._kept_layers = read_layers(readout.num_layers, config) | {readout.num_layers}
 
     def note_requests(self, requests: Sequence[Any]) -> None:
         """HFLM's tokenized requests ``((context, continuation), context ids, continuation ids)``."""
@@ -532,7 +562,8 @@ class LoglikelihoodRows:
             if (row, prompt_tokens) not in prompt_states:
                 prompt_states[row, prompt_tokens] = self._prompt_states(states, row, prompt_tokens)
             self._pending[key] = _PendingAnswer(
-                states=[h[row, end - n : end].clone() for h in states],
+                states=[h[row, end - n : end].clone() if layer in self._kept_layers else None
+                        for layer, h in enumerate(states)],
                 loglik=loglik,
                 prompt_tokens=prompt_tokens,
                 prompt_states=prompt_states[row, prompt_tokens],
@@ -542,7 +573,7 @@ class LoglikelihoodRows:
                 answer = self._pending.pop(decided)
                 if needs_lens:
                     self._queue[decided] = answer
-                    self._queued_positions += answer.states[0].shape[0]
+                    self._queued_positions += _positions(answer.states)
                 else:
                     self._record([decided], [answer], lens=False)
         self._spans, self._answers = [], []

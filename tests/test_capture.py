@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -342,6 +343,31 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
     assert rows.probes[("b", " q r s")].n_tokens == 3 and rows.probes[("c", " t")].n_tokens == 1
     np.testing.assert_allclose(got.prompt_states.values,
                                torch.stack([first[layer][0, :4].mean(0) for layer in layers]).numpy(), rtol=1e-5)
+
+
+def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
+    """States kept for the layers of :func:`read_layers` only (what the loglikelihood bookkeeping keeps of an
+    answered option) give the same probes; a layer the probes read but that was not kept fails clearly."""
+    from lm_eval_probes.capture import read_layers
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
+    config, readout, num_layers = lm.probe_config, lm.readout, lm.readout.num_layers
+    with torch.no_grad():
+        states = [h[0, 2:6] for h in lm.model(torch.tensor([[5, 6, 7, 8, 9, 10]]), output_hidden_states=True).hidden_states]
+    layers = read_layers(num_layers, config)
+    first, last = central_window(num_layers, config.bte_window)
+    assert layers == {num_layers, *range(first, last + 1), *config.resolved_reader_layers(num_layers)}
+    assert 0 not in layers  # the embeddings are read by no default probe
+    want = position_probes(states, readout, config).summarize(0, 4)
+    got = position_probes([h if layer in layers else None for layer, h in enumerate(states)], readout, config)
+    got = got.summarize(0, 4)
+    assert (got.tcb_log10_mean, got.bte_energy) == (want.tcb_log10_mean, want.bte_energy)
+    np.testing.assert_array_equal(got.answer_states.values, want.answer_states.values)
+    readers = [h if layer in read_layers(num_layers, config, lens=False) else None for layer, h in enumerate(states)]
+    assert position_probes(readers, readout, config, lens=False).summarize(0, 4).tcb_log10_mean is None
+    missing = sorted(layers - read_layers(num_layers, config, lens=False))
+    with pytest.raises(ValueError, match=rf"layers {re.escape(str(missing))} are needed .* not kept"):
+        position_probes(readers, readout, config)
 
 
 def test_lens_plan_gives_the_lens_to_the_chosen_option_only():
