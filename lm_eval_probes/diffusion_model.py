@@ -35,7 +35,15 @@ from lm_eval.models.huggingface import HFLM
 import lm_eval_probes
 from lm_eval_probes.capture import masked_mean_states
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
-from lm_eval_probes.diffusion import Decoded, Forward, masked_diffusion_decode, mc_loglikelihood, request_seed
+from lm_eval_probes.diffusion import (
+    Decoded,
+    Forward,
+    Sampler,
+    dream_mc_loglikelihood,
+    masked_diffusion_decode,
+    mc_loglikelihood,
+    request_seed,
+)
 from lm_eval_probes.diffusion_config import DiffusionConfig, split_diffusion_args
 from lm_eval_probes.integration import (
     DIFFUSION_MODEL_NAME,
@@ -43,6 +51,7 @@ from lm_eval_probes.integration import (
     namespace_response_cache,
     note_unprobed_requests,
     register_rows,
+    take_ranks_from_accelerate,
 )
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 
@@ -86,10 +95,12 @@ def resolve_mask_token_id(option: int | None, config: Any, tokenizer: Any) -> in
 
 @dataclass(frozen=True)
 class _Generation:
-    """One decoded row, waiting for the text lm_eval keeps of it (kept positions are a prefix)."""
+    """One decoded row, waiting for the text lm_eval keeps of it."""
 
-    tokens: list[int]  # the canvas up to (excluding) the first stop token
-    stop_token: int | None  # the token that ended it (None: the canvas was full)
+    tokens: list[int]  # the kept candidates: canvas tokens the text is made of, in order
+    positions: list[int]  # their canvas positions
+    text: str | None  # the family stop rule's text (None: lm_eval's text is kept)
+    skip_special: bool  # whether the text decodes ``tokens`` without special tokens
     reveal_logprob: torch.Tensor  # [G] float64
     reveal_step: torch.Tensor  # [G] long
     final_logprob: torch.Tensor  # [G] float64
@@ -121,13 +132,16 @@ class DiffusionProbeHFLM(HFLM):
         self._generations: deque[_Generation] | None = None  # set inside generate_until
         self._ll_probes: dict[tuple[str, str], ResponseProbe] = {}
         super().__init__(pretrained, **hf_args)
+        take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
+        self.sampler = self._sampler()
         self.reader_layers: tuple[int, ...] = ()
         if "reader" in self.probe_config.probes:
             self.reader_layers = self.probe_config.resolved_reader_layers(self._num_layers())
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
+        self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
         self.AUTO_MODEL_CLASS = model_class_for(config)
         super()._get_backend(config, backend="causal", trust_remote_code=trust_remote_code)
 
@@ -142,6 +156,25 @@ class DiffusionProbeHFLM(HFLM):
         namespace_response_cache(cache_hook, fingerprint)
         super().set_cache_hook(cache_hook)
 
+    def _special_ids(self, *names: str) -> tuple[int, ...]:
+        """Ids of the named tokens that the tokenizer knows as one token."""
+        vocab = self.tokenizer.get_vocab()
+        return tuple(sorted({int(vocab[name]) for name in names if name in vocab}))
+
+    def _sampler(self) -> Sampler:
+        """The decoding step of this run: the configured algorithm, with EOS = ``<|endoftext|>`` (else the
+        tokenizer's EOS) and EoT = ``<|eot_id|>`` (LLaDA's 126081 and 126348) for the EOS options."""
+        config = self.diffusion_config
+        eos = self._special_ids("<|endoftext|>") or ((int(self.tokenizer.eos_token_id),) if self.tokenizer.eos_token_id is not None else ())
+        if (config.logits_eos_inf or config.confidence_eos_eot_inf) and not eos:
+            raise ValueError("diffusion_logits_eos_inf / diffusion_confidence_eos_eot_inf need an EOS token; the tokenizer has none")
+        return Sampler(
+            alg=config.alg, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, alg_temp=config.alg_temp,
+            eps=config.eps, cfg_scale=config.cfg_scale, eos_ids=eos, eot_ids=self._special_ids("<|eot_id|>"),
+            logits_eos_inf=config.logits_eos_inf, confidence_eos_eot_inf=config.confidence_eos_eot_inf,
+            ranking_dtype=torch.float64 if config.ranking_dtype == "float64" else None,
+        )
+
     def _num_layers(self) -> int:
         for key in _LAYER_COUNT_KEYS:
             value = getattr(self.config, key, None)
@@ -152,7 +185,10 @@ class DiffusionProbeHFLM(HFLM):
     def _forward(self, attention_mask: torch.Tensor | None) -> Forward:
         """The model's forward for a batch whose first columns carry ``attention_mask`` (left padding):
         padded rows get the mask and, when the model takes them, position ids counted from their first
-        real token, so a row's result does not depend on its batch; shifted logits for Dream-style models."""
+        real token, so a row's result does not depend on its batch; shifted logits for Dream-style models
+        (``diffusion_logits_shift``). Dream's own model gets the mask as Dream's sampler builds it: 4-D
+        ``[B, 1, T, T]`` (query and key both real) with padded positions at position 1."""
+        dream = str(getattr(self.config, "model_type", "")).lower() == "dream"
 
         def forward(ids: torch.Tensor, want_states: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
             kwargs: dict[str, Any] = {}
@@ -162,6 +198,10 @@ class DiffusionProbeHFLM(HFLM):
                 kwargs["attention_mask"] = mask
                 if self._takes_position_ids:
                     kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+                if dream:
+                    real = mask.bool()
+                    kwargs["attention_mask"] = real[:, None, None, :] & real[:, None, :, None]
+                    kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(~real, 1)
             if want_states:
                 kwargs["output_hidden_states"] = True
             with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
@@ -179,27 +219,33 @@ class DiffusionProbeHFLM(HFLM):
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
+        kept_texts: dict[tuple[str, str], deque[str]] = defaultdict(deque)
         self._generations = deque()
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                probes[(req[0], text)].append(self._generation_probe(self._generations.popleft(), text))
+                generation = self._generations.popleft()
+                kept = text if generation.text is None else generation.text
+                probes[(req[0], kept)].append(self._generation_probe(generation, kept))
+                kept_texts[(req[0], text)].append(kept)
 
         try:
             with answers_tapped(self, on_answer, forward_partials=False):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
             self._generations = None
+        texts = [kept_texts[(req.args[0], text)].popleft() for req, text in zip(requests, texts, strict=True)]
         return with_generation_probes(requests, texts, probes)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
-        """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas, with every
-        token after a row's first stop token (EOS, pad) replaced by that token, so lm_eval's text ends there."""
+        """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas. With
+        ``diffusion_stop_rule=lm_eval`` every token after a row's first stop token (EOS, pad) is replaced by
+        that token, so lm_eval's text ends there; the family rules keep their own text (:meth:`_kept`)."""
         attention_mask = generation_kwargs.pop("attention_mask", None)
         if generation_kwargs.get("do_sample") or float(generation_kwargs.get("temperature") or 0.0) > 0:
             raise ValueError(
-                "hf-probes-diffusion decodes greedily (temperature 0, low-confidence remasking); the task asks for "
-                f"sampling: {generation_kwargs}"
+                "hf-probes-diffusion samples only as its options say (diffusion_temperature, diffusion_top_p, …), as "
+                f"LLaDA's and Dream's harnesses do; the task asks for sampling: {generation_kwargs}"
             )
         gen_length, block_length, steps = self.diffusion_config.schedule(max_length - context.shape[1])
         prompt, prompt_mask = context, attention_mask
@@ -209,32 +255,74 @@ class DiffusionProbeHFLM(HFLM):
         if prompt.shape[1] > room:  # keep the prompt's last tokens
             prompt = prompt[:, -room:]
             prompt_mask = None if prompt_mask is None else prompt_mask[:, -room:]
+        generators = None
+        if self.sampler.random:  # one stream per row, from the seed and the row's own prompt tokens
+            rows = [row[prompt_mask[i].bool()] if prompt_mask is not None else row for i, row in enumerate(prompt)]
+            generators = [torch.Generator().manual_seed(request_seed(self.diffusion_config.seed, row.tolist(), ()))
+                          for row in rows]
         decoded = masked_diffusion_decode(
             self._forward(prompt_mask), prompt, mask_token_id=self.mask_token_id, gen_length=gen_length,
-            block_length=block_length, steps=steps, state_layers=self.reader_layers,
+            block_length=block_length, steps=steps, state_layers=self.reader_layers, sampler=self.sampler,
+            generators=generators,
         )
         tokens = decoded.tokens.clone()
-        stops = self._stop_token_ids()
+        eos_text = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        until = list(stop[:-1]) if stop and stop[-1] == eos_text else list(stop)  # without the EOS lm_eval appends
         for row in range(tokens.shape[0]):
-            self._generations.append(self._pending_generation(decoded, row, prompt, prompt_mask, stops))
-            bound = len(self._generations[-1].tokens)
-            if bound < tokens.shape[1]:
+            generation = self._pending_generation(decoded, row, prompt, prompt_mask, until)
+            self._generations.append(generation)
+            if generation.text is None and len(generation.tokens) < tokens.shape[1]:
+                bound = len(generation.tokens)
                 tokens[row, bound:] = tokens[row, bound]
         return torch.cat([context, tokens.to(context.device)], dim=1)
 
     def _stop_token_ids(self) -> set[int]:
-        """Tokens that end a generation: the tokenizer's EOS, the model config's ``eos_token_id`` (one or a
-        list) and the pad token (when it is not the mask)."""
+        """Tokens that end a generation under ``diffusion_stop_rule=lm_eval``: the tokenizer's EOS, the model
+        config's ``eos_token_id`` (one or a list) and the pad token (when it is not the mask)."""
         ids = {self.eot_token_id, self.tokenizer.pad_token_id}
         eos = getattr(self.config, "eos_token_id", None)
         ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
         return {int(i) for i in ids if i is not None and int(i) != self.mask_token_id}
 
+    def _kept(self, canvas: list[int], until: list[str]) -> tuple[list[int], str | None, bool]:
+        """(kept canvas positions, the family rule's text or ``None``, whether that text skips special tokens).
+
+        * ``lm_eval``: the canvas up to its first stop token (:meth:`_stop_token_ids`); lm_eval then cuts its
+          decoding at the stop strings.
+        * ``dream`` (Dream's harnesses): the canvas decoded with its special tokens, cut at the first EOS
+          text, then at each stop string; the tokens before the first EOS.
+        * ``llada`` (``eval_llada.py``): the whole canvas decoded with its special tokens, cut at each stop
+          string in turn, re-encoded and decoded without special tokens (text after a mid-canvas EOS stays);
+          the non-special tokens of the fewest leading tokens that cover the cut text.
+        """
+        rule = self.diffusion_config.stop_rule
+        if rule == "lm_eval":
+            stops = self._stop_token_ids()
+            bound = next((i for i, token in enumerate(canvas) if token in stops), len(canvas))
+            return list(range(bound)), None, True
+        text = self.tok_decode(canvas, skip_special_tokens=False)
+        if rule == "dream":
+            eos = self.tokenizer.eos_token
+            text = text.split(eos)[0] if eos else text
+            for term in until:
+                text = text.split(term)[0]
+            eos_id = self.tokenizer.eos_token_id
+            bound = next((i for i, token in enumerate(canvas) if token == eos_id), len(canvas))
+            return list(range(bound)), text, False
+        for term in until:
+            if term in text:
+                text = text.split(term)[0]
+        ends = _DecodedLengths(lambda t: self.tok_decode(t, skip_special_tokens=False), canvas)
+        covering = 0 if not text else min(bisect.bisect_left(ends, len(text)) + 1, len(ends))
+        special = set(self.tokenizer.all_special_ids)
+        kept = self.tok_decode(self.tokenizer(text)["input_ids"], skip_special_tokens=True)
+        return [i for i in range(covering) if canvas[i] not in special], kept, True
+
     def _pending_generation(
-        self, decoded: Decoded, row: int, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, stops: set[int]
+        self, decoded: Decoded, row: int, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, until: list[str]
     ) -> _Generation:
         canvas = decoded.tokens[row].tolist()
-        bound = next((i for i, token in enumerate(canvas) if token in stops), len(canvas))
+        positions, text, skip_special = self._kept(canvas, until)
         states = prompt_states = None
         prompt_len = prompt.shape[1]
         mask = prompt_mask[row : row + 1] if prompt_mask is not None else torch.ones_like(prompt[row : row + 1])
@@ -248,34 +336,34 @@ class DiffusionProbeHFLM(HFLM):
                                                mask, self.reader_layers)[0]
         prompt_tokens = int(prompt_mask[row].sum()) if prompt_mask is not None else prompt_len
         return _Generation(
-            tokens=canvas[:bound], stop_token=canvas[bound] if bound < len(canvas) else None,
+            tokens=[canvas[i] for i in positions], positions=positions, text=text, skip_special=skip_special,
             reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
             final_logprob=decoded.final_logprob[row], states=states, prompt_tokens=prompt_tokens,
             prompt_states=prompt_states,
         )
 
     def _generation_probe(self, generation: _Generation, text: str) -> ResponseProbe:
-        """The record of the kept part of one generation: the fewest leading tokens whose decoding covers
-        ``text``; an empty kept text is described by the first position (the token that ended it)."""
-        ends = _DecodedLengths(self.tok_decode, generation.tokens)
-        kept = 0 if not text else min(bisect.bisect_left(ends, len(text)) + 1, len(ends))
+        """The record of the kept part of one generation: the fewest kept candidates whose decoding covers
+        ``text``; an empty kept text is described by the first candidate (the canvas start when none)."""
+        ends = _DecodedLengths(lambda t: self.tok_decode(t, skip_special_tokens=generation.skip_special), generation.tokens)
+        kept = 0 if not text or not generation.tokens else min(bisect.bisect_left(ends, len(text)) + 1, len(ends))
         empty = kept == 0
         n = 1 if empty else kept
         token_ends = (0,) if empty else tuple(min(ends[i], len(text)) for i in range(kept))
-        reveal = generation.reveal_logprob[:n]
+        index = torch.tensor(generation.positions[:n] if generation.positions else [0], dtype=torch.long)
+        reveal = generation.reveal_logprob[index]
         values: dict[str, Any] = {}
         if generation.states is not None:
-            positions = generation.states[:, :n]
+            positions = generation.states[:, index]
             values["answer_states"] = LayerStates(self.reader_layers, positions.double().mean(1).float().numpy())
             if self.probe_config.reader_tail:
-                values["tail_states"] = LayerStates(self.reader_layers,
-                                                    positions[:, -self.probe_config.reader_tail :].half().numpy())
+                values["tail_states"] = LayerStates(self.reader_layers, _half_or_float(positions[:, -self.probe_config.reader_tail :]))
             values["prompt_states"] = generation.prompt_states
         return ResponseProbe(
             n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
             token_logprobs=tuple(float(v) for v in reveal), token_ends=token_ends, empty=empty,
-            reveal_steps=tuple(int(s) for s in generation.reveal_step[:n]),
-            final_token_logprobs=tuple(float(v) for v in generation.final_logprob[:n]), **values,
+            reveal_steps=tuple(int(s) for s in generation.reveal_step[index]),
+            final_token_logprobs=tuple(float(v) for v in generation.final_logprob[index]), **values,
         )
 
     # ----------------------------------------------------------------------------- loglikelihood
@@ -307,10 +395,19 @@ class DiffusionProbeHFLM(HFLM):
             context = torch.tensor(context_ids, dtype=torch.long, device=self.device)
             continuation = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
             forward = self._forward(None)
-            estimate = mc_loglikelihood(
-                forward, context, continuation, mask_token_id=self.mask_token_id, samples=config.mc_samples,
-                batch_size=config.mc_batch_size, seed=request_seed(config.seed, context_ids, continuation_ids),
-            )
+            seed = request_seed(config.seed, context_ids, continuation_ids)
+            if config.likelihood == "dream":  # Dream's harness appends EOS to the target (context only, never masked)
+                eos = torch.tensor([self.tokenizer.eos_token_id], dtype=torch.long, device=self.device)
+                estimate = dream_mc_loglikelihood(
+                    forward, context, torch.cat([continuation, eos]), mask_token_id=self.mask_token_id,
+                    samples=config.mc_samples, batch_size=config.mc_batch_size, seed=seed, eps=config.eps,
+                    cfg_scale=config.cfg_scale,
+                )
+            else:
+                estimate = mc_loglikelihood(
+                    forward, context, continuation, mask_token_id=self.mask_token_id, samples=config.mc_samples,
+                    batch_size=config.mc_batch_size, seed=seed, cfg_scale=config.cfg_scale,
+                )
             greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
             answer = (estimate, greedy)
             if key is not None:  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
@@ -323,7 +420,8 @@ class DiffusionProbeHFLM(HFLM):
         """Whether decoding the continuation's length one token per step gives the continuation."""
         n = continuation.numel()
         decoded = masked_diffusion_decode(forward, context.reshape(1, -1), mask_token_id=self.mask_token_id,
-                                          gen_length=n, block_length=n, steps=n)
+                                          gen_length=n, block_length=n, steps=n,
+                                          sampler=Sampler(cfg_scale=self.diffusion_config.cfg_scale))
         return bool(torch.equal(decoded.tokens[0], continuation.cpu()))
 
     @torch.no_grad()
@@ -342,6 +440,13 @@ class DiffusionProbeHFLM(HFLM):
                 values["prompt_states"] = LayerStates(self.reader_layers,
                                                       torch.stack([h[start:p].mean(0) for h in picked]).cpu().numpy())
         return ResponseProbe(n_tokens=n, mean_token_logprob=estimate / n, prompt_tokens=p, **values)
+
+
+def _half_or_float(states: torch.Tensor) -> Any:
+    """``states`` as a float16 array, or float32 where a value exceeds float16's range (±65504), as the
+    autoregressive path keeps its reader states."""
+    packed = states.half()
+    return (packed if bool(torch.isfinite(packed).all()) else states.float()).numpy()
 
 
 class _DecodedLengths:

@@ -249,7 +249,7 @@ BAD_OPTIONS = [
     ({"diffusion_steps": "many"}, "diffusion_steps must be an integer"),
     ({"diffusion_gen_length": 10, "diffusion_block_length": 4}, "must divide the canvas"),
     ({"diffusion_gen_length": 16, "diffusion_block_length": 4, "diffusion_steps": 6}, "multiple of the number of blocks"),
-    ({"diffusion_gen_length": 8, "diffusion_steps": 16}, "at most the canvas length"),
+    ({"diffusion_gen_length": 8, "diffusion_steps": 16, "diffusion_family": "llada"}, "at most the canvas length"),
     ({"diffusion_mc_samples": 100}, "multiple of diffusion_mc_batch_size"),
     ({"diffusion_logits_shift": "maybe"}, "true or false"),
     ({"probes": "tcb"}, "supports probes"),
@@ -394,7 +394,7 @@ def test_sampling_is_refused(masked_lm_dir):
     lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", **MODEL_ARGS)
     request = Instance("generate_until", {}, ("0 1 2", {"until": ["\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 0.7}),
                        idx=0, metadata=("t", 0, 1))
-    with pytest.raises(ValueError, match="decodes greedily"):
+    with pytest.raises(ValueError, match="samples only as its options say"):
         lm.generate_until([request])
 
 
