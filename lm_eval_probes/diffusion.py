@@ -302,10 +302,8 @@ def _dream_step(logits: torch.Tensor, masked: torch.Tensor, step: int, steps: in
     positions = masked.nonzero().squeeze(-1)
     masked_logits = logits[positions]
     if sampler.alg == "origin":  # each masked position revealed with probability 1 - s/t (all at the last step)
-        if step < steps - 1:
-            moving = torch.rand(positions.numel(), generator=generator) < 1 - timesteps[step + 1] / timesteps[step]
-        else:
-            moving = torch.ones(positions.numel(), dtype=torch.bool)
+        draws = torch.rand(positions.numel(), generator=generator)  # drawn at the last step too, as Dream does
+        moving = draws < (1 - timesteps[step + 1] / timesteps[step] if step < steps - 1 else 1)
         moving = moving.to(logits.device)
         if not bool(moving.any()):
             return positions[:0], positions[:0]
