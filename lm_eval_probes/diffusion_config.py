@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -106,7 +107,8 @@ class DiffusionConfig:
         likelihood: the ``loglikelihood`` estimator (``diffusion_likelihood``): ``llada`` (stratified mask
             counts, weight L/m) or ``dream`` (EOS appended, independent masks with probability t, weight 1/t).
         mc_samples: Monte-Carlo samples of a ``loglikelihood`` request (``diffusion_mc_samples``).
-        mc_batch_size: samples per forward of that estimate (``diffusion_mc_batch_size``); divides ``mc_samples``.
+        mc_batch_size: samples per forward of that estimate (``diffusion_mc_batch_size``); divides ``mc_samples``
+            (not given: the largest divisor of ``mc_samples`` up to 32 that also divides 32).
         seed: seed of the estimate's masks and of sampling (``diffusion_seed``); each request derives its
             own seed from it and its token ids, so results depend neither on the request order nor on batching.
         check_greedy: ``loglikelihood``'s ``is_greedy`` (``diffusion_check_greedy``): decode the
@@ -236,6 +238,8 @@ class DiffusionConfig:
                 raise ValueError(unknown_message("hf-probes-diffusion option", key, options))
             f = options[key]
             values[f.name] = _parse(key, value, f.type)
+        if "mc_samples" in values and "mc_batch_size" not in values:  # e.g. LLaDA's mc_num=1 for MMLU
+            values["mc_batch_size"] = math.gcd(values["mc_samples"], DEFAULT_MC_BATCH_SIZE)
         return cls(**values)
 
 

@@ -250,7 +250,7 @@ BAD_OPTIONS = [
     ({"diffusion_gen_length": 10, "diffusion_block_length": 4}, "must divide the canvas"),
     ({"diffusion_gen_length": 16, "diffusion_block_length": 4, "diffusion_steps": 6}, "multiple of the number of blocks"),
     ({"diffusion_gen_length": 8, "diffusion_steps": 16, "diffusion_family": "llada"}, "at most the canvas length"),
-    ({"diffusion_mc_samples": 100}, "multiple of diffusion_mc_batch_size"),
+    ({"diffusion_mc_samples": 100, "diffusion_mc_batch_size": 32}, "multiple of diffusion_mc_batch_size"),
     ({"diffusion_logits_shift": "maybe"}, "true or false"),
     ({"probes": "tcb"}, "supports probes"),
     ({"probe_reader_tial": 3}, "Did you mean"),
