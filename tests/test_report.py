@@ -19,7 +19,7 @@ import pytest
 
 from loader_fixtures import write_data_dir
 from lm_eval_probes.reports import build_report
-from lm_eval_probes.reports.bootstrap import percentile_interval, resample_indices
+from lm_eval_probes.reports.bootstrap import model_seed_label, percentile_interval, resample_indices
 from lm_eval_probes.reports.corpus_rows import (
     CalibrationOptions,
     auroc_resampled,
@@ -28,7 +28,7 @@ from lm_eval_probes.reports.corpus_rows import (
     records,
     spearman_resampled,
 )
-from lm_eval_probes.reports.reading import find_results_files, read_results_file, read_runs
+from lm_eval_probes.reports.reading import RunFile, find_results_files, merge_runs, read_results_file, read_runs
 from lm_eval_probes.reports.tables import Cell, markdown_escape
 
 LIMIT = 12
@@ -136,6 +136,17 @@ def test_two_runs_of_one_model_are_merged_newest_task_kept(runs):
     assert str(runs["b"]) in str(llama.tasks["probes_synth_logic"].results_file)
 
 
+def test_models_come_back_sorted_by_name_whatever_the_dates_of_their_runs(tmp_path):
+    """Shards of a sweep finish in any order: the report's model order must not follow the file dates."""
+    def run(name: str, date: str) -> RunFile:
+        return RunFile(path=tmp_path / name / f"results_{date}.json", date=date, model_name=name,
+                       model_args="pretrained=x", num_parameters=None, tasks={})
+
+    b_first = [run("b", "2026-01-01T00-00-00"), run("a", "2026-01-02T00-00-00"), run("c", "2026-01-03T00-00-00")]
+    assert [m.name for m in merge_runs(b_first)] == ["a", "b", "c"]
+    assert [m.name for m in merge_runs(b_first[::-1])] == ["a", "b", "c"]
+
+
 def test_missing_run_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no lm_eval results"):
         find_results_files([tmp_path])
@@ -175,6 +186,40 @@ def test_resample_indices_are_seeded_and_keyed():
     assert not np.array_equal(a, resample_indices(10, n_resamples=5, seed=3, key=("m", "u")))
     with pytest.raises(ValueError, match="n_resamples"):
         resample_indices(10, n_resamples=0, seed=0, key=())
+
+
+def test_the_bootstrap_key_names_no_folder():
+    assert model_seed_label("/scratch/u/models/tiny-llama") == "tiny-llama" == model_seed_label("/home/v/clone/tiny-llama/")
+    assert model_seed_label("HuggingFaceTB/SmolLM2-135M") == "SmolLM2-135M"
+    assert model_seed_label("C:\\models\\m") == "m"
+    assert model_seed_label("m (dtype=float32,pretrained=/a/b/m)") == "m (dtype=float32,pretrained=m)"
+    assert model_seed_label("SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"  # a sweep label
+
+
+def test_a_plain_run_moved_elsewhere_keeps_its_intervals(runs, tmp_path):
+    """A plain ``lm_eval`` run is named after its ``pretrained`` path: the same files with the weights at
+    another path give the same values and intervals (only the name and ``model_args`` name the path)."""
+    original = results_json(runs["c"])[0]
+    data = json.loads(original.read_text())
+    weights = data["model_name"]
+    elsewhere = f"/elsewhere/clone/{Path(weights).name}"
+    moved = tmp_path / "moved"
+    shutil.copytree(original.parent, moved)
+    path = moved / original.name
+    path.write_text(original.read_text().replace(weights, elsewhere))
+    assert json.loads(path.read_text())["model_name"] == elsewhere
+    summaries = []
+    for folder in (original.parent, moved):
+        build_report([folder], tmp_path / f"report-{folder.name}", n_resamples=100, plots=False)
+        summaries.append(json.loads((tmp_path / f"report-{folder.name}" / "summary.json").read_text()))
+    (before,), (after,) = (s["models"] for s in summaries)
+    assert (before["name"], after["name"]) == (weights, elsewhere)
+    assert after["tasks"].keys() == before["tasks"].keys()
+    cis = 0
+    for task, cells in before["tasks"].items():
+        assert after["tasks"][task]["metrics"] == cells["metrics"], task
+        cis += sum(cell["ci"] is not None and cell["ci"]["low"] is not None for cell in cells["metrics"].values())
+    assert cis >= 3
 
 
 def test_percentile_interval_undefined_cases():

@@ -7,14 +7,18 @@ interpolation). A resample on which the row is undefined (AUROC with one class, 
 side) is dropped; when fewer than half of the resamples are defined the interval is undefined.
 
 Seeding: the resample indices come from ``numpy.random.default_rng(SeedSequence([seed, key...]))``,
-where ``key`` is a stable hash of (model, task, filter); every row of one task shares the same
-resamples, and the interval of a row depends neither on the order in which the report visits rows nor
-on the other models. No global random state is touched.
+where ``key`` is a stable hash of (model label, task, filter) — what the run evaluated, never where it
+was stored: the label is a sweep's model name, or lm_eval's model name with its folders dropped
+(:func:`model_seed_label`; a plain run is named after its ``pretrained`` path), and ``model_args`` (which
+carry that path) are not part of it. So a run cloned, moved or sharded across machines gets the same
+intervals. Every row of one task shares the same resamples, and the interval of a row depends neither on
+the order in which the report visits rows nor on the other models. No global random state is touched.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +55,23 @@ class ConfidenceInterval:
 def stable_key(*parts: str) -> list[int]:
     """32-bit CRC of each part: a platform- and run-independent seed component (``hash()`` is salted)."""
     return [zlib.crc32(part.encode("utf-8")) for part in parts]
+
+
+FOLDER_PREFIX = re.compile(r"[^\s,=()/\\]*[/\\]+(?=[^\s,=()/\\])")
+"""A path's leading segments (``/abs/``, ``org/``, ``C:\\models\\``) inside a model name, each followed by more name."""
+TRAILING_SEPARATOR = re.compile(r"[/\\]+(?=$|[\s,=()])")
+"""A path's trailing ``/`` (``/models/m/``)."""
+
+
+def model_seed_label(name: str) -> str:
+    """The model part of the bootstrap key: ``name`` with the folders of every path-like part dropped.
+
+    ``/scratch/u/models/SmolLM2-135M`` → ``SmolLM2-135M``, ``HuggingFaceTB/SmolLM2-135M`` → ``SmolLM2-135M``,
+    ``m (dtype=float32,pretrained=/a/b/m/)`` → ``m (dtype=float32,pretrained=m)``; a sweep label (no ``/``)
+    is returned as is. Two names that differ only in folders share their resamples, which is harmless:
+    each model's interval still depends only on its own documents.
+    """
+    return FOLDER_PREFIX.sub("", TRAILING_SEPARATOR.sub("", name))
 
 
 def resample_indices(n_documents: int, *, n_resamples: int, seed: int, key: Sequence[str]) -> np.ndarray:

@@ -258,7 +258,8 @@ def _effective(entry: Any) -> int | None:
 def merge_runs(runs: Sequence[RunFile]) -> list[ModelResults]:
     """Merge the runs of each model (same model name and ``model_args``): tasks are unioned; a task
     present in several runs is taken from the newest (by the date in the file name) and the merge is
-    noted in ``replaced``. Models come back in order of first appearance (sorted input: by path).
+    noted in ``replaced``. Models come back sorted by name (then ``model_args``), whatever the order and
+    dates of their runs: shards of a sweep that finished in any order give the same report.
 
     Models that share a display name but differ in ``model_args`` stay separate and get the
     ``model_args`` appended to their name.
@@ -275,7 +276,7 @@ def merge_runs(runs: Sequence[RunFile]) -> list[ModelResults]:
                 model.replaced.append({"task": task, "kept": str(result.results_file),
                                        "dropped": str(previous.results_file), "reason": "newer run of the same task"})
             model.tasks[task] = result  # runs come oldest first: the newest wins
-    merged = list(models.values())
+    merged = sorted(models.values(), key=lambda m: (m.name, m.model_args))
     names = [m.name for m in merged]
     for model in merged:
         model.sources.sort()

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
-from lm_eval_probes.reports.bootstrap import ConfidenceInterval, percentile_interval, resample_indices
+from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
@@ -141,7 +141,7 @@ def primary_samples(task: TaskResult) -> list[Mapping[str, Any]]:
 
 def task_cell(model: ModelResults, task: str, metric: str, filter_name: str, settings: BootstrapSettings) -> Cell:
     """The cell of one model's row, with a bootstrap CI when lm_eval gave no stderr and the samples hold
-    the row's records."""
+    the row's records (resamples keyed by the model's label, task and filter: never by a path)."""
     result = model.tasks.get(task)
     found = result.metric(metric, filter_name) if result is not None else None
     if result is None or found is None:
@@ -153,7 +153,7 @@ def task_cell(model: ModelResults, task: str, metric: str, filter_name: str, set
         if len(rows):
             options = CalibrationOptions.from_metadata(result.metadata)
             indices = resample_indices(len(rows), n_resamples=settings.n_resamples, seed=settings.seed,
-                                       key=(model.name, model.model_args, task, filter_name))
+                                       key=(model_seed_label(model.name), task, filter_name))
             ci = percentile_interval(row.on_resamples(rows, indices, options), n_documents=len(rows), level=settings.level)
     return Cell(present=True, value=found.value, stderr=found.stderr, ci=ci)
 
