@@ -14,7 +14,11 @@ the leaderboard.
   ``<output_dir>/status/<model>__<task>.json`` (collected into ``<output_dir>/sweep_status.json``); the
   other pairs still run; failed pairs are retried by the next run.
 * **Sharding without a coordinator.** ``--shard K/N`` (0 ≤ K < N) runs pair i of the sorted pair list
-  when i mod N = K: N processes, Slurm array tasks or machines on a shared filesystem split the sweep.
+  when i mod N = K: N processes, Slurm array tasks or machines split the sweep, into one shared
+  ``output_dir`` or each into its own (``--output_dir``) whose ``runs/`` folders are then copied into one;
+  either way the report equals the unsharded sweep's (docs/scale-out.md).
+* **Any machine.** Without ``device`` each model goes where lm_eval's CLI puts it without ``--device``:
+  the first GPU when there is one, else the CPU (:func:`model_device`).
 * **One model load per model** (per process): its pairs reuse the loaded model.
 
 The config is parsed into frozen dataclasses and validated (unknown keys name the valid ones, the
@@ -26,6 +30,7 @@ against lm_eval's task index before the first model loads. lm_eval is imported o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import logging
@@ -51,7 +56,8 @@ DEFAULT_PROBE_SET = "+".join(DEFAULT_PROBES)
 logger = logging.getLogger(__name__)
 
 SWEEP_KEY = "lm_eval_probes_sweep"
-"""Top-level key added to each results file: the sweep's model label, task and shard (read by the report)."""
+"""Top-level key added to each results file: the sweep's model label (read by the report), task, shard, model type
+and the device the model ran on."""
 
 CONFIG_KEYS: tuple[str, ...] = (
     "models", "tasks", "output_dir", "probes", "seeds", "limit", "num_fewshot", "batch_size", "max_batch_size",
@@ -94,7 +100,8 @@ class SweepConfig:
         limit: documents per task (``None`` = all; a float in (0, 1) = a fraction, as lm_eval).
         num_fewshot: ``None`` = each task's own.
         batch_size / max_batch_size: lm_eval's batch-size policy (an int, ``auto`` or ``auto:N``).
-        device: e.g. ``cpu``, ``cuda``; ``None`` lets lm_eval choose.
+        device: e.g. ``cpu``, ``cuda``, ``cuda:1``; ``None`` lets lm_eval choose as its CLI does without
+            ``--device`` (:func:`model_device`).
         gen_kwargs: generation overrides for every generation task.
         metadata: lm_eval task metadata for every task (``probes_data_dir``, ``noise_eta``, …).
         apply_chat_template: as lm_eval's flag.
@@ -392,7 +399,7 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     model_args = config.model_args(model)
     results = lm_eval.simple_evaluate(
         model=lm, model_args=model_args, tasks=[task], num_fewshot=config.num_fewshot, batch_size=config.batch_size,
-        max_batch_size=config.max_batch_size, device=config.device, limit=config.limit,
+        max_batch_size=config.max_batch_size, device=model_device(config), limit=config.limit,
         bootstrap_iters=config.bootstrap_iters, log_samples=config.log_samples, evaluation_tracker=tracker,
         apply_chat_template=config.apply_chat_template, gen_kwargs=dict(config.gen_kwargs) if config.gen_kwargs else None,
         task_manager=task_manager, random_seed=config.seeds[0], numpy_random_seed=config.seeds[1],
@@ -402,7 +409,9 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
         shutil.rmtree(partial, ignore_errors=True)
         return
     samples = results.pop("samples", None)
-    results[SWEEP_KEY] = {"model": model.name, "task": task, "shard": str(shard), "model_type": model.model}
+    device = getattr(lm, "device", None)
+    results[SWEEP_KEY] = {"model": model.name, "task": task, "shard": str(shard), "model_type": model.model,
+                          "device": None if device is None else str(device)}
     results.setdefault("config", {})["model_args"] = model_args
     tracker.save_results_aggregated(results=results, samples=samples)
     if config.log_samples and samples:
@@ -418,31 +427,60 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     shutil.rmtree(partial, ignore_errors=True)
 
 
+def model_device(config: SweepConfig) -> str:
+    """The ``device`` the models are created with: the config's, else the one lm_eval's CLI passes when
+    ``--device`` is not given (``EvaluatorConfig``'s default, ``cuda:0`` in 0.4.13).
+
+    HFLM takes a device it does not know on this machine (``cuda:0`` without a GPU) as "not specified" and
+    picks ``cuda`` when CUDA is available, else the CPU; leaving ``device`` out instead would give HFLM its
+    own default, ``cuda``, which it always accepts, and fail on a machine without CUDA.
+    """
+    if config.device is not None:
+        return config.device
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    default = next((f.default for f in dataclasses.fields(EvaluatorConfig) if f.name == "device"), None)
+    if not isinstance(default, str):
+        raise RuntimeError(f"lm_eval's CLI has no default device to follow (got {default!r}); set 'device' in the sweep config")
+    return default
+
+
 def _load_model(config: SweepConfig, model: SweepModel) -> Any:
     import lm_eval.api.registry
 
     import lm_eval_probes  # noqa: F401  (registers hf-probes)
 
-    additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": config.device}
+    additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": model_device(config)}
     return lm_eval.api.registry.get_model(model.model).create_from_arg_obj(
         config.model_args(model), {k: v for k, v in additional.items() if v is not None})
 
 
-def run_sweep(config: SweepConfig, *, shard: Shard = Shard()) -> dict[str, Any]:
+def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any | None = None) -> dict[str, Any]:
     """Run this shard's unfinished pairs, one model load per model; returns :func:`collect_status`.
 
     A model that fails to load fails all its pairs in this shard (recorded, not raised); a pair that fails
     to evaluate is recorded and the next one runs. ``KeyboardInterrupt`` propagates (the pair in progress
     stays unfinished and is redone next time).
 
+    Args:
+        task_manager: a :class:`~lm_eval_probes.integration.ProbeTaskManager` with the plugin's tasks on its
+            include path and the config's ``metadata``, to reuse across sweeps in one process (indexing
+            lm_eval's tasks takes seconds); ``None`` builds one.
+
     Raises:
         SweepConfigError: an unknown task name (checked before any model loads).
+        ValueError: a ``task_manager`` that is not a ProbeTaskManager or has other task metadata.
     """
     import lm_eval_probes
     from lm_eval_probes.integration import ProbeTaskManager, register_model_placeholder
 
     register_model_placeholder()
-    task_manager = ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(), metadata=dict(config.metadata) or None)
+    if task_manager is None:
+        task_manager = ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(), metadata=dict(config.metadata) or None)
+    elif not isinstance(task_manager, ProbeTaskManager):
+        raise ValueError(f"task_manager must be a ProbeTaskManager (its tasks report the probe rows), got {type(task_manager).__name__}")
+    elif dict(task_manager.metadata or {}) != dict(config.metadata):
+        raise ValueError(f"task_manager has task metadata {task_manager.metadata!r}, the sweep config {dict(config.metadata)!r}")
     check_tasks(config, task_manager)
     mine = shard.select(config.pairs())
     logger.info("sweep %s: %d of %d pairs in shard %s", config.output_dir, len(mine), len(config.pairs()), shard)
@@ -490,7 +528,8 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard()) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- CLI
 
 EXAMPLE = """\
-example config (YAML):
+example config (YAML), for any machine: without 'device' each model goes where lm_eval's CLI puts it
+without --device (the first GPU when there is one, else the CPU):
   output_dir: results/sweep          # relative to this file
   models:
     - name: smollm2-135m
@@ -502,6 +541,22 @@ example config (YAML):
   limit: 100
   batch_size: auto
   seeds: 0
+
+example config (YAML) on a chosen device:
+  output_dir: results/sweep-cpu
+  models:
+    - name: smollm2-135m
+      model_args: {pretrained: HuggingFaceTB/SmolLM2-135M-Instruct, dtype: float32}
+  tasks: [probes_synth_arith, probes_synth_logic]
+  limit: 100
+  device: cpu                        # or cuda, cuda:1, mps
+  seeds: 0
+
+across machines (docs/scale-out.md): each runs its shard into its own folder, then copy runs/ into one:
+  lm-eval-probes sweep sweep.yaml --shard 0/2 --output_dir /scratch/a     # machine 1
+  lm-eval-probes sweep sweep.yaml --shard 1/2 --output_dir /scratch/b     # machine 2
+  mkdir -p results/sweep && cp -r /scratch/a/runs /scratch/b/runs results/sweep/   # then, once
+  lm-eval-probes report results/sweep/runs --out results/leaderboard
 """
 
 
@@ -517,6 +572,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("config", metavar="CONFIG.yaml", help="the sweep config (see the example below and the README)")
     p.add_argument("--shard", default="0/1", help="K/N: run pair i of the sorted pair list when i mod N = K "
                    "(0 <= K < N; e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); default 0/1 = all")
+    p.add_argument("--output_dir", metavar="DIR", help="write runs/, status/ and sweep_status.json into DIR instead of "
+                   "the config's output_dir (e.g. one folder per shard on a machine's own disk; copy their runs/ folders "
+                   "into one afterwards)")
     p.add_argument("--check", action="store_true", help="validate the config and list this shard's pairs and their "
                    "state, load nothing")
     return p
@@ -527,6 +585,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     try:
         config = load_config(args.config)
+        if args.output_dir is not None:
+            config = dataclasses.replace(config, output_dir=Path(args.output_dir).resolve())
         shard = Shard.parse(args.shard)
         if args.check:
             for model, task in shard.select(config.pairs()):
