@@ -27,6 +27,7 @@ seeding), so a row decodes the same alone or in any batch.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -459,3 +460,44 @@ def dream_mc_loglikelihood(
         token_logprobs = _masked_token_logprobs(forward, ids, prompt_len, target)
         totals.append(float(((token_logprobs * mask).sum(-1) / p).sum()) / batch_size)
     return sum(totals) / len(totals)
+
+
+def trajectory_steps(steps: int, fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0)) -> tuple[int, ...]:
+    """The 0-based steps at ``fractions`` of a ``steps``-step decoding: ``ceil(f · steps) − 1`` (1.0 → the last
+    step), distinct and increasing."""
+    if steps < 1 or any(not 0 < f <= 1 for f in fractions):
+        raise ValueError(f"trajectory_steps needs steps >= 1 and fractions in (0, 1], got {steps}, {fractions}")
+    return tuple(sorted({max(0, math.ceil(f * steps) - 1) for f in fractions}))
+
+
+@torch.no_grad()
+def trajectory_logprobs(
+    forward: Forward,
+    prompt: torch.Tensor,
+    decoded: Decoded,
+    *,
+    mask_token_id: int,
+    at_steps: Sequence[int],
+    sampler: Sampler = Sampler(),
+) -> torch.Tensor:
+    """``[B, len(at_steps), G]`` float64: ln p of every canvas position's **final** token under the forward
+    the decoding ran at each step of ``at_steps`` (masked or not), for calibration along the denoising
+    trajectory. The canvas of step k is rebuilt from ``decoded.reveal_step`` (tokens revealed before k, the
+    rest masked), so this replays exactly the inputs the decoding saw (one forward per step, with the
+    sampler's guidance and EOS suppression): at a token's reveal step it equals its reveal-time log-probability.
+    """
+    prompt_len = prompt.shape[1]
+    forward = guided_forward(forward, prompt_len, mask_token_id, sampler.cfg_scale)
+    tokens = decoded.tokens.to(prompt.device)
+    steps = []
+    for step in at_steps:
+        canvas = torch.where((decoded.reveal_step < step).to(prompt.device), tokens, torch.full_like(tokens, mask_token_id))
+        logits, _ = forward(torch.cat([prompt, canvas], dim=1), False)
+        if sampler.logits_eos_inf and sampler.eos_ids:
+            logits[:, :, list(sampler.eos_ids)] = float("-inf")
+        steps.append(torch.stack([
+            torch.log_softmax(logits[row, prompt_len:].double(), dim=-1).gather(-1, tokens[row].unsqueeze(-1)).squeeze(-1).cpu()
+            for row in range(tokens.shape[0])
+        ]))
+        del logits
+    return torch.stack(steps, dim=1)

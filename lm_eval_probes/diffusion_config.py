@@ -3,7 +3,9 @@
 
 Every option starts with ``diffusion_``; a key that starts with ``diffusion`` (or nearly spells one of the
 options) but is not an option raises ``ValueError`` with a did-you-mean, instead of reaching
-``from_pretrained`` as an unknown keyword.
+``from_pretrained`` as an unknown keyword. The authors' argument names (LLaDA's ``steps``, ``mask_id``,
+``cfg``, ``remasking``, ``mc_num``, …; Dream's ``alg``, ``top_p``, ``max_new_tokens``, …) are read as the
+option of the same meaning (:data:`ALIASES`) or refused with the option to use (:data:`REFUSED`).
 """
 
 from __future__ import annotations

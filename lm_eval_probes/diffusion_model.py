@@ -6,14 +6,18 @@ Thin by design (like lm_eval's ``hf_steered``): HFLM does the tokenizing, batchi
 strings and ``--use_cache``; this subclass only
 
 * loads the model as a masked LM (``AutoModelForMaskedLM`` for masked-LM configs, else the class its
-  remote code maps; ``trust_remote_code`` only as the user gives it);
+  remote code maps; ``trust_remote_code`` only as the user gives it) and decides its family (LLaDA,
+  Dream, generic: :meth:`DiffusionConfig.resolved`) from the config before any weight loads;
 * generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.diffusion.masked_diffusion_decode`
+  (the family's sampler, one seeded generator per row), keeps the family's text (its harness's stop rule)
   and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
   token's reveal-time log-probability, reveal step and final-pass log-probability, and the reader
   layers' states at the kept positions from the final denoising pass;
-* loglikelihood — replaces ``_loglikelihood_tokens`` with the Monte-Carlo masked estimate
-  (:func:`~lm_eval_probes.diffusion.mc_loglikelihood`), plus one forward over the unmasked request for
-  the reader's states.
+* loglikelihood — replaces ``_loglikelihood_tokens`` with the family's Monte-Carlo masked estimate
+  (:func:`~lm_eval_probes.diffusion.mc_loglikelihood`, :func:`~lm_eval_probes.diffusion.dream_mc_loglikelihood`),
+  plus one forward over the unmasked request for the reader's states.
+
+``docs/diffusion.md`` describes every option and its source in the authors' code.
 """
 
 from __future__ import annotations

@@ -256,3 +256,13 @@ def test_aliases_are_read_as_the_plugin_options_with_a_notice(bert_dir, caplog):
             config.cfg_scale) == (4, 8, 4, "random", 1, 1, 0.5)
     notices = [r.getMessage() for r in caplog.records if "read as" in r.getMessage()]
     assert len(notices) == 6 and "steps=4 read as diffusion_steps" in notices[0]
+
+
+def test_reader_tail_states_fall_back_to_float32_beyond_float16():
+    from lm_eval_probes.diffusion_model import _half_or_float
+
+    small = torch.tensor([[1.5, -2.25]])
+    assert _half_or_float(small).dtype == np.float16
+    large = torch.tensor([[1.5, 1e6]])  # beyond float16's ±65504 (e.g. Gemma's residual stream)
+    kept = _half_or_float(large)
+    assert kept.dtype == np.float32 and kept[0, 1] == 1e6

@@ -364,3 +364,28 @@ def test_random_algorithms_need_generators():
     with pytest.raises(ValueError, match="one block"):
         masked_diffusion_decode(constant, torch.tensor([[1]]), mask_token_id=0, gen_length=4, block_length=2, steps=2,
                                 sampler=Sampler(alg="entropy"))
+
+
+@pytest.mark.parametrize("family,options", [("llada", {"diffusion_block_length": 4, "diffusion_steps": 4,
+                                                        "diffusion_cfg_scale": 0.5, "diffusion_logits_eos_inf": True}),
+                                             ("dream", {"diffusion_steps": 6})])
+def test_trajectory_replays_the_decoding_inputs(bert_dir, family, options):
+    """Calibration along the trajectory: each step's probability of the final tokens, from the canvas rebuilt out of
+    the reveal steps, equals the reveal-time probability at each token's reveal step and the final pass at the end."""
+    from lm_eval_probes.diffusion import trajectory_logprobs, trajectory_steps
+
+    lm = load_lm(bert_dir, shifted=family == "dream", diffusion_family=family, diffusion_gen_length=8, **options)
+    rows, ids, mask = batched(lm)
+    steps = options["diffusion_steps"]
+    got = masked_diffusion_decode(lm._forward(mask), ids, mask_token_id=lm.mask_token_id, gen_length=8,
+                                  block_length=options.get("diffusion_block_length", 8), steps=steps, sampler=lm.sampler)
+    trajectory = trajectory_logprobs(lm._forward(mask), ids, got, mask_token_id=lm.mask_token_id, at_steps=range(steps),
+                                     sampler=lm.sampler)
+    assert trajectory.shape == (3, steps, 8)
+    at_reveal = trajectory.gather(1, got.reveal_step.unsqueeze(1)).squeeze(1)
+    np.testing.assert_allclose(at_reveal.numpy(), got.reveal_logprob.numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(trajectory[:, -1].numpy(), got.final_logprob.numpy(), rtol=0, atol=1e-9)
+    assert not np.allclose(trajectory[:, 0].numpy(), trajectory[:, -1].numpy())  # the belief moves along the way
+    assert trajectory_steps(8) == (1, 3, 5, 7) and trajectory_steps(3) == (0, 1, 2)
+    with pytest.raises(ValueError):
+        trajectory_steps(4, (0.0,))
