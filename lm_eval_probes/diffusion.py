@@ -284,8 +284,10 @@ def _dream_filtered_probs(logits: torch.Tensor, sampler: Sampler) -> torch.Tenso
 def _dream_tokens(logits: torch.Tensor, sampler: Sampler, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Dream's ``sample_tokens`` on ``[m, V]`` logits: (ranking score, token) per row of ``logits``."""
     probs = _dream_filtered_probs(logits, sampler)
-    if sampler.temperature > 0:
-        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    if sampler.temperature > 0:  # a categorical draw by inverse CDF: one CPU uniform per row, the rest on the device
+        uniform = torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator).to(probs.device)
+        cdf = probs.double().cumsum(dim=-1)
+        tokens = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
         score = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     else:
         score, tokens = probs.max(dim=-1)

@@ -138,8 +138,13 @@ def dream_sample(model, prompt, *, steps, gen_length, mask_id, alg, temperature=
             kth = torch.topk(logits, top_k).values[:, -1:]
             logits = torch.where(logits < kth, torch.finfo(logits.dtype).min, logits)
         probs = torch.softmax(logits, -1)
-        if temperature > 0:
-            x0 = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        if temperature > 0:  # the categorical draw: the first token whose cumulative probability exceeds u
+            x0, uniforms = [], torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator)
+            for r in range(probs.shape[0]):
+                u = float(uniforms[r, 0])
+                cumulative = torch.cumsum(probs[r], 0)
+                x0.append(next(j for j in range(len(cumulative)) if cumulative[j] > u * cumulative[-1]))
+            x0 = torch.tensor(x0)
             confidence = probs[torch.arange(len(x0)), x0]
         else:
             confidence, x0 = probs.max(-1)
