@@ -239,17 +239,17 @@ def _layer_logits(
     last: int,
     final_logits: torch.Tensor | None,
 ) -> Iterator[torch.Tensor]:
-    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, each written into one buffer
-    (:func:`consecutive_js_divergences_of_logits` overwrites each entry and is done with it when it asks for the
-    next); layer L's are ``final_logits`` (already read out; overwritten too, so its caller must be done with them)."""
-    buffer: torch.Tensor | None = None
+    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, written into two alternating buffers
+    (:func:`consecutive_js_divergences_of_logits` is done with layer l's once layer l + 1's has arrived, and
+    overwrites them); layer L's are ``final_logits`` (already read out; left as they are)."""
+    buffers: list[torch.Tensor] = []
     for layer in range(first, last + 1):
         if layer == len(layer_states) - 1:
             yield final_logits
             continue
-        if buffer is None:
-            buffer = torch.empty(hi - lo, readout.vocab_size, device=readout.device)
-        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffer)
+        if len(buffers) < 2:
+            buffers.append(torch.empty(hi - lo, readout.vocab_size, device=readout.device))
+        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffers[(layer - first) % 2])
 
 
 def position_probes_of_spans(

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from ._softmax import log_softmax_
 
 __all__ = [
     "belief_trajectory_energy",
@@ -43,8 +42,8 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
     """Jensen–Shannon divergence JSD(p, q) in nats, from log-probabilities.
 
     Args:
-        logp, logq: log-probabilities of the same shape (normalised along ``dim``; not checked).
-            −inf entries (probability 0) are allowed.
+        logp, logq: log-probabilities of the same shape along ``dim`` (treated as logits: renormalised, so
+            unnormalised log-weights work too). −inf entries (probability 0) are allowed.
         dim: the distribution axis.
 
     Returns:
@@ -53,10 +52,14 @@ def js_divergence(logp: Tensor, logq: Tensor, dim: int = -1) -> Tensor:
         float32 (half/bfloat16 are upcast), float64 inputs stay float64.
 
     Formula: m = (p + q)/2, JSD = ½ Σ p (log p − log m) + ½ Σ q (log q − log m), with 0·log 0 = 0
-    (log m from the probabilities, floored where both underflow to 0). (This is the true JSD,
-    not tuned-lens's symmetrised KL.) It is evaluated as ½ Σ p log p + ½ Σ q log q − Σ m log m, each
-    distribution's term once per distribution, with every sum accumulated in float64 (see
-    :func:`_accurate_sum`): float32 sums of these O(entropy) terms would lose their small difference.
+    (the true JSD, not tuned-lens's symmetrised KL). It is evaluated per entry in a form whose rounding scales
+    with the divergence itself: with d = log p − log q, h = d/2, r = tanh h = (p − q)/(p + q),
+    p = m(1 + r) and q = m(1 − r), so JSD = ½ Σ m f(h) with
+    f = (1 + r) log(1 + r) + (1 − r) log(1 − r) = 2h·tanh h − log(1 + sinh² h) ≥ 0
+    (f ≈ h² for close beliefs, → 2 ln 2 for disjoint ones). d is taken from the inputs' differences and the
+    float64 difference of their normalisers; m's sum is accumulated in float64 (see :func:`_accurate_sum`).
+    The entropy form ½ Σ p log p + ½ Σ q log q − Σ m log m instead subtracts sums of size ≈ the entropy, whose
+    rounding does not shrink with the divergence (1e-3 relative at JSD 1e-5 in float32; this form: 1e-5).
     """
     _require_float("logp", logp)
     _require_float("logq", logq)
@@ -86,61 +89,60 @@ def _accurate_sum(x: Tensor, dim: int) -> Tensor:
 
 
 class _Belief:
-    """One distribution's share of the JSD: its probabilities p = exp(log p) and ``entropy_term`` = ½ Σ p log p
-    (float64, the distribution axis removed), computed once per distribution. p and log p agree entry by entry
-    (p is the exponential of the very log-probabilities the term multiplies), which the entropy form needs:
-    a mismatch of δ_i between them moves the JSD by ½ Σ p_i δ_i however small the JSD is."""
+    """One distribution softmax(z) along ``dim``: its logits z (kept as given), the float64 log-normaliser
+    c = log Σ exp z (keepdim), and its probabilities p = exp(z − max z) / Σ exp(z − max z), so that
+    log p = z − c exactly up to the rounding of z itself."""
 
-    __slots__ = ("entropy_term", "probs")
+    __slots__ = ("logits", "log_normalizer", "probs")
 
-    def __init__(self, probs: Tensor, entropy_term: Tensor) -> None:
-        self.probs, self.entropy_term = probs, entropy_term
-
-    @classmethod
-    def of(cls, logp: Tensor, dim: int) -> _Belief:
-        probs = logp.exp()
-        return cls(probs, cls._entropy_term_(probs * logp, probs, dim))
+    def __init__(self, logits: Tensor, log_normalizer: Tensor, probs: Tensor) -> None:
+        self.logits, self.log_normalizer, self.probs = logits, log_normalizer, probs
 
     @classmethod
-    def of_logits_(cls, logits: Tensor, probs: Tensor, dim: int) -> _Belief:
-        """The belief of softmax(``logits``), in place: p is written into ``probs``, and ``logits`` becomes the
-        terms p log p (the log-probabilities are not needed once these are formed)."""
-        logp, probs = log_softmax_(logits, dim, probs_out=probs)
-        return cls(probs, cls._entropy_term_(logp.mul_(probs), probs, dim))
-
-    @staticmethod
-    def _entropy_term_(terms: Tensor, probs: Tensor, dim: int) -> Tensor:
-        """½ Σ ``terms`` = ½ Σ p log p; a zero probability's term (0 · −inf = nan) is set to 0 first (in place)."""
-        total = _accurate_sum(terms, dim)
-        if bool(torch.isnan(total).any()):  # rare: a −inf logit. NaN inputs stay NaN (their p is NaN, not 0)
-            total = _accurate_sum(terms.masked_fill_(probs == 0, 0.0), dim)
-        return total.mul_(0.5)
+    def of(cls, logits: Tensor, dim: int, probs_out: Tensor | None = None) -> _Belief:
+        """The belief of softmax(``logits``); its probabilities are written into ``probs_out`` when given (``logits``
+        is not modified)."""
+        top = logits.amax(dim, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row of −inf stays −inf, not nan
+        probs = torch.sub(logits, top, out=probs_out).exp_()
+        total = _accurate_sum(probs, dim).unsqueeze(dim)
+        probs.div_(total.to(probs.dtype))
+        return cls(logits, top.double() + total.log(), probs)
 
 
-def _log_floor(dtype: torch.dtype) -> float:
-    """A value below the log of the dtype's smallest positive (subnormal) number."""
-    info = torch.finfo(dtype)
-    return math.log(info.tiny * info.eps) - 1.0
+def _half_log_ratio_cap(dtype: torch.dtype) -> float:
+    """|h| = |log p − log q|/2 is capped here, where f(h) = 2 ln 2 − 4h·e^(−2h) − … is 2 ln 2 = f(∞) to below the
+    arithmetic's own rounding (float32: f(10) = 2 ln 2 − 8e-8; float64: f(20) = 2 ln 2 − 3e-16), and sinh² h is
+    finite."""
+    return 20.0 if dtype == torch.float64 else 10.0
 
 
-def _js_divergence(a: _Belief, b: _Belief, dim: int, scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """The formula of :func:`js_divergence`: ½ Σ p log p + ½ Σ q log q − Σ m log m, m = (p + q)/2.
+def _js_divergence(a: _Belief, b: _Belief, dim: int, *, consume_logits: bool = False, work: Tensor | None = None) -> Tensor:
+    """The formula of :func:`js_divergence`, ½ Σ m f(h), in the beliefs' dtype.
 
-    Where both probabilities underflow to 0, m = 0: log m is then clamped to a floor below every representable
-    log, so m log m = 0 · finite = 0. ``scratch``: two tensors of the beliefs' shape to compute in (none
-    allocated then). Returned in the beliefs' dtype.
+    ``a`` is used up: its probabilities' tensor becomes m, and with ``consume_logits`` its logits' tensor holds
+    h = (log p − log q)/2 (else a new tensor does). ``work``: a tensor of the beliefs' shape to hold h tanh h
+    (allocated without it).
+    An entry where m = 0 contributes 0, also where h is undefined (both logits −inf).
     """
-    m_out, log_out = scratch if scratch is not None else (None, None)
-    m = torch.lerp(a.probs, b.probs, 0.5, out=m_out)  # (p + q)/2 in one pass
-    m_log_m = torch.log(m, out=log_out).clamp_min_(_log_floor(m.dtype)).mul_(m)
-    out = a.entropy_term + b.entropy_term - _accurate_sum(m_log_m, dim)
-    return out.clamp_(0.0, _LN2).to(a.probs.dtype)
+    shift = (a.log_normalizer - b.log_normalizer).to(a.logits.dtype)  # c_a − c_b, rounded once
+    h = torch.sub(a.logits, b.logits, out=a.logits if consume_logits else None)
+    cap = _half_log_ratio_cap(h.dtype)
+    h.sub_(shift).mul_(0.5).clamp_(-cap, cap)
+    h_tanh_h = torch.tanh(h, out=work).mul_(h)
+    terms = h.sinh_().square_().log1p_().sub_(h_tanh_h, alpha=2.0)  # −f = log(1 + sinh² h) − 2h tanh h
+    m = a.probs.lerp_(b.probs, 0.5)
+    terms.mul_(m)
+    total = _accurate_sum(terms, dim)
+    if bool(torch.isnan(total).any()):  # rare: both logits −inf (h = nan where m = 0). NaN inputs stay NaN
+        total = _accurate_sum(terms.masked_fill_(m == 0, 0.0), dim)
+    return total.mul_(-0.5).clamp_(0.0, _LN2).add_(0.0).to(a.probs.dtype)  # + 0: no −0.0 for identical beliefs
 
 
 def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) -> Tensor:
     """``JSD(p^(l), p^(l+1))`` of consecutive entries of a stream of log-probabilities, stacked ``[L, ...]``.
 
-    The same values as :func:`js_divergence` of each pair, with each layer's probabilities exponentiated
+    The same values as :func:`js_divergence` of each pair, with each layer's probabilities computed
     once (the stream lets a caller compute one layer's readout at a time). Needs at least two entries.
     """
     out: list[Tensor] = []
@@ -160,17 +162,17 @@ def consecutive_js_divergences(layer_logprobs: Iterable[Tensor], dim: int = -1) 
 
 
 def consecutive_js_divergences_of_logits(layer_logits: Iterable[Tensor], dim: int = -1) -> Tensor:
-    """:func:`consecutive_js_divergences` of the log-softmax of each entry of a stream of float logits.
+    """:func:`consecutive_js_divergences` of the softmax of each entry of a stream of float logits.
 
-    Computed in place, for a caller that reads out one layer at a time into a reusable buffer: each logits
-    tensor is overwritten (it becomes the belief's terms, then the JSD's work tensor), and the probabilities and
-    one more work tensor live in three buffers allocated once (no per-layer allocation of vocabulary-sized
-    tensors). A caller may write the next layer's logits into the same tensor once the stream has moved past it.
+    For a caller that reads out one layer at a time into reusable buffers: every entry but the last is
+    overwritten once the next one has arrived (it becomes the JSD's work tensor), so a caller may alternate two
+    buffers, writing layer l + 2's logits where layer l's were. The probabilities live in two buffers and the
+    JSD's terms in one, allocated once (no per-layer allocation of vocabulary-sized tensors).
     """
     out: list[Tensor] = []
     previous: _Belief | None = None
     probs: list[Tensor] = []
-    log_buffer: Tensor | None = None
+    work: Tensor | None = None
     for index, logits in enumerate(layer_logits):
         if logits.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"layer_logits must be float32 or float64 tensors, got dtype {logits.dtype}")
@@ -178,11 +180,11 @@ def consecutive_js_divergences_of_logits(layer_logits: Iterable[Tensor], dim: in
             raise ValueError(f"layer logits differ in shape: {tuple(previous.probs.shape)} and {tuple(logits.shape)}")
         if len(probs) < 2:
             probs.append(torch.empty_like(logits))
-        current = _Belief.of_logits_(logits, probs[index % 2], dim)  # the previous belief holds the other buffer
+        current = _Belief.of(logits, dim, probs_out=probs[index % 2])  # the previous belief holds the other buffer
         if previous is not None:
-            if log_buffer is None:
-                log_buffer = torch.empty_like(logits)
-            out.append(_js_divergence(previous, current, dim, (logits, log_buffer)))  # the logits' tensor is free now
+            if work is None:
+                work = torch.empty_like(logits)
+            out.append(_js_divergence(previous, current, dim, consume_logits=True, work=work))
         previous = current
     if not out:
         raise ValueError("consecutive_js_divergences_of_logits needs at least two layers")
