@@ -55,6 +55,7 @@ from lm_eval_probes.integration import (
     namespace_response_cache,
     note_unprobed_requests,
     register_rows,
+    take_ranks_from_accelerate,
 )
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 
@@ -135,6 +136,7 @@ class DiffusionProbeHFLM(HFLM):
         self._generations: deque[_Generation] | None = None  # set inside generate_until
         self._ll_probes: dict[tuple[str, str], ResponseProbe] = {}
         super().__init__(pretrained, **hf_args)
+        take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
         self.reader_layers: tuple[int, ...] = ()

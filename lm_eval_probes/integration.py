@@ -13,6 +13,8 @@
   their own table per probe configuration.
 * :func:`note_unprobed_requests` warns once when ``hf-probes`` computes probes for a task that cannot
   show them.
+* Processes: :func:`take_ranks_from_accelerate` gives both wrappers the rank and world size of every
+  ``accelerate launch``/``torchrun`` run (HFLM 0.4.13 splits documents only when it sees more than one GPU).
 
 Importing this module is cheap: lm_eval is imported inside the functions that need it.
 """
@@ -47,6 +49,27 @@ def register_model_placeholder() -> None:
     for name, target in ((MODEL_NAME, MODEL_TARGET), (DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET)):
         if name not in model_registry:
             model_registry.register(name, target=target)
+
+
+def take_ranks_from_accelerate(lm: Any) -> None:
+    """Data parallel on any device: the rank and world size of ``lm`` (an HFLM) from accelerate whenever it runs
+    more than one process.
+
+    HFLM 0.4.13 keeps its ``Accelerator`` whenever accelerate runs several processes, but splits the documents
+    only when it also sees more than one GPU (``gpus > 1``): on CPUs (``ACCELERATE_USE_CPU=true``), or with one GPU
+    visible per process, every process ran every document and wrote results. With the rank and world size set,
+    lm_eval itself shards the documents (``islice(rank, limit, world_size)``), pads the request counts, and gathers
+    every per-document record and sample to rank 0 (``gather_object`` over the process group: gloo on CPUs, NCCL on
+    GPUs). The model stays where HFLM placed it (``accelerator.device``). Nothing changes for one process, for
+    ``tp_plan`` (no accelerator) or where HFLM already set up data parallelism.
+    """
+    accelerator = getattr(lm, "accelerator", None)
+    if accelerator is None or accelerator.num_processes <= 1 or lm.world_size == accelerator.num_processes:
+        return
+    lm._rank, lm._world_size = accelerator.process_index, accelerator.num_processes
+    logging.getLogger("lm_eval.lm_eval_probes").info(  # lm_eval's own log (its handler and --verbosity)
+        "%s: data parallel, rank %d of %d on %s (ranks from accelerate)", type(lm).__name__, lm._rank,
+        lm._world_size, accelerator.device)
 
 
 @functools.cache

@@ -60,6 +60,7 @@ from lm_eval_probes.integration import (
     note_unprobed_requests,
     probed_task,
     register_rows,
+    take_ranks_from_accelerate,
 )
 from lm_eval_probes.margin_capture import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
 from lm_eval_probes.probes import central_window
@@ -86,6 +87,7 @@ class ProbeHFLM(HFLM):
         self._logit_offset = 0  # the first position of the latest forward's logits (see _first_read_position)
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
         super().__init__(pretrained, **hf_args)
+        take_ranks_from_accelerate(self)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
