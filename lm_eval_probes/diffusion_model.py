@@ -11,8 +11,10 @@ strings and ``--use_cache``; this subclass only
 * generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.diffusion.masked_diffusion_decode`
   (the family's sampler, one seeded generator per row), keeps the family's text (its harness's stop rule)
   and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
-  token's reveal-time log-probability, reveal step and final-pass log-probability, and the reader
-  layers' states at the kept positions from the final denoising pass;
+  token's reveal-time log-probability, reveal step and final-pass log-probability, its probability of
+  its final token at 25/50/75/100 % of the steps (:func:`~lm_eval_probes.diffusion.trajectory_logprobs`:
+  up to three replayed forwards per batch), and the reader layers' states at the kept positions from the
+  final denoising pass;
 * loglikelihood — replaces ``_loglikelihood_tokens`` with the family's Monte-Carlo masked estimate
   (:func:`~lm_eval_probes.diffusion.mc_loglikelihood`, :func:`~lm_eval_probes.diffusion.dream_mc_loglikelihood`),
   plus one forward over the unmasked request for the reader's states.
@@ -47,6 +49,8 @@ from lm_eval_probes.diffusion import (
     masked_diffusion_decode,
     mc_loglikelihood,
     request_seed,
+    trajectory_logprobs,
+    trajectory_steps,
 )
 from lm_eval_probes.diffusion_config import DiffusionConfig, split_diffusion_args
 from lm_eval_probes.integration import (
@@ -58,6 +62,7 @@ from lm_eval_probes.integration import (
     take_ranks_from_accelerate,
 )
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
+from lm_eval_probes.rows import TRAJECTORY_PERCENTS
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -108,6 +113,9 @@ class _Generation:
     reveal_logprob: torch.Tensor  # [G] float64
     reveal_step: torch.Tensor  # [G] long
     final_logprob: torch.Tensor  # [G] float64
+    steps: int  # denoising steps of the decoding
+    trajectory_steps: tuple[int, ...]  # the steps of ``trajectory``'s rows
+    trajectory: torch.Tensor  # [S, G] float64: ln p of each final token at each trajectory step
     states: torch.Tensor | None  # [k, G, H] reader layers at the canvas positions (final pass)
     prompt_tokens: int
     prompt_states: LayerStates | None
@@ -269,16 +277,31 @@ class DiffusionProbeHFLM(HFLM):
             block_length=block_length, steps=steps, state_layers=self.reader_layers, sampler=self.sampler,
             generators=generators,
         )
+        at_steps = trajectory_steps(steps, [percent / 100 for percent in TRAJECTORY_PERCENTS])
+        trajectory = self._trajectory(decoded, prompt, prompt_mask, at_steps)
         tokens = decoded.tokens.clone()
         eos_text = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         until = list(stop[:-1]) if stop and stop[-1] == eos_text else list(stop)  # without the EOS lm_eval appends
         for row in range(tokens.shape[0]):
-            generation = self._pending_generation(decoded, row, prompt, prompt_mask, until)
+            generation = self._pending_generation(decoded, row, prompt, prompt_mask, until, steps, at_steps, trajectory[row])
             self._generations.append(generation)
             if generation.text is None and len(generation.tokens) < tokens.shape[1]:
                 bound = len(generation.tokens)
                 tokens[row, bound:] = tokens[row, bound]
         return torch.cat([context, tokens.to(context.device)], dim=1)
+
+    def _trajectory(self, decoded: Decoded, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
+                    at_steps: tuple[int, ...]) -> torch.Tensor:
+        """``[B, S, G]`` float64: each canvas position's ln p of its final token at each step of ``at_steps``
+        (:func:`~lm_eval_probes.diffusion.trajectory_logprobs`, one replayed forward per step before the last);
+        the last step's row is the decoding's own final pass (``decoded.final_logprob``, the same forward)."""
+        last = at_steps[-1]  # trajectory_steps always ends at the last step
+        earlier = [step for step in at_steps if step != last]
+        rows = [decoded.final_logprob.unsqueeze(1)]
+        if earlier:
+            rows.insert(0, trajectory_logprobs(self._forward(prompt_mask), prompt, decoded, mask_token_id=self.mask_token_id,
+                                               at_steps=earlier, sampler=self.sampler))
+        return torch.cat(rows, dim=1)
 
     def _stop_token_ids(self) -> set[int]:
         """Tokens that end a generation under ``diffusion_stop_rule=lm_eval``: the tokenizer's EOS, the model
@@ -323,7 +346,8 @@ class DiffusionProbeHFLM(HFLM):
         return [i for i in range(covering) if canvas[i] not in special], kept, True
 
     def _pending_generation(
-        self, decoded: Decoded, row: int, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, until: list[str]
+        self, decoded: Decoded, row: int, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, until: list[str],
+        steps: int, at_steps: tuple[int, ...], trajectory: torch.Tensor,
     ) -> _Generation:
         canvas = decoded.tokens[row].tolist()
         positions, text, skip_special = self._kept(canvas, until)
@@ -342,7 +366,8 @@ class DiffusionProbeHFLM(HFLM):
         return _Generation(
             tokens=[canvas[i] for i in positions], positions=positions, text=text, skip_special=skip_special,
             reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
-            final_logprob=decoded.final_logprob[row], states=states, prompt_tokens=prompt_tokens,
+            final_logprob=decoded.final_logprob[row], steps=steps, trajectory_steps=at_steps, trajectory=trajectory,
+            states=states, prompt_tokens=prompt_tokens,
             prompt_states=prompt_states,
         )
 
@@ -367,7 +392,10 @@ class DiffusionProbeHFLM(HFLM):
             n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
             token_logprobs=tuple(float(v) for v in reveal), token_ends=token_ends, empty=empty,
             reveal_steps=tuple(int(s) for s in generation.reveal_step[index]),
-            final_token_logprobs=tuple(float(v) for v in generation.final_logprob[index]), **values,
+            final_token_logprobs=tuple(float(v) for v in generation.final_logprob[index]),
+            denoising_steps=generation.steps, trajectory_steps=generation.trajectory_steps,
+            trajectory_token_logprobs=tuple(tuple(float(v) for v in step) for step in generation.trajectory[:, index]),
+            **values,
         )
 
     # ----------------------------------------------------------------------------- loglikelihood

@@ -130,6 +130,14 @@ class ResponseProbe:
             reveal order.
         final_token_logprobs: masked-diffusion generation only: each response token's log-probability under
             the final denoising pass (equal to the reveal-time value for the tokens revealed at the last step).
+        denoising_steps: masked-diffusion generation only: the number of denoising steps of the decoding.
+        trajectory_steps: masked-diffusion generation only: the steps (0-based, increasing) at which
+            ``trajectory_token_logprobs`` were read: :func:`~lm_eval_probes.diffusion.trajectory_steps` of
+            :data:`~lm_eval_probes.rows.TRAJECTORY_PERCENTS` (the last one is ``denoising_steps − 1``).
+        trajectory_token_logprobs: masked-diffusion generation only: one tuple per ``trajectory_steps`` entry,
+            each response token's log-probability of its final token under that step's forward, whether the
+            position was still masked or already revealed (calibration along the denoising trajectory). At a
+            token's reveal step it is its reveal-time value; at the last step, the final pass's.
     """
 
     n_tokens: int
@@ -162,6 +170,21 @@ class ResponseProbe:
     document: int | None = None
     reveal_steps: tuple[int, ...] | None = None
     final_token_logprobs: tuple[float, ...] | None = None
+    denoising_steps: int | None = None
+    trajectory_steps: tuple[int, ...] | None = None
+    trajectory_token_logprobs: tuple[tuple[float, ...], ...] | None = None
+
+    def trajectory_at(self, percent: int) -> tuple[float, ...] | None:
+        """The response tokens' log-probabilities at ``percent`` % of the denoising steps (step
+        ``ceil(percent · steps / 100) − 1``); ``None`` for a record without a trajectory or without that step."""
+        if self.trajectory_token_logprobs is None or self.trajectory_steps is None or not self.denoising_steps:
+            return None
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent must be in (0, 100], got {percent}")
+        step = max(0, -(-percent * self.denoising_steps // 100) - 1)
+        if step not in self.trajectory_steps:
+            return None
+        return self.trajectory_token_logprobs[self.trajectory_steps.index(step)]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form (lists, numbers, ``None``; states as :meth:`LayerStates.to_dict`)."""
@@ -171,7 +194,7 @@ class ResponseProbe:
             if isinstance(value, LayerStates):
                 value = value.to_dict()
             elif isinstance(value, tuple):
-                value = list(value)
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
             out[f.name] = value
         return out
 
@@ -187,7 +210,7 @@ class ResponseProbe:
             if name in _STATE_FIELDS and value is not None:
                 value = LayerStates.from_dict(value)
             elif isinstance(value, list):
-                value = tuple(value)
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
             values[name] = value
         return cls(**values)
 

@@ -33,7 +33,7 @@ from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOpti
 from lm_eval_probes.probes.correlation import count, partial_spearman_score, spearman_score
 
 VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
-FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector")
+FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector", "trajectory")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Row:
         family: ``probe`` (a probe value), ``difficulty`` (ρ with difficulty and its baselines; tasks
             that declare a difficulty), ``confidence`` (calibration and selective prediction; tasks
             whose correctness is defined), ``reader`` (the latent correctness reader; same tasks),
-            ``detector`` (paired clean/noised tasks only).
+            ``detector`` (paired clean/noised tasks only), ``trajectory`` (calibration along the denoising
+            trajectory: masked-diffusion generations, tasks whose correctness is defined).
         description: what the row measures.
     """
 
@@ -65,6 +66,10 @@ class Row:
         if self.family not in FAMILIES:
             raise ValueError(f"row {self.name!r}: unknown family {self.family!r}; valid: {FAMILIES}")
 
+
+TRAJECTORY_PERCENTS: tuple[int, ...] = (25, 50, 75, 100)
+"""Points of the denoising trajectory that get calibration rows, in percent of the steps: step
+``ceil(p · steps / 100) − 1`` (0-based), so 100 is the last step (:func:`lm_eval_probes.diffusion.trajectory_steps`)."""
 
 ROWS: tuple[Row, ...] = (
     Row("tcb_log10", "float", "mean", True, "probe", "mean over documents of the mean log10 δ_TCB over response positions"),
@@ -106,12 +111,21 @@ ROWS: tuple[Row, ...] = (
     Row("lcr_ece", "reader", "probe_lcr_ece", False, "reader", "latent correctness reader: ECE of its out-of-fold P(correct)"),
     Row("corruption_auroc", "reader", "probe_corruption_auroc", True, "detector", "corruption detector: cross-fitted AUROC of clean vs noised prompts from prompt hidden states"),
     Row("corruption_confidence_auroc", "confidence", "probe_corruption_confidence_auroc", True, "detector", "AUROC of (1 − confidence) as a detector of noised prompts"),
+    *(row for percent in TRAJECTORY_PERCENTS for row in (
+        Row(f"ece_at_step_{percent}", "confidence", "probe_ece", False, "trajectory",
+            f"masked diffusion (hf-probes-diffusion) generations only: ECE of the confidence at {percent}% of the denoising "
+            "steps (geometric mean over the answer span of each token's probability of its final token at that step, "
+            "masked or not) vs correctness"),
+        Row(f"selective_auroc_at_step_{percent}", "confidence", "probe_selective_auroc", True, "trajectory",
+            f"masked diffusion (hf-probes-diffusion) generations only: AUROC of the confidence at {percent}% of the "
+            "denoising steps ranking correct above wrong answers"),
+    )),
 )
 """Every row the plugin can add to a task's results."""
 
 ROWS_BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
 
-DIFFUSION_ROWS: tuple[str, ...] = ("reveal_step",)
+DIFFUSION_ROWS: tuple[str, ...] = ("reveal_step",) + tuple(row.name for row in ROWS if row.family == "trajectory")
 """Rows that only ``hf-probes-diffusion`` (records with reveal steps) fills."""
 
 
@@ -125,8 +139,9 @@ def names(*families: str) -> tuple[str, ...]:
 
 def rows_for(*, difficulty: bool, correctness: bool, detector: bool) -> tuple[Row, ...]:
     """The rows a task reports: probe rows always; difficulty rows when it declares a difficulty;
-    confidence and reader rows when its correctness is defined; detector rows on paired tasks."""
-    wanted = {"probe"} | ({"difficulty"} if difficulty else set()) | ({"confidence", "reader"} if correctness else set())
+    confidence, reader and trajectory rows when its correctness is defined; detector rows on paired tasks."""
+    wanted = {"probe"} | ({"difficulty"} if difficulty else set())
+    wanted |= {"confidence", "reader", "trajectory"} if correctness else set()
     wanted |= {"detector"} if detector else set()
     return tuple(row for row in ROWS if row.family in wanted)
 
@@ -176,7 +191,7 @@ def bound_aggregation(row: Row, options: CalibrationOptions) -> Callable[..., An
     ``None`` for ``mean``, which is lm_eval's own (so that lm_eval computes its stderr)."""
     if row.aggregation == "mean":
         return None
-    if row.name in CALIBRATION_ROWS:
+    if row.aggregation.removeprefix("probe_") in CALIBRATION_ROWS:  # the trajectory rows share ece's and AUROC's
         return functools.partial(AGGREGATIONS[row.aggregation], options=options)
     return AGGREGATIONS[row.aggregation]
 

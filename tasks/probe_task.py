@@ -34,11 +34,12 @@ from lm_eval.api.task import ConfigurableTask, Task
 from lm_eval_probes import estimators, rows
 from lm_eval_probes.integration import note_probed_task, task_aggregation, with_probe_metrics
 from lm_eval_probes.metrics import CalibrationOptions
+from lm_eval_probes.probes.confidence import geometric_mean_probability
 from lm_eval_probes.records import LayerStates, ReaderRecord, ResponseProbe, probe_of, with_probe
 
 __all__ = [
     "CONFIDENCE_SOURCES", "NoisedPairProbeTask", "NoisedProbeTask", "ProbeResults", "ProbeTask", "ProbeTaskManager",
-    "probe_metric_values", "with_probe_metrics",
+    "probe_metric_values", "trajectory_confidence", "with_probe_metrics",
 ]
 
 eval_logger = logging.getLogger(__name__)
@@ -191,6 +192,12 @@ class ProbeResults(Task):
             for name in rows.names("confidence"):
                 values[name] = (confidence, correct, probe.document) if rows.ROWS_BY_NAME[name].value == "confidence_keyed" \
                     else (confidence, correct)
+        if correct is not None:
+            whole = self.confidence_source == "generation"
+            for percent in rows.TRAJECTORY_PERCENTS:
+                at_step = trajectory_confidence(probe, percent, whole=whole)
+                if at_step is not None and math.isfinite(at_step):
+                    values[f"ece_at_step_{percent}"] = values[f"selective_auroc_at_step_{percent}"] = (at_step, correct)
         if correct is not None and features is not None:
             values["lcr_auroc"] = values["lcr_ece"] = ReaderRecord(features, correct, document=probe.document)
         if self.is_detector_task:
@@ -330,6 +337,19 @@ def __getattr__(name: str) -> Any:
 
         return integration.ProbeTaskManager
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def trajectory_confidence(probe: ResponseProbe, percent: int, *, whole: bool = False) -> float | None:
+    """A masked-diffusion generation's confidence at ``percent`` % of its denoising steps: the geometric mean,
+    over the tokens the answer confidence reads (the located answer span, else — or with ``whole`` — the
+    whole response), of each token's probability of its final token at that step, masked or not
+    (:meth:`ResponseProbe.trajectory_at`); ``None`` for a record without that step (not a masked-diffusion
+    generation). At 100 % it reads the final denoising pass (``final_token_logprobs``)."""
+    logprobs = probe.trajectory_at(percent)
+    if logprobs is None:
+        return None
+    start, stop = (0, len(logprobs)) if whole or probe.answer_span is None else probe.answer_span
+    return float(geometric_mean_probability(logprobs[start:stop] or logprobs))
 
 
 def probe_metric_values(

@@ -10,7 +10,9 @@ Each function returns :class:`Figure` objects (or none when the runs lack what i
   ``omega_trajectory`` (``probes=omega``);
 * :func:`bte_figures` — BTE depth profiles (mean over documents of e(l)) where samples carry
   ``bte_profile``; otherwise the distribution of the central-window energy ē_M, with a note that the
-  samples hold no profile.
+  samples hold no profile;
+* :func:`denoising_figures` — masked-diffusion runs: ECE and selective AUROC along the denoising trajectory
+  (``ece_at_step_<k>``, ``selective_auroc_at_step_<k>``) and confidence against reveal step.
 
 Model names go into legends as plain text (``$`` escaped, so mathtext never parses them).
 """
@@ -34,6 +36,7 @@ from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
 from lm_eval_probes.reports.tables import RobustnessRow, primary_metric, primary_samples  # noqa: E402
+from lm_eval_probes.rows import TRAJECTORY_PERCENTS  # noqa: E402
 
 DIFFICULTY_SOURCES: tuple[str, ...] = ("bte_spearman", "tcb_spearman", "length_spearman", "prompt_length_spearman")
 """Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
@@ -304,3 +307,58 @@ def omega_figures(models: Sequence[ModelResults]) -> list[Figure]:
         curves, "omega_trajectories", "HyperLens confidence trajectories", "relative depth of the source layer i",
         "C_i (top-K mass of the focal-depth decoding)", "source layers",
         "Mean over documents (each task's correctness filter) of C_i; Ω = Σ_i (1 − C_i) is the area above the curve.")]
+
+
+def denoising_curves(result: TaskResult) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(percent of the steps, ece_at_step_<k>, selective_auroc_at_step_<k>)`` of one masked-diffusion task, in
+    its correctness filter (``nan`` where a row is undefined); ``None`` when it has no trajectory row."""
+    primary = primary_metric(result)
+    if primary is None:
+        return None
+    found = [(result.metric(f"ece_at_step_{p}", primary[1]), result.metric(f"selective_auroc_at_step_{p}", primary[1]))
+             for p in TRAJECTORY_PERCENTS]
+    if all(ece is None and auroc is None for ece, auroc in found):
+        return None
+    values = np.array([[math.nan if m is None else m.value for m in pair] for pair in found], dtype=float)
+    return np.array(TRAJECTORY_PERCENTS, dtype=float), values[:, 0], values[:, 1]
+
+
+def denoising_figures(models: Sequence[ModelResults]) -> list[Figure]:
+    """Masked-diffusion runs (``hf-probes-diffusion``): one figure per task with trajectory rows — ECE and
+    selective AUROC of the confidence at 25/50/75/100 % of the denoising steps against that progress, one line
+    per model, and each document's confidence against the mean step at which its answer was revealed
+    (``reveal_step``; correct answers filled, wrong ones hollow)."""
+    figures = []
+    for task in _tasks(models):
+        curves = [(model, model.tasks[task], denoising_curves(model.tasks[task])) for model in models if task in model.tasks]
+        curves = [(model, result, curve) for model, result, curve in curves if curve is not None]
+        if not curves:
+            continue
+        fig, (ece_ax, auroc_ax, reveal_ax) = plt.subplots(1, 3, figsize=(13, 3.8))
+        for model, result, (percent, ece, auroc) in curves:
+            label = plain_label(model.name)
+            line, = ece_ax.plot(percent, ece, marker="o", label=label)
+            auroc_ax.plot(percent, auroc, marker="o", color=line.get_color(), label=label)
+            points = [(float(s["reveal_step"]), float(s["ece"][0]), int(s["ece"][1])) for s in primary_samples(result)
+                      if isinstance(s.get("reveal_step"), (int, float)) and isinstance(s.get("ece"), list)
+                      and len(s["ece"]) == 2 and all(isinstance(v, (int, float)) for v in s["ece"])]
+            if points:
+                step, confidence, correct = (np.array(v) for v in zip(*points))
+                reveal_ax.scatter(step[correct == 1], confidence[correct == 1], s=10, color=line.get_color(), label=label)
+                reveal_ax.scatter(step[correct == 0], confidence[correct == 0], s=10, facecolors="none",
+                                  edgecolors=line.get_color())
+        auroc_ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance")
+        ece_ax.set(xlabel="denoising progress (% of the steps)", ylabel="ECE", xlim=(0, 105), title="ECE along the trajectory")
+        auroc_ax.set(xlabel="denoising progress (% of the steps)", ylabel="selective AUROC", xlim=(0, 105), ylim=(0, 1),
+                     title="AUROC along the trajectory")
+        reveal_ax.set(xlabel="mean reveal step of the answer (0 = first)", ylabel="reveal-time confidence", ylim=(-0.02, 1.02),
+                      title="Confidence against reveal step")
+        for ax in (ece_ax, auroc_ax, reveal_ax):
+            ax.legend(fontsize=7)
+        fig.suptitle(plain_label(task), fontsize=10)
+        figures.append(Figure(_file_stem("denoising", task), f"Along the denoising trajectory — {task}",
+                              "Left and middle: ECE and selective AUROC of each document's confidence in its final answer "
+                              "(geometric mean of the answer tokens' probabilities of their final tokens) at 25/50/75/100 % "
+                              "of the denoising steps. Right: each document's reveal-time confidence against the mean step "
+                              "that revealed its answer (filled: correct, hollow: wrong).", _render(fig)))
+    return figures
