@@ -452,7 +452,7 @@ console.error = function () { window.pageErrors.push(Array.prototype.join.call(a
 window.addEventListener("load", function () {
   var images = Array.prototype.slice.call(document.images);
   var broken = images.filter(function (im) { return !im.complete || im.naturalWidth === 0; }).length;
-  var th = document.querySelectorAll("#overview thead th")[2];
+  var th = document.querySelectorAll("#overview thead th")[1];
   th.click(); var bestFirst = document.querySelector("#overview tbody tr td").textContent;
   th.click(); var worstFirst = document.querySelector("#overview tbody tr td").textContent;
   var out = document.createElement("pre"); out.id = "page-check";
@@ -493,9 +493,13 @@ def test_page_renders_in_headless_chromium(report, tmp_path):
     check = json.loads(html_module.unescape(match.group(1)))
     pngs = list((out / "plots").glob("*.png"))
     assert check["images"] == len(pngs) and check["broken"] == 0
-    assert check["tables"] == 3 + len(built.tables)  # overview, robustness, support tokens, one per task
+    # overview, pairwise matrix, pairwise comparisons, robustness, support tokens, one per task
+    assert check["tables"] == 5 + len(built.tables)
     assert check["overviewRows"] == len(built.overview.models) == 2
-    assert check["bestFirst"] == built.overview.models[0] and check["worstFirst"] == built.overview.models[-1]
+    # the size column, largest first on the first click (the win rates of two tiny random models may tie at 0)
+    sizes = dict(zip(built.overview.models, built.overview.num_parameters))
+    assert len(set(sizes.values())) == 2 and None not in sizes.values()
+    assert check["bestFirst"] == max(sizes, key=sizes.get) and check["worstFirst"] == min(sizes, key=sizes.get)
     assert check["sortedClass"].endswith("sorted-asc")
     assert check["errors"] == []
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]

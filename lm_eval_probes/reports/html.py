@@ -27,10 +27,14 @@ from lm_eval_probes.reports.tables import (
     RobustnessRow,
     SupportRow,
     TaskTable,
+    comparison_header,
+    comparison_texts,
     format_delta,
     format_parameters,
     support_text,
+    win_text,
 )
+from lm_eval_probes.reports.pairwise import PairedComparison
 
 TEMPLATE = "leaderboard.html.j2"
 
@@ -85,13 +89,55 @@ def _name_cell(name: str) -> HtmlCell:
 
 
 def overview_table(view: Overview) -> HtmlTable:
-    header = (HtmlHead("model", "name"), HtmlHead("size"), HtmlHead("mean win rate ↑"),
-              *(HtmlHead(f"{c.task}: {c.label}") for c in view.columns))
+    counted = view.counted or (True,) * len(view.columns)
+    header = (HtmlHead("model", "name"), HtmlHead("size"),
+              HtmlHead("mean win rate ↑", "", "mean over the counted columns of the fraction of compared models beaten "
+                       f"significantly (Holm-adjusted p < {view.alpha:g}); non-significant differences and ties count 0"),
+              *(HtmlHead(f"{c.task}: {c.label}" + ("" if n else " ✗"), "" if n else "uncounted",
+                         "" if n else "detector or reference task: shown, not counted in the win rate")
+                for c, n in zip(view.columns, counted)))
     rows = []
     for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
         size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "" if size else "missing")
         win_cell = HtmlCell(f"{win:.3f}", repr(win)) if math.isfinite(win) else HtmlCell(UNDEFINED_TEXT, "", "undefined")
         rows.append((_name_cell(name), size_cell, win_cell, *(value_cell(c) for c in cells)))
+    return HtmlTable(header, tuple(rows))
+
+
+def pairwise_matrix_table(view: Overview) -> HtmlTable:
+    """Models × models: significant wins of the row's model over the column's / counted columns compared."""
+    header = (HtmlHead("wins of ↓ over →", "name"), *(HtmlHead(name) for name in view.models))
+    rows = []
+    for i, name in enumerate(view.models):
+        line = [_name_cell(name)]
+        for j, other in enumerate(view.models):
+            text = win_text(view, i, j)
+            if text == MISSING_TEXT:
+                line.append(HtmlCell(text, "", "missing"))
+            else:
+                wins = view.wins[i][j]
+                line.append(HtmlCell(text, str(wins), "win" if wins else "",
+                                     f"{name} beats {other} significantly on {wins} of the {view.compared[i][j]} "
+                                     "columns both were compared on"))
+        rows.append(tuple(line))
+    return HtmlTable(tuple(header), tuple(rows))
+
+
+def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float, level: float) -> HtmlTable:
+    """One line per pair and task on the task's correctness row."""
+    header = tuple(HtmlHead(text, "name" if k < 4 or k >= 8 else "") for k, text in enumerate(comparison_header(level)))
+    rows = []
+    for c in comparisons:
+        texts = comparison_texts(c, alpha)
+        numbers = (math.nan, math.nan, math.nan, math.nan, float(c.n_documents), c.diff, c.p_value, c.p_holm)
+        line = []
+        for k, text in enumerate(texts):
+            if k < 4 or k >= 8:
+                line.append(HtmlCell(text, text, "name win" if k == 9 and c.winner(alpha) else "name"))
+            else:
+                line.append(HtmlCell(text, repr(numbers[k]) if math.isfinite(numbers[k]) else "",
+                                     "" if math.isfinite(numbers[k]) else "undefined"))
+        rows.append(tuple(line))
     return HtmlTable(header, tuple(rows))
 
 
@@ -152,6 +198,8 @@ def render_page(
     n_resamples: int,
     seed: int,
     level: float,
+    pairwise: Sequence[PairedComparison] = (),
+    pairwise_text: str = "",
 ) -> str:
     """The whole page as one string (autoescaped)."""
     environment = jinja2.Environment(
@@ -165,7 +213,9 @@ def render_page(
     return environment.get_template(TEMPLATE).render(
         title=title, version=version, overview=overview_table(view),
         task_tables=[task_html_table(t) for t in tables], robustness=robustness_table(robustness),
-        support=support_table(support),
+        support=support_table(support), pairwise_text=pairwise_text,
+        pairwise_matrix=pairwise_matrix_table(view) if pairwise else None,
+        pairwise=pairwise_html_table(pairwise, alpha=view.alpha, level=level) if pairwise else None,
         figure_sections=[s for s in sections if s.figures or s.note], models=model_notes, tasks=[t.task for t in tables],
         notes=list(notes), n_resamples=n_resamples, seed=seed, level=level,
     )

@@ -3,10 +3,13 @@
 Reads every ``results_*.json`` under the given folders (and the ``samples_*.jsonl`` beside them), merges
 the runs of each model, and writes into ``--out``:
 
-* ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate), the robustness
-  table for noised twins, the support tokens (``probes=margin``), and one table per task with every row;
+* ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate over significant
+  wins), the paired comparisons (:mod:`.pairwise`: the models × models win matrix and each pair's difference,
+  interval and Holm-corrected p on every correctness row), the robustness table for noised twins, the support
+  tokens (``probes=margin``), and one table per task with every row;
 * ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr and CI columns);
-* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings;
+* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, and
+  ``pairwise``: every pair of models on every row that can be paired;
 * ``index.html`` — one self-contained page (tables sortable, figures embedded);
 * ``plots/*.png`` — the figures.
 
@@ -26,6 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_probes.reports.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from lm_eval_probes.reports.pairwise import (
+    DEFAULT_ALPHA,
+    MCNEMAR,
+    OVERVIEW_FAMILY,
+    PERMUTATION,
+    PairedComparison,
+    RowSpec,
+    pairwise_comparisons,
+)
 from lm_eval_probes.reports.reading import ModelResults, read_runs
 from lm_eval_probes.reports.tables import (
     BootstrapSettings,
@@ -37,6 +49,8 @@ from lm_eval_probes.reports.tables import (
     markdown_escape,
     overview,
     overview_markdown,
+    pairwise_markdown,
+    pairwise_matrix_markdown,
     robustness_markdown,
     robustness_rows,
     support_markdown,
@@ -61,6 +75,8 @@ class Report:
     robustness: tuple[RobustnessRow, ...]
     support: tuple[SupportRow, ...]
     notes: tuple[str, ...]
+    pairwise: tuple[PairedComparison, ...] = ()
+    include_auxiliary_tasks: bool = False
 
 
 def _notes(models: Sequence[ModelResults], bte_profiles: bool) -> list[str]:
@@ -118,8 +134,44 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         "models": models,
         "robustness": robustness,
         "support_tokens": support,
+        "pairwise_settings": pairwise_settings(report, settings),
+        "pairwise": [c.to_json(report.overview.alpha) for c in report.pairwise],
         "notes": list(report.notes),
     }
+
+
+PAIRWISE_TEXT = (
+    "Wins count only where the paired difference is significant: each pair of models is compared on the documents "
+    "both ran (paired by doc_id), with a paired-bootstrap {level:.0%} interval of the difference and a two-sided p-value "
+    "(McNemar's exact test for 0/1 rows such as acc and exact_match, otherwise a paired permutation test); the p-values "
+    "of the overview's columns are Holm-corrected together, and a model wins a column against another only when the "
+    "corrected p < {alpha:g} in its favour. A non-significant difference or a tie is no win for either model (it counts "
+    "0, not ½). The mean win rate is the mean over the columns of the fraction of compared models beaten. {auxiliary}")
+
+
+def pairwise_text(report: Report, settings: BootstrapSettings) -> str:
+    auxiliary = ("Detector (*_detect) and reference (*_ref) tasks are counted too (--include-auxiliary-tasks)."
+                 if report.include_auxiliary_tasks else
+                 "Detector (*_detect) and reference (*_ref) tasks are shown but not counted (--include-auxiliary-tasks "
+                 "counts them).")
+    return PAIRWISE_TEXT.format(level=settings.level, alpha=report.overview.alpha, auxiliary=auxiliary)
+
+
+def pairwise_settings(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
+    return {"alpha": report.overview.alpha, "correction": "holm",
+            "families": {OVERVIEW_FAMILY: "the headline rows of the tasks in the win rate", "<task>": "every other row of that task"},
+            "tests": {MCNEMAR: "0/1 rows: exact binomial test of the discordant documents at 1/2",
+                      PERMUTATION: f"other rows: {settings.n_resamples} random swaps of the two models' records per document"},
+            "interval": f"paired percentile bootstrap over the shared documents, {settings.n_resamples} resamples",
+            "win_rate": "significant wins only (Holm-adjusted p < alpha); non-significant differences and ties count 0",
+            "include_auxiliary_tasks": report.include_auxiliary_tasks}
+
+
+def headline_comparisons(report: Report) -> list[PairedComparison]:
+    """The comparisons of each task's correctness row (the overview's columns), in the overview's order."""
+    order = {(c.task, c.metric, c.filter): k for k, c in enumerate(report.overview.columns)}
+    found = [c for c in report.pairwise if (c.task, c.metric, c.filter) in order]
+    return sorted(found, key=lambda c: order[(c.task, c.metric, c.filter)])
 
 
 def markdown_page(report: Report, settings: BootstrapSettings) -> str:
@@ -129,7 +181,15 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
         f"[{settings.level:.0%} percentile bootstrap interval over documents] ({settings.n_resamples} resamples, "
         f"seed {settings.seed}). `undefined`: the row is undefined for the run; `—`: not run.", "",
         overview_markdown(report.overview), "",
+        pairwise_text(report, settings), "",
     ]
+    if report.pairwise:
+        parts += ["## Paired comparisons", "",
+                  "Significant wins of the row's model over the column's model / columns compared (the overview's "
+                  "counted columns).", "", pairwise_matrix_markdown(report.overview), "",
+                  "Each task's correctness row, a − b on the documents both ran:", "",
+                  pairwise_markdown(headline_comparisons(report), alpha=report.overview.alpha, level=settings.level), "",
+                  "Every other row's comparisons are in summary.json (`pairwise`).", ""]
     if report.robustness:
         parts += ["## Robustness to noised inputs", "", "Δ = noised − clean.", "", robustness_markdown(report.robustness), ""]
     if report.support:
@@ -151,12 +211,14 @@ def build_report(
     level: float = DEFAULT_LEVEL,
     title: str = "lm-eval-probes leaderboard",
     plots: bool = True,
+    alpha: float = DEFAULT_ALPHA,
+    include_auxiliary_tasks: bool = False,
 ) -> Report:
     """Read the runs, compute the tables, CIs and figures, and write the report files into ``out``.
 
     Raises:
         FileNotFoundError: a run folder that does not exist or holds no results file.
-        ValueError: ``n_resamples`` < 1 or ``level`` outside (0, 1).
+        ValueError: ``n_resamples`` < 1, or ``level`` or ``alpha`` outside (0, 1).
     """
     from lm_eval_probes.reports import html, plots as plotting
 
@@ -164,12 +226,17 @@ def build_report(
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     settings = BootstrapSettings(n_resamples=n_resamples, seed=seed, level=level)
     models = read_runs(run_dirs)
     logger.info("read %d model(s) from %s", len(models), ", ".join(map(str, run_dirs)))
     task_names = sorted({t for m in models for t in m.tasks})
     tables = tuple(task_table(models, task, settings) for task in task_names)
-    view = overview(models, tables)
+    rows = [RowSpec(t.task, c.metric, c.filter, c.higher_is_better, c == t.sorted_by) for t in tables for c in t.columns]
+    pairwise = pairwise_comparisons(models, rows, n_resamples=n_resamples, seed=seed, level=level,
+                                    include_auxiliary_tasks=include_auxiliary_tasks)
+    view = overview(models, tables, pairwise, alpha=alpha, include_auxiliary_tasks=include_auxiliary_tasks)
     robustness = tuple(robustness_rows(models, settings))
     support = tuple(support_rows(models))
     sections: list[html.FigureSection] = []
@@ -191,7 +258,8 @@ def build_report(
             for figure in figures:
                 (plot_dir / f"{figure.name}.png").write_bytes(figure.png)
             sections.append(html.figure_section(title_, note, figures))
-    report = Report(Path(out), tuple(models), view, tables, robustness, support, tuple(_notes(models, bte_profiles or not plots)))
+    report = Report(Path(out), tuple(models), view, tables, robustness, support, tuple(_notes(models, bte_profiles or not plots)),
+                    pairwise, include_auxiliary_tasks)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "leaderboard.md").write_text(markdown_page(report, settings), encoding="utf-8")
@@ -201,7 +269,8 @@ def build_report(
                                                      allow_nan=False), encoding="utf-8")
     page = html.render_page(title=title, version=VERSION, view=view, tables=tables, robustness=robustness,
                             support=support, sections=sections, models=models, notes=report.notes, n_resamples=n_resamples,
-                            seed=seed, level=level)
+                            seed=seed, level=level, pairwise=headline_comparisons(report),
+                            pairwise_text=pairwise_text(report, settings))
     (out_dir / "index.html").write_text(page, encoding="utf-8")
     return report
 
@@ -221,6 +290,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="interval coverage (default 0.95)")
     p.add_argument("--title", default="lm-eval-probes leaderboard", help="page title")
     p.add_argument("--no-plots", action="store_true", help="skip the figures (faster)")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help=f"significance level of a win, after Holm correction (default {DEFAULT_ALPHA})")
+    p.add_argument("--include-auxiliary-tasks", action="store_true",
+                   help="count detector (*_detect) and reference (*_ref) tasks in the win rate (default: shown, not counted)")
     return p
 
 
@@ -229,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         report = build_report(args.run_dirs, args.out, n_resamples=args.resamples, seed=args.seed, level=args.level,
-                              title=args.title, plots=not args.no_plots)
+                              title=args.title, plots=not args.no_plots, alpha=args.alpha,
+                              include_auxiliary_tasks=args.include_auxiliary_tasks)
     except (FileNotFoundError, ValueError) as error:
         print(f"lm-eval-probes report: error: {error}", file=sys.stderr)
         return 2

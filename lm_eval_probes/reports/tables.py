@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
+from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.rows import support_mean
 
@@ -205,11 +206,15 @@ def task_table(models: Sequence[ModelResults], task: str, settings: BootstrapSet
 
 @dataclass(frozen=True)
 class Overview:
-    """Models × each task's correctness row, plus size and HELM-style mean win rate.
+    """Models × each task's correctness row, plus size, the mean win rate and the pairwise win matrix.
 
-    ``win_rate[m]``: over the columns where m's value is defined, the mean fraction of the other models
-    with a defined value that m beats (ties count half); ``nan`` when m has no defined value or no other
-    model to compare with. Rows are sorted by win rate (best first), then by name.
+    Wins count only where a paired comparison (:mod:`.pairwise`) is significant after Holm correction:
+    ``win_rate[m]`` is, over the columns that enter the win rate (``counted``: not detector or reference tasks
+    unless asked), the mean fraction of the other models m was compared with (both have the documents in their
+    samples) that m beats significantly (Holm-adjusted p < ``alpha``); a non-significant difference or a tie is
+    no win for either model (0, not ½). ``nan`` when m was compared on no column. ``wins[i][j]``: the counted
+    columns where model i significantly beats model j; ``compared[i][j]``: the counted columns on which they
+    were compared. Rows are sorted by win rate (best first), then by name.
     """
 
     columns: tuple[Column, ...]
@@ -217,10 +222,18 @@ class Overview:
     num_parameters: tuple[int | None, ...]
     win_rate: tuple[float, ...]
     cells: tuple[tuple[Cell, ...], ...]
+    counted: tuple[bool, ...] = ()
+    wins: tuple[tuple[int, ...], ...] = ()
+    compared: tuple[tuple[int, ...], ...] = ()
+    alpha: float = DEFAULT_ALPHA
 
 
-def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable]) -> Overview:
+def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable],
+             comparisons: Sequence[PairedComparison] = (), *, alpha: float = DEFAULT_ALPHA,
+             include_auxiliary_tasks: bool = False) -> Overview:
+    """The overview from the task tables and the paired comparisons of their headline rows."""
     columns = tuple(t.sorted_by for t in tables if t.sorted_by is not None)
+    counted = tuple(include_auxiliary_tasks or not is_auxiliary_task(c.task) for c in columns)
     by_name = {m.name: m for m in models}
     tables_by_task = {t.task: t for t in tables}
     names = [m.name for m in models]
@@ -234,22 +247,37 @@ def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable]) -> Ove
             else:
                 row.append(MISSING)
         cells.append(tuple(row))
-    win = [_win_rate(i, cells, columns) for i in range(len(names))]
+    headline = {(c.task, c.metric, c.filter) for c, n in zip(columns, counted) if n}
+    wins = [[0] * len(names) for _ in names]
+    compared = [[0] * len(names) for _ in names]
+    for comparison in comparisons:
+        if (comparison.task, comparison.metric, comparison.filter) not in headline or not math.isfinite(comparison.p_holm):
+            continue
+        i, j = names.index(comparison.model_a), names.index(comparison.model_b)
+        compared[i][j] += 1
+        compared[j][i] += 1
+        winner = comparison.winner(alpha)
+        if winner is not None:
+            wins[i][j] += winner == comparison.model_a
+            wins[j][i] += winner == comparison.model_b
+    win = [_win_rate(i, names, comparisons, headline, alpha) for i in range(len(names))]
     order = sorted(range(len(names)), key=lambda i: (0 if math.isfinite(win[i]) else 1, -win[i] if math.isfinite(win[i]) else 0, names[i]))
     return Overview(columns, tuple(names[i] for i in order), tuple(by_name[names[i]].num_parameters for i in order),
-                    tuple(win[i] for i in order), tuple(cells[i] for i in order))
+                    tuple(win[i] for i in order), tuple(cells[i] for i in order), counted,
+                    tuple(tuple(wins[i][j] for j in order) for i in order),
+                    tuple(tuple(compared[i][j] for j in order) for i in order), alpha)
 
 
-def _win_rate(i: int, cells: Sequence[Sequence[Cell]], columns: Sequence[Column]) -> float:
-    rates = []
-    for j, column in enumerate(columns):
-        mine = cells[i][j]
-        others = [row[j] for k, row in enumerate(cells) if k != i and row[j].defined]
-        if not mine.defined or not others:
-            continue
-        sign = -1.0 if column.higher_is_better is False else 1.0
-        wins = sum(1.0 if sign * mine.value > sign * o.value else 0.5 if mine.value == o.value else 0.0 for o in others)
-        rates.append(wins / len(others))
+def _win_rate(i: int, names: Sequence[str], comparisons: Sequence[PairedComparison],
+              headline: set[tuple[str, str, str]], alpha: float) -> float:
+    """Mean over the headline columns of the fraction of the models compared with ``names[i]`` that it beats
+    significantly; ``nan`` when it was compared on none."""
+    beaten: dict[tuple[str, str, str], list[bool]] = {}
+    for comparison in comparisons:
+        column = (comparison.task, comparison.metric, comparison.filter)
+        if column in headline and names[i] in (comparison.model_a, comparison.model_b) and math.isfinite(comparison.p_holm):
+            beaten.setdefault(column, []).append(comparison.winner(alpha) == names[i])
+    rates = [sum(outcomes) / len(outcomes) for outcomes in beaten.values()]
     return sum(rates) / len(rates) if rates else math.nan
 
 
@@ -376,8 +404,13 @@ def _markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
+NOT_COUNTED = " (not in win rate)"
+
+
 def overview_markdown(view: Overview) -> str:
-    header = ["model", "size", "mean win rate ↑"] + [markdown_escape(f"{c.task}: {c.label}") for c in view.columns]
+    counted = view.counted or (True,) * len(view.columns)
+    header = ["model", "size", "mean win rate ↑"] + [markdown_escape(f"{c.task}: {c.label}" + ("" if n else NOT_COUNTED))
+                                                    for c, n in zip(view.columns, counted)]
     rows = []
     for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
         rows.append([markdown_escape(name), format_parameters(size),
@@ -449,3 +482,41 @@ def support_markdown(rows: Sequence[SupportRow]) -> str:
     return _markdown_table(header, ([markdown_escape(r.model), markdown_escape(r.task), str(r.n_documents), str(r.k),
                                      f"{r.mean_margin:.4g}" if math.isfinite(r.mean_margin) else UNDEFINED_TEXT,
                                      markdown_escape(support_text(r))] for r in rows))
+
+
+def win_text(view: Overview, i: int, j: int) -> str:
+    """``wins/compared`` of model i over model j; ``—`` on the diagonal and where they were never compared."""
+    if i == j or not view.compared or not view.compared[i][j]:
+        return MISSING_TEXT
+    return f"{view.wins[i][j]}/{view.compared[i][j]}"
+
+
+def pairwise_matrix_markdown(view: Overview) -> str:
+    """Models × models: significant wins of the row's model over the column's model / columns compared."""
+    header = ["wins of ↓ over →"] + [markdown_escape(name) for name in view.models]
+    return _markdown_table(header, ([markdown_escape(name)] + [win_text(view, i, j) for j in range(len(view.models))]
+                                    for i, name in enumerate(view.models)))
+
+
+def format_p(value: float) -> str:
+    if not math.isfinite(value):
+        return UNDEFINED_TEXT
+    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def comparison_texts(c: PairedComparison, alpha: float) -> list[str]:
+    """task, metric, a, b, documents, a − b [CI], p, Holm p, test, significant winner (plain text)."""
+    metric = c.metric if c.filter == "none" else f"{c.metric} [{c.filter}]"
+    interval = f" [{c.ci_low:+.3f}, {c.ci_high:+.3f}]" if math.isfinite(c.ci_low) and math.isfinite(c.ci_high) else ""
+    return [c.task, metric, c.model_a, c.model_b, str(c.n_documents), format_delta(c.diff) + interval, format_p(c.p_value),
+            format_p(c.p_holm), c.test, c.winner(alpha) or "none"]
+
+
+def comparison_header(level: float) -> list[str]:
+    return ["task", "metric", "model a", "model b", "documents", f"a − b [{level:.0%} CI]", "p", "p (Holm)", "test",
+            "significant winner"]
+
+
+def pairwise_markdown(comparisons: Sequence[PairedComparison], *, alpha: float, level: float) -> str:
+    return _markdown_table(comparison_header(level), ([markdown_escape(t) for t in comparison_texts(c, alpha)]
+                                                      for c in comparisons))
