@@ -251,3 +251,14 @@ def test_the_page_shows_the_matrix_and_the_rule(report):
     page = (out / "index.html").read_text()
     assert 'id="pairwise-matrix"' in page and 'id="pairwise"' in page and "Paired comparisons" in page
     assert "Holm" in page and "counts 0, not ½" in page and "not counted" in page
+
+
+def test_the_cli_options(runs, tmp_path, capsys):
+    from lm_eval_probes.reports.report import main
+
+    assert main([str(runs), "--out", str(tmp_path / "a"), "--resamples", "50", "--no-plots", "--include-auxiliary-tasks",
+                 "--alpha", "0.01"]) == 0
+    settings = json.loads((tmp_path / "a" / "summary.json").read_text())["pairwise_settings"]
+    assert settings["include_auxiliary_tasks"] is True and settings["alpha"] == 0.01
+    assert main([str(runs), "--out", str(tmp_path / "b"), "--alpha", "1.5", "--no-plots"]) == 2
+    assert "alpha must be in (0, 1)" in capsys.readouterr().err
