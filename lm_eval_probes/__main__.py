@@ -13,9 +13,13 @@ sharded; :mod:`lm_eval_probes.sweep`) and ``lm-eval-probes report RUN_DIR... --o
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
+import textwrap
+from typing import Any
 
-from lm_eval_probes.config import join_probe_names
+from lm_eval_probes.config import PROBE_NAMES, join_probe_names
 
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
@@ -47,8 +51,135 @@ SUBCOMMANDS: dict[str, str] = {
 """The plugin's own subcommands (``lm-eval-probes report ...``); everything else goes to lm_eval's CLI."""
 
 
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The ``Attributes:`` section of a dataclass's docstring as ``{field: text}`` (one entry may document
+    several fields: ``top_p, top_k: ...``); whitespace collapsed."""
+    lines = (cls.__doc__ or "").splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() == "Attributes:"), len(lines))
+    docs: dict[str, str] = {}
+    names: list[str] = []
+    indent = None
+    for line in lines[start:]:
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        entry = re.match(r"^\s*(\w+(?:,\s*\w+)*):\s+(.*)$", line)
+        if entry and (indent is None or depth == indent):
+            indent = depth
+            names = [n.strip() for n in entry.group(1).split(",")]
+            for name in names:
+                docs[name] = entry.group(2).strip()
+        elif indent is not None and depth > indent:
+            for name in names:
+                docs[name] += " " + line.strip()
+        else:
+            break
+    return docs
+
+
+def option_summary(text: str) -> str:
+    """A docstring entry shortened for ``--help``: the option's own name and Sphinx markup dropped, up to the
+    first sentence end."""
+    text = re.sub(r"\s*\(``(probe|diffusion)_\w+``\)", "", text)
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in "([") - (char in ")]")
+        if depth == 0 and i >= 12 and char in ".;" and (i + 1 == len(text) or text[i + 1] == " ") \
+                and not text[max(0, i - 4):i + 1].endswith(("e.g.", "i.e.")):
+            return text[:i].strip()
+    return text.strip()
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return field.default_factory()  # type: ignore[misc]
+    return None
+
+
+def option_table(cls: type, prefix: str, *, skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """``(key=default, summary)`` for every field of ``cls`` (a config dataclass), from its declaration and
+    docstring; a ``None`` default (resolved per model) shows as ``key=auto``."""
+    docs = attribute_docs(cls)
+    rows = []
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        default = _default(field)
+        if default is None:
+            shown = "auto"
+        elif isinstance(default, bool):
+            shown = str(int(default))
+        elif isinstance(default, tuple):
+            shown = "+".join(map(str, default))
+        else:
+            shown = str(default)
+        rows.append((f"{prefix}{field.name}={shown}", option_summary(docs.get(field.name, ""))))
+    return rows
+
+
+def _table(rows: list[tuple[str, str]], width: int = 100) -> str:
+    key_width = min(34, max(len(key) for key, _ in rows) + 2)
+    out = []
+    for key, text in rows:
+        body = textwrap.wrap(text, width - key_width - 2, break_on_hyphens=False) or [""]
+        first = f"  {key:<{key_width}}" if len(key) < key_width else f"  {key}\n  {'':<{key_width}}"
+        out.append(first + body[0])
+        out += [f"  {'':<{key_width}}{more}" for more in body[1:]]
+    return "\n".join(out)
+
+
+def plugin_help(tasks_dir: str) -> str:
+    """The plugin's part of ``lm-eval-probes --help`` (printed before lm_eval's own): its subcommands, the two
+    models, the probe ``model_args`` (generated from :class:`~lm_eval_probes.config.ProbeConfig`) and where the
+    tasks are. Imports neither torch nor lm_eval."""
+    from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
+    from lm_eval_probes.diffusion_config import PREFIX, DiffusionConfig
+
+    probes = [(f"probes={'+'.join(DEFAULT_PROBES)}",
+               f"which probes: {', '.join(PROBE_NAMES)}, all or none; join several with + (or [a,b])")]
+    diffusion = ", ".join(f"{PREFIX}{f.name}" for f in dataclasses.fields(DiffusionConfig))
+    sections = [
+        "lm-eval-probes: lm_eval with hidden-state probes (δ_TCB, BTE, a latent correctness reader, Ω, stability\n"
+        "margins) and their calibration and difficulty rows reported next to each task's accuracy.",
+        "commands:\n" + _table([
+            ("run ...", "lm_eval run (the default command) with the plugin loaded and its tasks on the include "
+                        "path, e.g. lm-eval-probes run --model hf-probes --model_args pretrained=MODEL,probes=tcb+bte "
+                        "--tasks probes_synth_logic --limit 40 --device cpu"),
+            ("sweep CONFIG.yaml", "models × tasks with one setup; resumable, sharded (--shard K/N); "
+                                  "lm-eval-probes sweep --help shows a config"),
+            ("report RUN_DIR... --out DIR", "the leaderboard (HTML, Markdown, CSV, plots, paired comparisons) "
+                                            "from lm_eval output folders"),
+            ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
+            ("lm-eval-probes-demo", "(its own command) the bundled models on the synthetic tasks, then the "
+                                    "leaderboard; what make demo runs"),
+        ]),
+        "models (--model):\n" + _table([
+            ("hf-probes", "lm_eval's hf (every hf model_arg: pretrained, dtype, gguf_file, parallelize, ...) "
+                          "plus the probes below"),
+            ("hf-probes-diffusion", f"masked-diffusion LMs (LLaDA, Dream): probes=reader and {PREFIX}* options"),
+        ]),
+        "probe model_args (--model_args pretrained=MODEL,probes=tcb+bte,probe_tcb_eps=0.5; key=default):\n"
+        + _table(probes + option_table(ProbeConfig, "probe_", skip=("probes",))),
+        "hf-probes-diffusion model_args (docs/diffusion.md):\n"
+        + textwrap.fill(diffusion, 100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False),
+        f"tasks: the plugin's task YAMLs (probes_*) are in lm_eval_probes.TASKS_DIR = {tasks_dir}\n"
+        "  (passed as --include_path unless you give one); list them with: lm-eval-probes ls tasks\n"
+        "  Any lm_eval task gets the probe rows too: lm-eval-probes run --tasks arc_easy,gsm8k ...",
+        "lm_eval's own commands and options follow (lm-eval-probes run --help for every run option).",
+    ]
+    return "\n\n".join(sections) + "\n" + "-" * 100 + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        import lm_eval_probes
+
+        print(plugin_help(lm_eval_probes.tasks_dir()))
+        sys.stdout.flush()
     if args and args[0] in SUBCOMMANDS:
         import importlib
 
