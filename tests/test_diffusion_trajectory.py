@@ -64,6 +64,13 @@ def test_trajectory_at_maps_percent_to_step_and_the_record_round_trips():
                           trajectory_token_logprobs=((-2.0,), (-1.0,)))
     assert [short.trajectory_at(p) for p in (25, 50, 75, 100)] == [(-2.0,), (-2.0,), (-1.0,), (-1.0,)]
     assert ResponseProbe(n_tokens=1, mean_token_logprob=-1.0).trajectory_at(50) is None
+    for steps in range(1, 300):  # the model's steps (trajectory_steps of the fractions) hold every percent's step
+        at = trajectory_steps(steps, [p / 100 for p in rows.TRAJECTORY_PERCENTS])
+        record = ResponseProbe(n_tokens=1, mean_token_logprob=-1.0, denoising_steps=steps, trajectory_steps=at,
+                               trajectory_token_logprobs=tuple((-float(s),) for s in at))
+        assert at[-1] == steps - 1
+        for percent in rows.TRAJECTORY_PERCENTS:
+            assert record.trajectory_at(percent) == (-float(math.ceil(percent * steps / 100) - 1),)
     with pytest.raises(ValueError, match="percent"):
         probe.trajectory_at(0)
 
