@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def package_folder(name: str, hint: str) -> str:

@@ -61,7 +61,7 @@ from lm_eval_probes.reports.tables import (
 
 logger = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,7 @@ def build_report(
             ("BTE depth profiles" if bte_profiles else "BTE central-window energy",
              "" if bte_profiles else "The samples carry ē_M per document but no per-layer profile (probe_bte_profile=full).", bte),
             ("HyperLens Ω", "", plotting.omega_figures(models)),
+            ("Denoising trajectory", "", plotting.denoising_figures(models)),
             ("Reliability diagrams", "", plotting.reliability_figures(models)),
             ("Risk–coverage curves", "", plotting.risk_coverage_figures(models)),
             ("Clean vs noised", "", plotting.robustness_figures(robustness)),
