@@ -128,13 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 
+    from lm_eval_probes.console import tidy_console
     from lm_eval_probes.reports.report import build_report
     from lm_eval_probes.sweep import parse_config, run_sweep
 
     config = parse_config(sweep_config(args))
-    status = run_sweep(config)
     leaderboard = Path(args.output_path) / "leaderboard"
-    report = build_report([config.output_dir / "runs"], leaderboard, n_resamples=args.resamples)
+    with tidy_console():  # lm_eval's repeated notices once; warnings name the pair and the row
+        status = run_sweep(config)
+        report = build_report([config.output_dir / "runs"], leaderboard, n_resamples=args.resamples)
     print((leaderboard / "leaderboard.md").read_text(encoding="utf-8").split("\n## ", 2)[0].strip())
     print(f"\n{len(report.models)} model(s), {len(report.tables)} task(s); sweep status: {config.output_dir / 'sweep_status.json'}")
     print(f"leaderboard page: {(leaderboard / 'index.html').resolve()}")

@@ -33,9 +33,23 @@ def finite_rows(items: Iterable[Sequence[Any]], width: int) -> np.ndarray:
     return np.asarray(rows, dtype=float).reshape(-1, width)
 
 
-def _undefined(what: str, n: int) -> float:
-    warnings.warn(f"{what} is undefined for {n} usable records (needs >= 3, no constant column)",
-                  UndefinedMetricWarning, stacklevel=3)
+COLUMNS: tuple[str, ...] = ("probe value", "difficulty", "length")
+"""What the columns of a ``ranked`` / ``partial`` record hold (named in the undefined-metric warnings)."""
+
+
+def undefined_cause(rows: np.ndarray) -> str | None:
+    """Why a rank correlation of ``rows`` (``[n, k]``, finite) is undefined, in words; ``None`` when it is not:
+    fewer than 3 records, or a column that takes one value only (e.g. every document has the same difficulty)."""
+    if len(rows) < 3:
+        return f"only {len(rows)} document(s) have a finite {' and '.join(COLUMNS[:rows.shape[1]])} (needs >= 3)"
+    for column in range(rows.shape[1]):
+        if np.ptp(rows[:, column]) == 0:
+            return f"the {COLUMNS[column]} is the same ({rows[0, column]:g}) for all {len(rows)} documents"
+    return None
+
+
+def _undefined(what: str, cause: str) -> float:
+    warnings.warn(f"{what} is undefined: {cause}", UndefinedMetricWarning, stacklevel=3)
     return math.nan
 
 
@@ -47,8 +61,9 @@ def spearman_score(items: Iterable[Sequence[Any]]) -> float:
     constant side.
     """
     rows = finite_rows(items, 2)
-    if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
-        return _undefined("Spearman rho", len(rows))
+    cause = undefined_cause(rows)
+    if cause is not None:
+        return _undefined("Spearman rho", cause)
     return float(stats.spearmanr(rows[:, 0], rows[:, 1]).statistic)
 
 
@@ -65,13 +80,16 @@ def partial_spearman_score(items: Iterable[Sequence[Any]]) -> float:
     rows = finite_rows(items, 3)
     if len(rows) >= 3 and np.ptp(rows[:, 2]) == 0:  # a constant length controls for nothing
         return spearman_score(rows[:, :2].tolist())
-    if len(rows) < 3 or np.any(np.ptp(rows, axis=0) == 0):
-        return _undefined("partial Spearman rho", len(rows))
+    cause = undefined_cause(rows)
+    if cause is not None:
+        return _undefined("partial Spearman rho", cause)
     rho = stats.spearmanr(rows).statistic  # 3x3 rank-correlation matrix
     r_xy, r_xz, r_yz = rho[0, 1], rho[0, 2], rho[1, 2]
     denominator = math.sqrt(max(0.0, (1 - r_xz**2) * (1 - r_yz**2)))
     if denominator == 0:
-        return _undefined("partial Spearman rho", len(rows))
+        return _undefined("partial Spearman rho", f"the length ranks the {'probe value' if abs(r_xz) == 1 else 'difficulty'} "
+                                                  f"exactly (|rho| = 1) over the {len(rows)} documents, so nothing is left "
+                                                  "once it is partialled out")
     return float(np.clip((r_xy - r_xz * r_yz) / denominator, -1.0, 1.0))
 
 
