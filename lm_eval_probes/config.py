@@ -60,7 +60,7 @@ class ProbeConfig:
             states that produced each token, recorded by hooks during decoding, no extra forward) or
             ``teacher_forced`` (one extra forward over prompt + generated ids); see README "Design".
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds
-            the memory of the logit lens to about five ``chunk · V`` float32-sized buffers (20 bytes per
+            the memory of the logit lens to about six ``chunk · V`` float32-sized buffers (24 bytes per
             position and vocabulary entry; one more with soft-capping).
         reader_layers: ``hidden_states`` indices (0 = embeddings … L) whose mean states are recorded
             (``probe_reader_layers=12+16+20``); ``None`` = round(f·L) for f in :data:`READER_LAYER_FRACTIONS`.
