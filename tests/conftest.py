@@ -56,6 +56,23 @@ def tiny_config(arch: str, vocab_size: int, *, eos: int, pad: int):
     raise ValueError(arch)
 
 
+def save_tiny_bert(folder: Path, *, seed: int, special_tokens: dict) -> str:
+    """A tiny random BERT masked LM (2 layers, width 32) with the tests' tokenizer plus ``special_tokens``, saved
+    into ``folder``: the bidirectional model of the diffusion tests."""
+    import transformers as tf
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens(special_tokens)
+    config = tf.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+                           initializer_range=0.3)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForMaskedLM.from_config(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
     """``tiny_model_dir(arch)`` → a folder with a saved tiny random model + tokenizer (made once per arch)."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import build_tokenizer
+from conftest import save_tiny_bert
 from lm_eval_probes.diffusion import Sampler, masked_diffusion_decode, request_seed
 from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
 
@@ -26,17 +26,7 @@ PROMPTS = ["Question: Mia has 7 apples. Answer:", "The bear is red.", "0 1 2 3 4
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    tokenizer = build_tokenizer()
-    tokenizer.add_special_tokens({"mask_token": MASK, "additional_special_tokens": [EOT]})
-    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-                                     initializer_range=0.3)
-    torch.manual_seed(5)
-    model = transformers.AutoModelForMaskedLM.from_config(config).eval()
-    folder = tmp_path_factory.mktemp("tiny-bert-samplers")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-samplers"), seed=5, special_tokens={"mask_token": MASK, "additional_special_tokens": [EOT]})
 
 
 class ShiftedLogits(torch.nn.Module):

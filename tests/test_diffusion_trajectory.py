@@ -12,11 +12,10 @@ import lm_eval.evaluator
 import numpy as np
 import pytest
 import torch
-import transformers
 from lm_eval.api.instance import Instance
 from sklearn.metrics import roc_auc_score
 
-from conftest import build_tokenizer
+from conftest import save_tiny_bert
 from lm_eval_probes import rows
 from lm_eval_probes.diffusion import masked_diffusion_decode, trajectory_steps
 from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
@@ -30,17 +29,7 @@ TRAJECTORY_ROWS = [name for name in rows.DIFFUSION_ROWS if name != "reveal_step"
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    tokenizer = build_tokenizer()
-    tokenizer.add_special_tokens({"mask_token": "<|mask|>"})
-    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-                                     initializer_range=0.3)
-    torch.manual_seed(3)
-    model = transformers.AutoModelForMaskedLM.from_config(config).eval()
-    folder = tmp_path_factory.mktemp("tiny-bert-trajectory")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-trajectory"), seed=3, special_tokens={"mask_token": "<|mask|>"})
 
 
 def replayed_logprobs(model, prompt: list[int], tokens: list[int], reveal_steps: list[int], step: int, mask_id: int) -> list[float]:
