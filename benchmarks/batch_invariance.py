@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.utils import handle_non_serializable
 
     import lm_eval_probes
-    from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
+    from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
 
     lm_eval_probes.register()
     if args.tiny:

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
+from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
 
 COLUMNS = ("acc", "confidence", "ece", "ece_scaled", "selective_auroc", "aurc", "lcr_auroc", "lcr_ece",
            "corruption_auroc", "corruption_confidence_auroc", "answer_unlocated")

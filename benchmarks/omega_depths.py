@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     import lm_eval_probes
-    from lm_eval_probes.models import ProbeHFLM
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
 
     folder = model_folder(args.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -64,7 +64,7 @@ def model_folder(name: str) -> Path:
     import transformers
 
     if name == "smollm2":
-        from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
+        from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
 
         source, gguf = smollm2_folder(), SMOLLM2_GGUF
     elif name == "gemma":
@@ -120,7 +120,7 @@ def worker(args: argparse.Namespace) -> None:
     import lm_eval_probes
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from lm_eval_probes.models import ProbeHFLM
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
 
     import torch
 
@@ -234,8 +234,8 @@ def lens(args: argparse.Namespace) -> None:
     import torch
     import transformers
 
-    from lm_eval_probes.architectures import LensReadout
-    from lm_eval_probes.capture import bte_transitions, position_probes
+    from lm_eval_probes.capture.readouts import LensReadout
+    from lm_eval_probes.capture.positions import bte_transitions, position_probes
     from lm_eval_probes.config import ProbeConfig
     from lm_eval_probes.probes import token_constraint_bound
 

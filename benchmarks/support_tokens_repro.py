@@ -4,7 +4,7 @@
     python benchmarks/support_tokens_repro.py --quick            # a few minutes, no file needed
 
 A small character-level GPT whose first attention layer is the embedding-level prior
-(:class:`lm_eval_probes.training.SupportTokenGPT`) is trained on a plain-text file, CE-only and CE + the
+(:class:`lm_eval_probes.models.barrier_training.SupportTokenGPT`) is trained on a plain-text file, CE-only and CE + the
 log-barrier penalty at each λ (same seeds, same initialisation, same batches, same steps); each model is
 then scored on the held-out tail of the file: bits per character (BPC) with Gaussian noise N(0, σ²) added
 to the embeddings, σ ∈ {0, 0.1, …, 0.5} (the same noise draws for every model). It prints a Markdown table
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from lm_eval_probes.training import GPTConfig, SupportTokenGPT, barrier_loss, log_barrier_penalty
+from lm_eval_probes.models.barrier_training import GPTConfig, SupportTokenGPT, barrier_loss, log_barrier_penalty
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def tasks_dir() -> str:
 
 def register() -> None:
     """Register the lazy ``hf-probes`` and ``hf-probes-diffusion`` model placeholders with lm_eval (idempotent)."""
-    from lm_eval_probes.integration import register_model_placeholder
+    from lm_eval_probes.harness.registry import register_model_placeholder
 
     register_model_placeholder()
 
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
     if name == "TASKS_DIR":
         return tasks_dir()
     if name == "ProbeTaskManager":
-        from lm_eval_probes import integration
+        from lm_eval_probes.harness.tasks import ProbeTaskManager
 
-        return integration.ProbeTaskManager
+        return ProbeTaskManager
     raise AttributeError(f"module 'lm_eval_probes' has no attribute {name!r}")

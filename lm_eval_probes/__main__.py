@@ -7,7 +7,7 @@ every task gets the probe rows — stock tasks too (``lm-eval-probes run --tasks
 their own prompts, filters and metrics.
 
 Two subcommands of the plugin come first: ``lm-eval-probes sweep CONFIG.yaml`` (models × tasks, resumable,
-sharded; :mod:`lm_eval_probes.sweep`) and ``lm-eval-probes report RUN_DIR... --out DIR`` (the leaderboard;
+sharded; :mod:`lm_eval_probes.sweep.cli`) and ``lm-eval-probes report RUN_DIR... --out DIR`` (the leaderboard;
 :mod:`lm_eval_probes.reports.report`).
 """
 
@@ -46,7 +46,7 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
 
 SUBCOMMANDS: dict[str, str] = {
     "report": "lm_eval_probes.reports.report",
-    "sweep": "lm_eval_probes.sweep",
+    "sweep": "lm_eval_probes.sweep.cli",
 }
 """The plugin's own subcommands (``lm-eval-probes report ...``); everything else goes to lm_eval's CLI."""
 
@@ -136,7 +136,8 @@ def plugin_help(tasks_dir: str) -> str:
     models, the probe ``model_args`` (generated from :class:`~lm_eval_probes.config.ProbeConfig`) and where the
     tasks are. Imports neither torch nor lm_eval."""
     from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
-    from lm_eval_probes.diffusion_config import PREFIX, DiffusionConfig
+    from lm_eval_probes.declarations import PROBES
+    from lm_eval_probes.models.diffusion_config import PREFIX, DiffusionConfig
 
     probes = [(f"probes={'+'.join(DEFAULT_PROBES)}",
                f"which probes: {', '.join(PROBE_NAMES)}, all or none; join several with + (or [a,b])")]
@@ -160,6 +161,11 @@ def plugin_help(tasks_dir: str) -> str:
             ("hf-probes", "lm_eval's hf (every hf model_arg: pretrained, dtype, gguf_file, parallelize, ...) "
                           "plus the probes below"),
             ("hf-probes-diffusion", f"masked-diffusion LMs (LLaDA, Dream): probes=reader and {PREFIX}* options"),
+        ]),
+        "probes (lm_eval_probes/declarations.py; each adds its rows to every task):\n" + _table([
+            (probe.name, f"{probe.summary}. Rows: "
+                         f"{', '.join(row.name for row in probe.rows + probe.difficulty_rows() + probe.feeds)}")
+            for probe in sorted(PROBES, key=lambda probe: PROBE_NAMES.index(probe.name))
         ]),
         "probe model_args (--model_args pretrained=MODEL,probes=tcb+bte,probe_tcb_eps=0.5; key=default):\n"
         + _table(probes + option_table(ProbeConfig, "probe_", skip=("probes",))),
@@ -187,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     import lm_eval_probes
-    from lm_eval_probes.integration import every_task_probed, register_model_placeholder, register_rows
+    from lm_eval_probes.harness.registry import register_model_placeholder, register_rows
+    from lm_eval_probes.harness.tasks import every_task_probed
 
     register_model_placeholder()
     register_rows()  # before any task is built

@@ -13,12 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega", "margin")
-"""Probes the wrapper can compute (``probes=all``): δ_TCB (+ entropy, margin, V_eff baselines), BTE,
-``reader``: the mean hidden states (answer and prompt positions, a few layers) that the correctness reader
-and the corruption detector are fitted on, and ``omega``: the HyperLens confidence trajectory and its
-refinement area Ω (runs the model's last m blocks again on every source layer's states), and ``margin``: the
-stability margins and support tokens of the first attention layer (:mod:`lm_eval_probes.margin_capture`)."""
+from lm_eval_probes.declarations import PROBE_NAMES  # probes=all: every declared probe
 
 DEFAULT_PROBES: tuple[str, ...] = ("tcb", "bte", "reader")
 """The probes of an ``hf-probes`` run that does not name any: the cheap ones (read from the states the

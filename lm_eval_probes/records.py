@@ -1,4 +1,5 @@
-"""Small, picklable, JSON-native records that carry probe values from the model to ``process_results``.
+"""Small, picklable, JSON-native records that carry probe values from the model to ``process_results``, and what a
+task tells the model about its requests (:class:`ProbeRequest`).
 
 ``process_results(doc, results)`` sees neither the ``Instance`` nor the ``doc_id``, so the probe rides
 *inside* the response objects: :class:`ProbeLL` (a ``(loglik, is_greedy)`` tuple) and :class:`ProbeStr`
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import base64
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -132,8 +133,8 @@ class ResponseProbe:
             the final denoising pass (equal to the reveal-time value for the tokens revealed at the last step).
         denoising_steps: masked-diffusion generation only: the number of denoising steps of the decoding.
         trajectory_steps: masked-diffusion generation only: the steps (0-based, increasing) at which
-            ``trajectory_token_logprobs`` were read: :func:`~lm_eval_probes.diffusion.trajectory_steps` of
-            :data:`~lm_eval_probes.rows.TRAJECTORY_PERCENTS` (the last one is ``denoising_steps − 1``).
+            ``trajectory_token_logprobs`` were read: :func:`~lm_eval_probes.models.diffusion_decoding.trajectory_steps` of
+            :data:`~lm_eval_probes.declarations.TRAJECTORY_PERCENTS` (the last one is ``denoising_steps − 1``).
         trajectory_token_logprobs: masked-diffusion generation only: one tuple per ``trajectory_steps`` entry,
             each response token's log-probability of its final token under that step's forward, whether the
             position was still masked or already revealed (calibration along the denoising trajectory). At a
@@ -244,6 +245,33 @@ class ProbeStr(str):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ProbeStr, (str(self), self.probe))
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What a task with probe rows tells the model wrapper about one of its requests: data flows from the task to
+    the model on the requests (the task's ``construct_requests`` sets it as the ``Instance``'s ``probe_request``
+    attribute), never back through a registry of tasks. A request without one belongs to a task that shows no
+    probe rows.
+
+    Attributes:
+        options: multiple choice: the document's number of options (its first requests, in option order);
+            ``None`` for other requests.
+        choose: multiple choice: from the options' log-likelihoods, the index of the option whose record the task
+            reads (the one the model chose), or ``None``: the wrapper gives the logit lens to that option only.
+    """
+
+    options: int | None = None
+    choose: Callable[[Sequence[float]], int | None] | None = None
+
+
+PROBE_REQUEST = "probe_request"
+"""The ``Instance`` attribute that holds a request's :class:`ProbeRequest`."""
+
+
+def probe_request_of(instance: Any) -> ProbeRequest | None:
+    """The :class:`ProbeRequest` a task attached to ``instance``, or ``None`` (a task without probe rows)."""
+    return getattr(instance, PROBE_REQUEST, None)
 
 
 def probe_of(response: Any) -> ResponseProbe | None:

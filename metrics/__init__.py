@@ -2,7 +2,7 @@
 
 :mod:`.calibration` holds the calibration, selective-prediction, reader and detector rows; the rank
 correlations are :mod:`lm_eval_probes.probes.correlation`. Which row uses which aggregation is declared
-once in :mod:`lm_eval_probes.rows`; registering them with lm_eval is :mod:`lm_eval_probes.integration`'s
+once in :mod:`lm_eval_probes.rows`; registering them with lm_eval is :mod:`lm_eval_probes.harness.registry`'s
 job. Importing this package imports neither torch nor lm_eval.
 """
 

@@ -2,7 +2,7 @@
 
 Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.ProbeTask``
 (``NoisedProbeTask`` for noised-input variants), or give a built stock task the same rows with
-:func:`~lm_eval_probes.integration.with_probe_metrics` (the ``lm-eval-probes`` command does it for every
+:func:`~lm_eval_probes.harness.tasks.with_probe_metrics` (the ``lm-eval-probes`` command does it for every
 task). The rows are those of :func:`lm_eval_probes.rows.rows_for`; each document's values come from
 :mod:`lm_eval_probes.estimators`. Rows appear only when the model is ``hf-probes``; with plain ``hf``
 the task is the stock task.
@@ -32,14 +32,30 @@ import datasets
 from lm_eval.api.task import ConfigurableTask, Task
 
 from lm_eval_probes import estimators, rows
-from lm_eval_probes.integration import note_probed_task, task_aggregation, with_probe_metrics
+from lm_eval_probes.declarations import (
+    ANSWER_UNLOCATED,
+    CONFIDENCE,
+    CONFIDENCE_ROWS,
+    DETECTOR_ROWS,
+    DIFFICULTY_MISSING,
+    EMPTY_RESPONSES,
+    LENGTH_SPEARMAN,
+    PROBES,
+    PROMPT_LENGTH_SPEARMAN,
+    READER_ROWS,
+    RESPONSE_TOKENS,
+    REVEAL_STEP,
+    TRAJECTORY_PERCENTS,
+    TRAJECTORY_ROWS,
+)
+from lm_eval_probes.harness.registry import task_aggregation
 from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.probes.confidence import geometric_mean_probability
-from lm_eval_probes.records import LayerStates, ReaderRecord, ResponseProbe, probe_of, with_probe
+from lm_eval_probes.records import PROBE_REQUEST, LayerStates, ProbeRequest, ReaderRecord, ResponseProbe, probe_of, with_probe
 
 __all__ = [
-    "CONFIDENCE_SOURCES", "NoisedPairProbeTask", "NoisedProbeTask", "ProbeResults", "ProbeTask", "ProbeTaskManager",
-    "probe_metric_values", "trajectory_confidence", "with_probe_metrics",
+    "CONFIDENCE_SOURCES", "NoisedPairProbeTask", "NoisedProbeTask", "ProbeResults", "ProbeTask", "probe_metric_values",
+    "trajectory_confidence",
 ]
 
 eval_logger = logging.getLogger(__name__)
@@ -71,7 +87,18 @@ class ProbeResults(Task):
         for row in self.probe_rows:
             self._aggregation_list.setdefault(row.name, task_aggregation(row, options))
             self._higher_is_better.setdefault(row.name, row.higher_is_better)
-        note_probed_task(self.config.task, self)
+
+    def construct_requests(self, doc: dict[str, Any], ctx: Any, **kwargs: Any) -> Any:
+        """The task's own requests, each carrying a :class:`~lm_eval_probes.records.ProbeRequest` for the model
+        wrapper (multiple choice: the option count and the rule that picks the option this task reads)."""
+        requests = super().construct_requests(doc, ctx, **kwargs)
+        if self.OUTPUT_TYPE == "multiple_choice":
+            request = ProbeRequest(self.option_count(doc), functools.partial(self.chosen_option_index, doc))
+        else:
+            request = ProbeRequest()
+        for instance in requests if isinstance(requests, list) else [requests]:
+            setattr(instance, PROBE_REQUEST, request)
+        return requests
 
     @property
     def probe_rows(self) -> tuple[rows.Row, ...]:
@@ -183,29 +210,33 @@ class ProbeResults(Task):
         declared = self.difficulty_source is not None
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
         if probe.token_ends is not None and self.confidence_source == "answer" and not probe.empty:
-            values["answer_unlocated"] = int(probe.answer_span is None)
+            values[ANSWER_UNLOCATED.name] = int(probe.answer_span is None)
         reveal_step = estimators.answer_reveal_step(probe, whole=self.confidence_source == "generation")
         if reveal_step is not None:
-            values["reveal_step"] = reveal_step
+            values[REVEAL_STEP.name] = reveal_step
         correct = self.correctness(doc, values, chosen)
         if correct is not None and math.isfinite(confidence):
-            for name in rows.names("confidence"):
-                values[name] = (confidence, correct, probe.document) if rows.ROWS_BY_NAME[name].value == "confidence_keyed" \
+            for row in CONFIDENCE_ROWS:
+                values[row.name] = (confidence, correct, probe.document) if row.value == "confidence_keyed" \
                     else (confidence, correct)
         if correct is not None:
             whole = self.confidence_source == "generation"
-            for percent in rows.TRAJECTORY_PERCENTS:
-                at_step = trajectory_confidence(probe, percent, whole=whole)
+            at_steps = {percent: trajectory_confidence(probe, percent, whole=whole) for percent in TRAJECTORY_PERCENTS}
+            for row in TRAJECTORY_ROWS:
+                at_step = at_steps[row.at_percent]
                 if at_step is not None and math.isfinite(at_step):
-                    values[f"ece_at_step_{percent}"] = values[f"selective_auroc_at_step_{percent}"] = (at_step, correct)
+                    values[row.name] = (at_step, correct)
         if correct is not None and features is not None:
-            values["lcr_auroc"] = values["lcr_ece"] = ReaderRecord(features, correct, document=probe.document)
-        if self.is_detector_task:
+            record = ReaderRecord(features, correct, document=probe.document)
+            values.update({row.name: record for row in READER_ROWS})
+        if self.is_detector_task:  # the reader's rows on the prompt states, and confidence's, of clean vs noised
             noised = int(doc.get("noised", 0))
-            values["corruption_auroc"] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"),
-                                                      document=probe.document)
-            if math.isfinite(confidence):
-                values["corruption_confidence_auroc"] = (1.0 - confidence, noised)
+            for row in DETECTOR_ROWS:
+                if row.value == "reader":
+                    values[row.name] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"),
+                                                    document=probe.document)
+                elif math.isfinite(confidence):
+                    values[row.name] = (1.0 - confidence, noised)
         return values
 
     def option_count(self, doc: dict[str, Any]) -> int:
@@ -331,14 +362,6 @@ class NoisedPairProbeTask(NoisedProbeTask):
         return self._noised_docs
 
 
-def __getattr__(name: str) -> Any:
-    if name == "ProbeTaskManager":
-        from lm_eval_probes import integration
-
-        return integration.ProbeTaskManager
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def trajectory_confidence(probe: ResponseProbe, percent: int, *, whole: bool = False) -> float | None:
     """A masked-diffusion generation's confidence at ``percent`` % of its denoising steps: the geometric mean,
     over the tokens the answer confidence reads (the located answer span, else — or with ``whole`` — the
@@ -355,46 +378,45 @@ def trajectory_confidence(probe: ResponseProbe, percent: int, *, whole: bool = F
 def probe_metric_values(
     probe: ResponseProbe, confidence: float, difficulty: float | None, *, declared: bool = False
 ) -> dict[str, Any]:
-    """Per-document values of the probe and difficulty rows.
+    """Per-document values of the probe and difficulty rows, as the declarations (:mod:`lm_eval_probes.declarations`)
+    say: each probe's rows read their record field, its ρ rows its ranked field.
 
     ``response_tokens`` counts the probed positions (an empty generation: its one stop position) and
-    ``empty_responses`` flags generations whose kept text is empty. A probe value that is not finite is
-    left out (so ``mean`` skips it). With a declared difficulty every ρ record is present, with ``None``
-    for a document without a label (so a run without any label shows the ρ rows as ``null``): ρ records
-    ``(value, difficulty)``, length-controlled records ``(value, difficulty, response tokens)`` and
-    ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt tokens, difficulty)``, and
-    ``difficulty_missing`` (1 for a document without a label). The BTE depth profile (``probe_bte_profile=full``),
-    the Ω trajectory and the support tokens are per-document lists (a non-finite member ``None``) and a dict.
+    ``empty_responses`` flags generations whose kept text is empty. A probe whose ranked value is not finite
+    (disabled, or undefined for the document) gets none of its scalar rows (so ``mean`` skips it). With a declared
+    difficulty every ρ record is present, with ``None`` for a document without a label (so a run without any label
+    shows the ρ rows as ``null``): ρ records ``(value, difficulty)``, length-controlled records ``(value,
+    difficulty, response tokens)`` and ``(value, difficulty, prompt tokens)``, the baselines ``(response / prompt
+    tokens, difficulty)``, and ``difficulty_missing`` (1 for a document without a label). Vector rows (the BTE depth
+    profile, the Ω trajectory) are per-document lists (a non-finite member ``None``); the support tokens a dict.
     """
-    values: dict[str, Any] = {"response_tokens": probe.n_tokens}
+    values: dict[str, Any] = {RESPONSE_TOKENS.name: probe.n_tokens}
     if probe.token_ends is not None:
-        values["empty_responses"] = int(probe.empty)
+        values[EMPTY_RESPONSES.name] = int(probe.empty)
     if math.isfinite(confidence):
-        values["confidence"] = confidence
+        values[CONFIDENCE.name] = confidence
     if declared:
-        values["difficulty_missing"] = int(difficulty is None)
-        values["length_spearman"] = (probe.n_tokens, difficulty)
+        values[DIFFICULTY_MISSING.name] = int(difficulty is None)
+        values[LENGTH_SPEARMAN.name] = (probe.n_tokens, difficulty)
         if probe.prompt_tokens is not None:
-            values["prompt_length_spearman"] = (probe.prompt_tokens, difficulty)
-    for name, value, probe_rows in (
-        ("tcb", probe.tcb_log10_mean, {"tcb_log10": probe.tcb_log10_mean, "tcb_log10_min": probe.tcb_log10_min}),
-        ("bte", probe.bte_energy, {"bte_energy": probe.bte_energy}),
-        ("omega", probe.omega, {"omega": probe.omega}),
-        ("margin", probe.margin_mean, {"margin": probe.margin_mean, "margin_min": probe.margin_min}),
-    ):
-        if value is None or not math.isfinite(value):
-            continue
-        values.update(probe_rows)
-        if declared:
-            values[f"{name}_spearman"] = (value, difficulty)
-            values[f"{name}_spearman_partial"] = (value, difficulty, probe.n_tokens)
-            if probe.prompt_tokens is not None:
-                values[f"{name}_spearman_partial_prompt"] = (value, difficulty, probe.prompt_tokens)
-    for name, vector in (("bte_profile", probe.bte_profile), ("omega_trajectory", probe.omega_trajectory)):
-        if vector is not None:
-            values[name] = [float(v) if math.isfinite(v) else None for v in vector]
-    if probe.margin_support_values is not None:
-        values["margin_support"] = {
-            "positions": list(probe.margin_support_positions or ()), "tokens": list(probe.margin_support_tokens or ()),
-            "margins": [float(v) if math.isfinite(v) else None for v in probe.margin_support_values]}
+            values[PROMPT_LENGTH_SPEARMAN.name] = (probe.prompt_tokens, difficulty)
+    for declaration in PROBES:
+        value = None if declaration.ranked is None else getattr(probe, declaration.ranked)
+        if value is not None and math.isfinite(value):
+            values.update({row.name: getattr(probe, row.field) for row in declaration.rows
+                           if row.value == "float"})
+            if declared:
+                spearman, partial, partial_prompt = declaration.difficulty_rows()
+                values[spearman.name] = (value, difficulty)
+                values[partial.name] = (value, difficulty, probe.n_tokens)
+                if probe.prompt_tokens is not None:
+                    values[partial_prompt.name] = (value, difficulty, probe.prompt_tokens)
+        for row in declaration.rows:
+            if row.value == "vector" and getattr(probe, row.field) is not None:
+                values[row.name] = [float(v) if math.isfinite(v) else None for v in getattr(probe, row.field)]
+            elif row.value == "support" and getattr(probe, f"{row.field}_values") is not None:
+                values[row.name] = {
+                    "positions": list(getattr(probe, f"{row.field}_positions") or ()),
+                    "tokens": list(getattr(probe, f"{row.field}_tokens") or ()),
+                    "margins": [float(v) if math.isfinite(v) else None for v in getattr(probe, f"{row.field}_values")]}
     return values

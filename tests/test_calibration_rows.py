@@ -17,10 +17,10 @@ from loader_fixtures import write_data_dir
 from lm_eval_probes import TASKS_DIR, rows
 from lm_eval_probes.estimators import answer_confidence, answer_states, locate_answer, response_confidence
 from lm_eval_probes.metrics import CalibrationOptions
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.probes.calibration import expected_calibration_error, out_of_fold_temperature_scale
 from lm_eval_probes.records import LayerStates, ResponseProbe
-from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+from lm_eval_probes.harness.tasks import ProbeTaskManager
 
 
 def answer_confidence_and_states(probe: ResponseProbe):

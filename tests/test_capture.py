@@ -12,11 +12,11 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
 from conftest import TINY_ARCHS
-from lm_eval_probes.architectures import LensReadout
-from lm_eval_probes.capture import position_probes
+from lm_eval_probes.capture.readouts import LensReadout
+from lm_eval_probes.capture.positions import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.estimators import response_confidence
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates
 
@@ -147,20 +147,20 @@ def _free_generation(lm: ProbeHFLM, prompt: str, n: int) -> list[int]:
 @pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode, batch_size, monkeypatch):
-    import lm_eval_probes.models
+    import lm_eval_probes.models.autoregressive
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=batch_size, probe_gen_capture=mode)
     # stop strings taken from the free-running text, so that rows stop early and at different points
     free = [lm.tok_decode(_free_generation(lm, p, 10)) for p in PROMPTS]
     until = [free[0][len(free[0]) // 2 :][:2], free[2][3:5]]
     probed = []  # the positions that went through the lens, per row
-    lens = lm_eval_probes.models.position_probes_of_spans
+    lens = lm_eval_probes.capture.positions.position_probes_of_spans
 
     def counting(spans, *args, **kwargs):
         probed.extend(span[0].shape[0] for span in spans)
         return lens(spans, *args, **kwargs)
 
-    monkeypatch.setattr(lm_eval_probes.models, "position_probes_of_spans", counting)
+    monkeypatch.setattr(lm_eval_probes.models.autoregressive, "position_probes_of_spans", counting)
     texts = lm.generate_until(gen_instances(until))
     # only the kept tokens go through the lens (the batch order is lm_eval's: compare as multisets)
     assert sorted(probed) == sorted(max(t.probe.n_tokens, 1) for t in texts)
@@ -248,7 +248,7 @@ def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
 def test_unsupported_architecture_fails_clearly():
     import transformers as tf
 
-    from lm_eval_probes.architectures import UnsupportedModelError
+    from lm_eval_probes.capture.readouts import UnsupportedModelError
 
     model = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
                                            num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32))
@@ -332,35 +332,42 @@ def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
 
 @pytest.mark.parametrize("chunk", [1, 64])
 def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
-    """Without HFLM: two batches, a row answering two grouped requests, each request gets its trailing slice;
-    the lens queue goes through the lens once it holds ``chunk_positions`` positions, or at the end."""
+    """Without HFLM: two batches of right-padded rows, a row answering two grouped requests, each request gets its
+    trailing slice; each batch's rows are found by their ids (a real trailing id 0 included; unknown rows keep every
+    logit); the lens queue goes through the lens once it holds ``chunk_positions`` positions, or at the end."""
     import dataclasses
 
-    from lm_eval_probes.capture import LoglikelihoodRows, hidden_state_tap, position_probes
+    from lm_eval_probes.capture.loglikelihood import LoglikelihoodRows
+    from lm_eval_probes.capture.positions import hidden_state_tap, position_probes
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
     layers = config.resolved_reader_layers(readout.num_layers)
-    rows_in = [torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]), torch.tensor([[20, 21, 22, 23, 24, 25]])]
+    rows_in = [torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 0]]), torch.tensor([[20, 21, 22, 23, 24]])]
     with hidden_state_tap(lm.model) as tap:
         rows = LoglikelihoodRows(tap, readout, config, layers)
+        cut = LoglikelihoodRows(tap, readout, config, layers)
+        cut.note_requests([(("d", " z"), [30, 0], [31]), (("e", " cut"), [40, 41, 42, 43], [44, 45])], max_length=4)
+        assert cut.new_batch(torch.ones(2, 4, dtype=torch.long)) == 0  # rows of no request (batch-size search)
+        assert cut.new_batch(torch.tensor([[30, 0, 0]])) == 1  # [30, 0]: a real trailing 0, reads 1 position
+        assert cut.new_batch(torch.tensor([[41, 42, 43, 44]])) == 2  # the request's last max_length + 1 ids but one
         rows.note_requests([(("a", " x y"), [5, 6, 7, 8], [9, 10]), (("a", " y"), [5, 6, 7, 8, 9], [10]),
-                            (("b", " q r s"), [11, 12, 13], [14, 15, 16]), (("c", " t"), [20, 21, 22, 23, 24], [25])])
-        rows.new_batch()
+                            (("b", " q r s"), [11, 12, 13], [14, 15, 16]), (("c", " t"), [20, 21, 22, 23, 24], [25])],
+                           max_length=64)
+        assert rows.new_batch(rows_in[0]) == 2  # row 0 reads positions 3-4, row 1 (three tokens) 2-4
         with torch.no_grad():
             first = lm.model(rows_in[0], output_hidden_states=True).hidden_states
-        rows.add_row(input_length=5, continuation_length=2)  # row 0 scores [9, 10]: inputs end at position 5
+        assert rows.locate(("b", " q r s")) == (1, 5, 3) and rows.locate(("c", " t")) is None
         rows.on_answer("loglikelihood", ("a", " x y"), (-3.0, False))
         rows.on_answer("loglikelihood", ("a", " y"), (-1.0, True))  # the same row, a one-token suffix
         rows.on_answer("generate_until", ("a", " y"), "ignored")
-        rows.add_row(input_length=5, continuation_length=3)
         rows.on_answer("loglikelihood", ("b", " q r s"), (-4.5, False))
-        rows.new_batch()  # the first batch's answers take their states before the next forward replaces them
+        # the first batch's answers take their states before the next forward replaces them
+        assert rows.new_batch(rows_in[1]) == 4
         assert tap.latest is None
         assert set(rows.probes) == ({("a", " x y"), ("a", " y"), ("b", " q r s")} if chunk == 1 else set())
         with torch.no_grad():
             lm.model(rows_in[1], output_hidden_states=True)
-        rows.add_row(input_length=5, continuation_length=1)
         rows.on_answer("loglikelihood", ("c", " t"), (-0.5, True))
         rows.flush()
     want = position_probes([h[0, 3:5] for h in first], readout, config).summarize(0, 2)
@@ -380,7 +387,7 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
 def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
     """States kept for the layers of :func:`read_layers` only (what the loglikelihood bookkeeping keeps of an
     answered option) give the same probes; a layer the probes read but that was not kept fails clearly."""
-    from lm_eval_probes.capture import read_layers
+    from lm_eval_probes.capture.positions import read_layers
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout, num_layers = lm.probe_config, lm.readout, lm.readout.num_layers
@@ -403,7 +410,7 @@ def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
 
 
 def test_lens_plan_gives_the_lens_to_the_chosen_option_only():
-    from lm_eval_probes.capture import LensPlan, OptionGroup
+    from lm_eval_probes.capture.loglikelihood import LensPlan, OptionGroup
 
     def argmax(logliks):
         return max(range(len(logliks)), key=lambda i: logliks[i])
@@ -419,7 +426,7 @@ def test_lens_plan_gives_the_lens_to_the_chosen_option_only():
 
 
 def test_a_key_shared_by_two_documents_gets_the_lens_when_either_chooses_it():
-    from lm_eval_probes.capture import LensPlan, OptionGroup
+    from lm_eval_probes.capture.loglikelihood import LensPlan, OptionGroup
 
     first = OptionGroup(("yes", "no"), lambda logliks: 0)
     second = OptionGroup(("yes", "maybe"), lambda logliks: 1)

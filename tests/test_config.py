@@ -6,7 +6,7 @@ import pytest
 
 from lm_eval_probes.__main__ import rewrite_argv
 from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from lm_eval.utils import handle_non_serializable
 
 from per_document import largest_differences
 from lm_eval_probes import TASKS_DIR, rows
-from lm_eval_probes.integration import ProbeTaskManager
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 
 TASKS = ["probes_synth_logic", "probes_synth_arith_gen"]  # multiple choice and generation
 LIMIT = 9  # odd: rank 1 holds one document fewer, so lm_eval pads its requests

@@ -19,12 +19,12 @@ from lm_eval.api.instance import Instance
 
 from conftest import build_tokenizer
 from lm_eval_probes import TASKS_DIR
-from lm_eval_probes.diffusion import masked_diffusion_decode, mc_loglikelihood, request_seed, transfer_counts
-from lm_eval_probes.diffusion_config import DiffusionConfig
-from lm_eval_probes.diffusion_model import DiffusionProbeHFLM, model_class_for, resolve_mask_token_id
+from lm_eval_probes.models.diffusion_decoding import masked_diffusion_decode, mc_loglikelihood, request_seed, transfer_counts
+from lm_eval_probes.models.diffusion_config import DiffusionConfig
+from lm_eval_probes.models.diffusion import DiffusionProbeHFLM, model_class_for, resolve_mask_token_id
 from lm_eval_probes.estimators import answer_confidence, answer_reveal_step
 from lm_eval_probes.records import ResponseProbe, probe_of
-from lm_eval_probes.tasks.probe_task import ProbeTaskManager
+from lm_eval_probes.harness.tasks import ProbeTaskManager
 
 MASK = "<|mask|>"
 

@@ -12,9 +12,9 @@ import torch
 import transformers
 from lm_eval.api.instance import Instance
 
-from lm_eval_probes.diffusion import dream_masks, dream_mc_loglikelihood, masked_diffusion_decode, mc_loglikelihood, request_seed
-from lm_eval_probes.diffusion_config import ALIASES, REFUSED, DiffusionConfig, detect_family
-from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
+from lm_eval_probes.models.diffusion_decoding import dream_masks, dream_mc_loglikelihood, masked_diffusion_decode, mc_loglikelihood, request_seed
+from lm_eval_probes.models.diffusion_config import ALIASES, REFUSED, DiffusionConfig, detect_family
+from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
 from test_diffusion_samplers import bert_dir  # noqa: F401  (the module's tiny BERT fixture)
 
 
@@ -249,7 +249,7 @@ def test_authors_names_never_reach_the_model_class(no_loading, name):
 
 
 def test_aliases_are_read_as_the_plugin_options_with_a_notice(bert_dir, caplog):  # noqa: F811
-    with caplog.at_level(logging.WARNING, logger="lm_eval_probes.diffusion_config"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_probes.models.diffusion_config"):
         lm = load_lm(bert_dir, steps=4, gen_length=8, block_length=4, remasking="random", mc_num=1, cfg=0.5)
     config = lm.diffusion_config
     assert (config.steps, config.gen_length, config.block_length, config.alg, config.mc_samples, config.mc_batch_size,
@@ -259,7 +259,7 @@ def test_aliases_are_read_as_the_plugin_options_with_a_notice(bert_dir, caplog):
 
 
 def test_reader_tail_states_fall_back_to_float32_beyond_float16():
-    from lm_eval_probes.diffusion_model import _half_or_float
+    from lm_eval_probes.models.diffusion import _half_or_float
 
     small = torch.tensor([[1.5, -2.25]])
     assert _half_or_float(small).dtype == np.float16

@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from conftest import save_tiny_bert
-from lm_eval_probes.diffusion import Sampler, masked_diffusion_decode, request_seed
-from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
+from lm_eval_probes.models.diffusion_decoding import Sampler, masked_diffusion_decode, request_seed
+from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
 
 MASK, EOT = "<|mask|>", "<|eot_id|>"
 PROMPTS = ["Question: Mia has 7 apples. Answer:", "The bear is red.", "0 1 2 3 4 5 6 7 8 9 Anne is kind. Anne is"]
@@ -367,7 +367,7 @@ def test_random_algorithms_need_generators():
 def test_trajectory_replays_the_decoding_inputs(bert_dir, family, options):
     """Calibration along the trajectory: each step's probability of the final tokens, from the canvas rebuilt out of
     the reveal steps, equals the reveal-time probability at each token's reveal step and the final pass at the end."""
-    from lm_eval_probes.diffusion import trajectory_logprobs, trajectory_steps
+    from lm_eval_probes.models.diffusion_decoding import trajectory_logprobs, trajectory_steps
 
     lm = load_lm(bert_dir, shifted=family == "dream", diffusion_family=family, diffusion_gen_length=8, **options)
     rows, ids, mask = batched(lm)

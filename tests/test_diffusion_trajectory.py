@@ -17,8 +17,8 @@ from sklearn.metrics import roc_auc_score
 
 from conftest import save_tiny_bert
 from lm_eval_probes import rows
-from lm_eval_probes.diffusion import masked_diffusion_decode, trajectory_steps
-from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
+from lm_eval_probes.models.diffusion_decoding import masked_diffusion_decode, trajectory_steps
+from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
 from lm_eval_probes.records import ResponseProbe, probe_of
 from lm_eval_probes.tasks.probe_task import ProbeTask, trajectory_confidence
 

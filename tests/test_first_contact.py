@@ -12,8 +12,8 @@ import pytest
 import lm_eval_probes
 from lm_eval_probes.__main__ import attribute_docs, main, option_summary, option_table, plugin_help
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.diffusion_config import DiffusionConfig
-from lm_eval_probes.integration import DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET, MODEL_NAME, MODEL_TARGET
+from lm_eval_probes.models.diffusion_config import DiffusionConfig
+from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET, MODEL_NAME, MODEL_TARGET
 
 # ----------------------------------------------------------------------------------------- --help
 
@@ -91,8 +91,8 @@ def test_the_installed_distribution_declares_lm_evals_model_entry_points():
     from lm_eval.api.model import LM
     from lm_eval.api.registry import get_model
 
-    from lm_eval_probes.diffusion_model import DiffusionProbeHFLM
-    from lm_eval_probes.models import ProbeHFLM
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
 
     assert found[MODEL_NAME].load() is ProbeHFLM and issubclass(ProbeHFLM, LM)
     assert found[DIFFUSION_MODEL_NAME].load() is DiffusionProbeHFLM
@@ -135,7 +135,7 @@ def _lm_eval_logger_output(monkeypatch):
 def test_repeated_lm_eval_notices_are_folded_inside_the_cli_context_only(monkeypatch):
     import logging
 
-    from lm_eval_probes.console import tidy_console
+    from lm_eval_probes.cli.console import tidy_console
 
     handler, stream = _lm_eval_logger_output(monkeypatch)
     task_logger, sweep_logger = logging.getLogger("lm_eval.api.task"), logging.getLogger("lm_eval_probes.sweep")
@@ -162,8 +162,8 @@ def test_warnings_name_the_pair_and_the_row_not_a_site_packages_path(monkeypatch
 
     from lm_eval import evaluator_utils
 
-    from lm_eval_probes import sweep
-    from lm_eval_probes.console import tidy_console
+    from lm_eval_probes.sweep import runner as sweep
+    from lm_eval_probes.cli.console import tidy_console
     from lm_eval_probes.probes.correlation import spearman_score
 
     # the frames the origin is read from: lm_eval 0.4.13's aggregation loop and the sweep's pair
@@ -200,7 +200,7 @@ def test_importing_the_clis_changes_no_logging_or_warnings():
     import subprocess
 
     code = ("import logging, warnings; show = warnings.showwarning; "
-            "import lm_eval_probes.demo, lm_eval_probes.sweep, lm_eval_probes.console; "
+            "import lm_eval_probes.cli.demo, lm_eval_probes.sweep, lm_eval_probes.cli.console; "
             "print(warnings.showwarning is show, logging.getLogger().handlers, logging.getLogger('lm_eval').filters)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -208,7 +208,7 @@ def test_importing_the_clis_changes_no_logging_or_warnings():
 
 
 def test_eta_leaves_out_the_first_pairs_start_up(monkeypatch):
-    from lm_eval_probes import sweep
+    from lm_eval_probes.sweep import runner as sweep
 
     clock = iter(range(0, 10_000, 7))
     monkeypatch.setattr(sweep.time, "monotonic", lambda: float(next(clock)))

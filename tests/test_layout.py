@@ -58,3 +58,62 @@ def test_probes_package_has_no_side_effects():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _lm_eval_probes_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports, at any depth of its code (functions included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("lm_eval_probes"):
+            subs = {f"{node.module}.{alias.name}" for alias in node.names} & modules
+            found |= subs if subs else {node.module}
+    return found
+
+
+def test_no_import_cycles_not_even_inside_functions():
+    """Data flows one way: no module imports (at module level or inside a function) one that imports it back."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {name: _lm_eval_probes_imports(path, set(paths)) - {name} for name, path in paths.items()}
+    assert "lm_eval_probes.harness.registry" in graph["lm_eval_probes.tasks.probe_task"]  # the graph sees imports
+    assert "lm_eval_probes.tasks.probe_task" in graph["lm_eval_probes.harness.tasks"]
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph.get(name, ())):
+            if state.get(other) == 1:
+                raise AssertionError("import cycle: " + " → ".join(trail[trail.index(other):] + [name, other]))
+            if other not in state:
+                visit(other, trail + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
+def test_each_row_name_is_spelled_in_at_most_two_modules():
+    """A row's name is written in its declaration and, at most, where its value is computed; everything else reads
+    the declarations. Names that are also a probe's, a value kind's or a ProbeConfig option's are not counted."""
+    import dataclasses
+    import re
+
+    from lm_eval_probes.config import ProbeConfig
+    from lm_eval_probes.declarations import PROBE_NAMES, VALUE_KINDS
+    from lm_eval_probes.rows import ROWS
+
+    shared = set(PROBE_NAMES) | set(VALUE_KINDS) | {field.name for field in dataclasses.fields(ProbeConfig)}
+    texts = {path: path.read_text() for path in PACKAGE.rglob("*.py")}
+    for row in ROWS:
+        if row.name in shared:
+            continue
+        spelled = [str(path.relative_to(PACKAGE)) for path, text in texts.items()
+                   if re.search(rf"[\"']{re.escape(row.name)}[\"']", text)]
+        assert len(spelled) <= 2, (row.name, spelled)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from lm_eval_probes.architectures import UnsupportedModelError
+from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.margin_capture import FirstLayerMargins, summarize_margins
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.capture.margins import FirstLayerMargins, summarize_margins
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
 
 MARGIN_ARCHS = ("llama", "qwen2", "gemma3_text")  # qwen2: query/key biases; gemma3_text: query/key RMS norms

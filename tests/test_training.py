@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, prior_margins
-from lm_eval_probes.training import GPTConfig, SupportTokenGPT, barrier_loss, log_barrier_penalty
+from lm_eval_probes.models.barrier_training import GPTConfig, SupportTokenGPT, barrier_loss, log_barrier_penalty
 
 
 def test_penalty_is_the_clamped_negative_mean_over_defined_margins():
@@ -110,7 +110,7 @@ def test_plain_pytorch_loop_example():
 def test_hugging_face_trainer_example(tmp_path):
     from transformers import TrainingArguments
 
-    from lm_eval_probes.training import LogBarrierTrainer
+    from lm_eval_probes.models.barrier_training import LogBarrierTrainer
 
     rows = [{"input_ids": i[b], "labels": t[b]} for i, t in batches(4) for b in range(4)]
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2,

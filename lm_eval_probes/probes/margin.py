@@ -15,7 +15,7 @@ attention-weighted cross-covariance of the query- and key-projected inputs
 (:func:`prior_margins`, and :func:`head_margins` for one head of a pretrained model with rotary
 embeddings: there the cross-covariance is rotated by the query's rotation R_t, see its docstring).
 
-Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.training` uses it).
+Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.models.barrier_training` uses it).
 """
 
 from __future__ import annotations

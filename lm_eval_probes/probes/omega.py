@@ -7,7 +7,7 @@ of D_m(H_i), and Ω = Σ_i (1 − C_i) is the area above it (unit spacing). High
 settled later in depth (the paper: more cognitive effort, harder tasks).
 
 The propagation through the model's blocks lives with the architecture knowledge
-(:class:`lm_eval_probes.capture.FocalDepthDecoder`); this module is the pure math on its logits.
+(:class:`lm_eval_probes.capture.readouts.FocalDepthDecoder`); this module is the pure math on its logits.
 """
 
 from __future__ import annotations

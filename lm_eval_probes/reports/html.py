@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jinja2
 
+from lm_eval_probes.declarations import CONFIDENCE, ECE, SELECTIVE_AUROC
 from lm_eval_probes.reports.plots import Figure
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import (
@@ -149,7 +150,7 @@ def task_html_table(table: TaskTable) -> HtmlTable:
 
 
 def robustness_table(rows: Sequence[RobustnessRow]) -> HtmlTable:
-    names = {"primary": "acc", "confidence": "conf", "ece": "ECE", "selective_auroc": "AUROC"}
+    names = {"primary": "acc", CONFIDENCE.name: "conf", ECE.name: "ECE", SELECTIVE_AUROC.name: "AUROC"}
     header = [HtmlHead("model", "name"), HtmlHead("task", "name"), HtmlHead("operator", "name"), HtmlHead("metric", "name")]
     for key in ROBUSTNESS_METRICS:
         header += [HtmlHead(f"clean {names[key]}"), HtmlHead(f"noised {names[key]}"), HtmlHead(f"Δ {names[key]}")]

@@ -36,15 +36,27 @@ from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
 from lm_eval_probes.reports.tables import RobustnessRow, primary_metric, primary_samples  # noqa: E402
-from lm_eval_probes.rows import TRAJECTORY_PERCENTS  # noqa: E402
+from lm_eval_probes.declarations import (  # noqa: E402
+    CONFIDENCE,
+    ECE,
+    PROBES,
+    PROBES_BY_NAME,
+    REVEAL_STEP,
+    SELECTIVE_AUROC,
+    TRAJECTORY_PERCENTS,
+    TRAJECTORY_ROWS,
+)
+from lm_eval_probes.rows import ROWS  # noqa: E402
 
-DIFFICULTY_SOURCES: tuple[str, ...] = ("bte_spearman", "tcb_spearman", "length_spearman", "prompt_length_spearman")
+DIFFICULTY_SOURCES: tuple[str, ...] = tuple(row.name for row in ROWS if row.value == "ranked")
 """Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
 
 DIFFICULTY_METRICS: tuple[tuple[str, str], ...] = (
-    ("correct", "accuracy"), ("confidence", "confidence"), ("bte_energy", "BTE energy ē_M (nats)"),
-    ("tcb_log10", "log10 δ_TCB"), ("omega", "HyperLens Ω"), ("margin", "mean stability margin"),
+    ("correct", "accuracy"), (CONFIDENCE.name, "confidence"),
+    *((probe.row("float").name, probe.label) for probe in PROBES if probe.rows),
 )
+
+BTE, OMEGA = PROBES_BY_NAME["bte"], PROBES_BY_NAME["omega"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ def _confidence_records(result: TaskResult) -> tuple[np.ndarray, np.ndarray] | N
     primary = primary_metric(result)
     if primary is None:
         return None
-    rows = records(result.samples_of(primary[1]), "ece", 2)
+    rows = records(result.samples_of(primary[1]), ECE.name, 2)
     return (rows[:, 0], rows[:, 1]) if len(rows) else None
 
 
@@ -154,7 +166,7 @@ def robustness_figures(rows: Sequence[RobustnessRow]) -> list[Figure]:
         operators = sorted({r.operator for r in mine})
         model_names = sorted({r.model for r in mine})
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, key, label in zip(axes, ("primary", "selective_auroc"), ("accuracy", "selective AUROC")):
+        for ax, key, label in zip(axes, ("primary", SELECTIVE_AUROC.name), ("accuracy", "selective AUROC")):
             width = 0.8 / max(1, len(model_names))
             for i, name in enumerate(model_names):
                 by_op = {r.operator: r for r in mine if r.model == name}
@@ -239,7 +251,7 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
         ``--log_samples`` files of this plugin carry only ē_M), so the figures show ē_M per task.
     """
     figures: list[Figure] = []
-    profiles = _depth_curves(models, "bte_profile")
+    profiles = _depth_curves(models, BTE.row("vector").name)
     if profiles:
         figures.append(_depth_figure(
             profiles, "bte_profiles", "BTE depth profiles", "relative depth (transition l → l+1)", "mean JSD (nats)",
@@ -252,8 +264,8 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
             if result is None:
                 continue
             samples = primary_samples(result)
-            values = [float(s["bte_energy"]) for s in samples
-                      if isinstance(s.get("bte_energy"), (int, float)) and math.isfinite(float(s["bte_energy"]))]
+            name = BTE.row("float").name
+            values = [float(s[name]) for s in samples if isinstance(s.get(name), (int, float)) and math.isfinite(float(s[name]))]
             if values:
                 data.append((model.name, values))
         if not data:
@@ -262,7 +274,7 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
         ax.boxplot([v for _, v in data])
         ax.set_xticks(range(1, len(data) + 1), [plain_label(n) for n, _ in data], rotation=20, ha="right", fontsize=7)
         ax.set(ylabel="ē_M (nats)", title=plain_label(f"BTE central-window energy: {task}"))
-        figures.append(Figure(_file_stem("bte_energy", task), f"BTE energy — {task}",
+        figures.append(Figure(_file_stem(BTE.row("float").name, task), f"BTE energy — {task}",
                               "Per-document ē_M. The samples carry no per-layer profile, so no depth profile is drawn.",
                               _render(fig)))
     return figures, False
@@ -300,7 +312,7 @@ def _depth_figure(curves: Mapping[str, list[np.ndarray]], name: str, title: str,
 
 def omega_figures(models: Sequence[ModelResults]) -> list[Figure]:
     """HyperLens Ω: the mean confidence trajectory C_i per model, when samples carry ``omega_trajectory``."""
-    curves = _depth_curves(models, "omega_trajectory")
+    curves = _depth_curves(models, OMEGA.row("vector").name)
     if not curves:
         return []
     return [_depth_figure(
@@ -315,7 +327,8 @@ def denoising_curves(result: TaskResult) -> tuple[np.ndarray, np.ndarray, np.nda
     primary = primary_metric(result)
     if primary is None:
         return None
-    found = [(result.metric(f"ece_at_step_{p}", primary[1]), result.metric(f"selective_auroc_at_step_{p}", primary[1]))
+    at = {(row.aggregation, row.at_percent): row.name for row in TRAJECTORY_ROWS}
+    found = [(result.metric(at[ECE.aggregation, p], primary[1]), result.metric(at[SELECTIVE_AUROC.aggregation, p], primary[1]))
              for p in TRAJECTORY_PERCENTS]
     if all(ece is None and auroc is None for ece, auroc in found):
         return None
@@ -339,9 +352,10 @@ def denoising_figures(models: Sequence[ModelResults]) -> list[Figure]:
             label = plain_label(model.name)
             line, = ece_ax.plot(percent, ece, marker="o", label=label)
             auroc_ax.plot(percent, auroc, marker="o", color=line.get_color(), label=label)
-            points = [(float(s["reveal_step"]), float(s["ece"][0]), int(s["ece"][1])) for s in primary_samples(result)
-                      if isinstance(s.get("reveal_step"), (int, float)) and isinstance(s.get("ece"), list)
-                      and len(s["ece"]) == 2 and all(isinstance(v, (int, float)) for v in s["ece"])]
+            step, ece = REVEAL_STEP.name, ECE.name
+            points = [(float(s[step]), float(s[ece][0]), int(s[ece][1])) for s in primary_samples(result)
+                      if isinstance(s.get(step), (int, float)) and isinstance(s.get(ece), list)
+                      and len(s[ece]) == 2 and all(isinstance(v, (int, float)) for v in s[ece])]
             if points:
                 step, confidence, correct = (np.array(v) for v in zip(*points))
                 reveal_ax.scatter(step[correct == 1], confidence[correct == 1], s=10, color=line.get_color(), label=label)

@@ -23,18 +23,32 @@ from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
+from lm_eval_probes.declarations import (
+    ANSWER_UNLOCATED,
+    CONFIDENCE,
+    CONFIDENCE_ROWS,
+    DETECTOR_ROWS,
+    DIFFICULTY_MISSING,
+    ECE,
+    LENGTH_SPEARMAN,
+    PROBES,
+    PROBES_BY_NAME,
+    PROMPT_LENGTH_SPEARMAN,
+    READER_ROWS,
+    RESPONSE_TOKENS,
+    SELECTIVE_AUROC,
+)
 from lm_eval_probes.rows import support_mean
 
 PRIMARY_METRICS: tuple[str, ...] = ("acc", "exact_match", "acc_norm")
 """The correctness row of a task: the first of these it has."""
 
-METRIC_ORDER: tuple[str, ...] = (
-    "acc", "acc_norm", "exact_match", "confidence", "ece", "ece_scaled", "selective_auroc", "aurc",
-    "selective_acc_50", "selective_acc_80", "lcr_auroc", "lcr_ece", "corruption_auroc",
-    "corruption_confidence_auroc", "tcb_log10", "tcb_log10_min", "tcb_spearman", "tcb_spearman_partial",
-    "tcb_spearman_partial_prompt", "bte_energy", "bte_spearman", "bte_spearman_partial",
-    "bte_spearman_partial_prompt", "length_spearman", "prompt_length_spearman", "response_tokens",
-    "difficulty_missing", "answer_unlocated",
+METRIC_ORDER: tuple[str, ...] = ("acc", "acc_norm", "exact_match") + tuple(
+    row.name for row in (
+        CONFIDENCE, *CONFIDENCE_ROWS, *READER_ROWS, *DETECTOR_ROWS,
+        *(row for probe in PROBES for row in (*probe.rows, *probe.difficulty_rows())),
+        LENGTH_SPEARMAN, PROMPT_LENGTH_SPEARMAN, RESPONSE_TOKENS, DIFFICULTY_MISSING, ANSWER_UNLOCATED,
+    )
 )
 """Column order inside a task; rows not listed (new probes, stock metrics) follow alphabetically."""
 
@@ -281,7 +295,7 @@ def _win_rate(i: int, names: Sequence[str], comparisons: Sequence[PairedComparis
     return sum(rates) / len(rates) if rates else math.nan
 
 
-ROBUSTNESS_METRICS: tuple[str, ...] = ("primary", "confidence", "ece", "selective_auroc")
+ROBUSTNESS_METRICS: tuple[str, ...] = ("primary", CONFIDENCE.name, ECE.name, SELECTIVE_AUROC.name)
 
 
 @dataclass(frozen=True)
@@ -352,7 +366,8 @@ def support_rows(models: Sequence[ModelResults]) -> list[SupportRow]:
     out = []
     for model in models:
         for task, result in model.tasks.items():
-            support = [s["margin_support"] for s in primary_samples(result) if isinstance(s.get("margin_support"), dict)]
+            name = PROBES_BY_NAME["margin"].row("support").name
+            support = [s[name] for s in primary_samples(result) if isinstance(s.get(name), dict)]
             if not support:
                 continue
             counts: Counter[str] = Counter()

@@ -1,6 +1,4 @@
-"""Capture hidden states during the harness's own forward passes and reduce them at once.
-
-The pieces:
+"""Capture hidden states during the harness's own forward passes and reduce them to per-position probe values.
 
 * :func:`hidden_state_tap` — a context manager holding two hooks on the causal-LM module: a pre-hook
   that asks for ``output_hidden_states`` and a hook that keeps what the forward returned (the latest
@@ -10,17 +8,14 @@ The pieces:
   per position and transition), computed in chunks of positions so the logit lens holds a few
   ``chunk · V`` buffers at a time, and only the readouts a row reads; :meth:`PositionProbes.summarize`
   reduces a slice of them to a :class:`~lm_eval_probes.records.ResponseProbe`.
-* :class:`LensPlan` — which answered loglikelihood requests need the lens (of a multiple-choice document,
-  only the option the task reads), and :class:`LoglikelihoodRows` — the bookkeeping that takes each answered
-  request's states out of the harness's own forwards and probes them once the plan has decided.
+* :func:`masked_mean_states` — the reader layers' mean states over a mask (the prompt, say).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.architectures import BlockInputs, FocalDepthDecoder, LensReadout
+from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.probes import (
     central_window,
@@ -111,7 +106,7 @@ class PositionProbes:
     transitions ``bte_transitions = (start, stop)``, the central window's or all L),
     ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32),
     ``omega_mass [S, n]`` (omega: the top-K mass of the focal-depth decoding of each source layer, from
-    :meth:`~lm_eval_probes.architectures.FocalDepthDecoder.confidences`; attached with :meth:`with_omega`).
+    :meth:`~lm_eval_probes.capture.readouts.FocalDepthDecoder.confidences`; attached with :meth:`with_omega`).
     """
 
     num_positions: int
@@ -273,13 +268,13 @@ def position_probes_of_spans(
     probes = position_probes(joined, readout, config, ids, lens=lens)
     out, offset = [], 0
     for span in spans:
-        n = _positions(span)
+        n = span_positions(span)
         out.append(probes.span(offset, offset + n))
         offset += n
     return out
 
 
-def _positions(layer_states: Sequence[torch.Tensor | None]) -> int:
+def span_positions(layer_states: Sequence[torch.Tensor | None]) -> int:
     """The positions of a span's states (its first layer that is kept)."""
     kept = next((h for h in layer_states if h is not None), None)
     if kept is None:
@@ -337,7 +332,7 @@ def position_probes(
     missing = sorted(layer for layer in needed if layer_states[layer] is None)
     if missing:
         raise ValueError(f"the states of layers {missing} are needed by the probes {config.probes} but were not kept")
-    n = _positions(layer_states)
+    n = span_positions(layer_states)
     want_tcb, want_bte = lens and "tcb" in config.probes, lens and "bte" in config.probes
     first, last = bte_transitions(num_layers, config) if "bte" in config.probes else (0, 0)
     want_final = token_ids is not None or want_tcb or (want_bte and last == num_layers)
@@ -400,236 +395,3 @@ def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layer
     weights = (weights / weights.sum(-1, keepdim=True).clamp(min=1)).unsqueeze(1)  # [B, 1, T]
     means = torch.stack([torch.bmm(weights, h.float()).squeeze(1) for h in states], dim=1)  # [B, k, H]
     return [LayerStates(tuple(layers), row.float().cpu().numpy()) for row in means]
-
-
-@dataclass(frozen=True)
-class OptionGroup:
-    """The options of one multiple-choice document: their request keys in option order, and the rule that
-    picks the option whose record the task reads (``choose(option logliks) -> index``, ``None``: none)."""
-
-    keys: tuple[Any, ...]
-    choose: Callable[[Sequence[float]], int | None]
-
-
-class LensPlan:
-    """Which answered requests need the logit lens (δ_TCB, BTE): every request, except the options of a
-    multiple-choice document, where only the option the task reads (the chosen one) does.
-
-    :meth:`answered` takes each answer and returns the keys whose need became known: a key outside every
-    group (or in ``always``) at once; a group's other keys once all its options are answered.
-    """
-
-    def __init__(self, groups: Sequence[OptionGroup] = (), always: Iterable[Any] = ()) -> None:
-        self._groups = list(groups)
-        self._groups_of: dict[Any, list[int]] = defaultdict(list)
-        for index, group in enumerate(self._groups):
-            for key in dict.fromkeys(group.keys):
-                self._groups_of[key].append(index)
-        self._always = set(always)
-        self._open = [len(set(group.keys)) for group in self._groups]  # options not answered yet
-        self._undecided = {key: len(indices) for key, indices in self._groups_of.items()}
-        self._logliks: dict[Any, float] = {}
-        self._needed: set[Any] = set()
-        self._decided: set[Any] = set()
-
-    def answered(self, key: Any, loglik: float) -> list[tuple[Any, bool]]:
-        """``key`` was answered with ``loglik``: the ``(key, needs the lens)`` pairs decided by it."""
-        if key in self._logliks:  # a repeated request: counted once
-            return []
-        self._logliks[key] = loglik
-        decided = []
-        if key in self._always or key not in self._groups_of:
-            decided.append((key, True))
-            self._decided.add(key)
-        for index in self._groups_of.get(key, ()):
-            self._open[index] -= 1
-            if self._open[index]:
-                continue
-            group = self._groups[index]
-            chosen = group.choose([self._logliks[k] for k in group.keys])
-            if chosen is not None:
-                self._needed.add(group.keys[chosen])
-            for member in dict.fromkeys(group.keys):
-                self._undecided[member] -= 1
-                if not self._undecided[member] and member not in self._decided:
-                    decided.append((member, member in self._needed))
-                    self._decided.add(member)
-        return decided
-
-
-@dataclass
-class _PendingAnswer:
-    """An answered request whose lens values wait for the plan (or for enough positions to batch)."""
-
-    states: list[torch.Tensor | None]  # L+1: copies [n, H] of the layers a probe reads (the batch's are released)
-    loglik: float
-    prompt_tokens: int
-    prompt_states: LayerStates | None
-    omega_mass: torch.Tensor | None
-
-
-class LoglikelihoodRows:
-    """Bookkeeping of one ``loglikelihood`` call: HFLM's rows in, each answered request's probe out.
-
-    HFLM runs one forward per batch (:meth:`new_batch`), then calls ``_select_cont_toks`` once per row
-    in row order (:meth:`add_row`), then answers the row's requests (one or, with the logits cache,
-    several one-token continuations of one context) through ``cache_hook.add_partial``
-    (:meth:`on_answer`). When the next batch starts or the call ends (:meth:`flush`) each answered
-    request keeps a copy of its few response positions' states, its reader prompt states and (with a
-    ``decoder``: Ω, decoded from the same forward's states of every layer and the block inputs
-    ``block_inputs`` its hooks recorded; no extra full forward) its ``[S, n]`` masses; the batch's
-    states are then released. The :class:`LensPlan` says which answers need the logit lens; those
-    wait in a queue that goes through the lens at once when it holds ``chunk_positions`` positions (the
-    unembedding is read once per chunk), the others are recorded without lens values at once.
-
-    Use it through :func:`loglikelihood_rows`, which also holds the hooks.
-    """
-
-    def __init__(
-        self,
-        tap: HiddenStateTap,
-        readout: LensReadout,
-        config: ProbeConfig,
-        reader_layers: Sequence[int],
-        decoder: FocalDepthDecoder | None = None,
-        block_inputs: BlockInputs | None = None,
-        plan: LensPlan | None = None,
-    ) -> None:
-        if (decoder is None) != (block_inputs is None):
-            raise ValueError("a focal-depth decoder needs the block inputs its capture() records, and vice versa")
-        self.tap = tap
-        self.decoder = decoder
-        self.block_inputs = block_inputs
-        self.readout = readout
-        self.config = config
-        self.reader_layers = tuple(reader_layers)
-        self.plan = plan or LensPlan()
-        self.probes: dict[Any, ResponseProbe] = {}
-        """Each answered request's probe, keyed by its ``(context, continuation)``."""
-        self._continuation_lengths: dict[Any, int] = {}
-        self._next_row = 0
-        self._spans: list[tuple[int, int, int]] = []  # per row: (batch row, first, end) of its response positions
-        self._answers: list[tuple[Any, int, int, float]] = []  # (request key, row, continuation tokens, loglik)
-        self._pending: dict[Any, _PendingAnswer] = {}  # answered, need not yet known
-        self._queue: dict[Any, _PendingAnswer] = {}  # need the lens, not yet probed
-        self._queued_positions = 0
-        # what a chosen option's lens and reader read, and the last layer (which also tells the positions)
-        self._kept_layers = read_layers(readout.num_layers, config) | {readout.num_layers}
-
-    def note_requests(self, requests: Sequence[Any]) -> None:
-        """HFLM's tokenized requests ``((context, continuation), context ids, continuation ids)``."""
-        self._continuation_lengths.update({req[0]: len(req[2]) for req in requests if req[0] is not None})
-
-    def new_batch(self) -> None:
-        """A forward is about to replace the states of the previous batch: take what the answers need first."""
-        self._take_batch()
-        self._next_row = 0
-
-    def add_row(self, input_length: int, continuation_length: int) -> None:
-        """The next row of the latest forward scores ``continuation_length`` tokens ending at ``input_length``."""
-        if self.tap.latest is None:
-            return
-        row, self._next_row = self._next_row, self._next_row + 1
-        self._spans.append((row, input_length - continuation_length, input_length))
-
-    def on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
-        """HFLM answered ``request_key`` from the latest row (a ``cache_hook.add_partial`` call)."""
-        if attr == "loglikelihood" and self._spans:
-            n = self._continuation_lengths[request_key]
-            self._answers.append((request_key, len(self._spans) - 1, n, float(answer[0])))
-
-    def flush(self) -> None:
-        """The call ends: take the last batch, probe the queue and every answer still undecided."""
-        self._take_batch()
-        self._queue.update(self._pending)  # options of documents whose other options never came: probe them
-        self._pending = {}
-        self._probe_queue()
-
-    def _take_batch(self) -> None:
-        states = self.tap.latest
-        if states is None or not self._spans:  # no row read this forward (batch-size detection, say)
-            self._spans, self._answers, self.tap.latest = [], [], None
-            return
-        masses = None
-        if self.decoder is not None:
-            masses = self.decoder.confidences(states, self.block_inputs, self._spans)
-        prompt_states: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
-        for key, index, n, loglik in self._answers:
-            if key in self.probes or key in self._queue:  # a repeated request, already decided
-                continue
-            row, _, end = self._spans[index]
-            prompt_tokens = end - n + 1  # the last context position predicts token 1
-            if (row, prompt_tokens) not in prompt_states:
-                prompt_states[row, prompt_tokens] = self._prompt_states(states, row, prompt_tokens)
-            self._pending[key] = _PendingAnswer(
-                states=[h[row, end - n : end].clone() if layer in self._kept_layers else None
-                        for layer, h in enumerate(states)],
-                loglik=loglik,
-                prompt_tokens=prompt_tokens,
-                prompt_states=prompt_states[row, prompt_tokens],
-                omega_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
-            )
-            for decided, needs_lens in self.plan.answered(key, loglik):
-                answer = self._pending.pop(decided)
-                if needs_lens:
-                    self._queue[decided] = answer
-                    self._queued_positions += _positions(answer.states)
-                else:
-                    self._record([decided], [answer], lens=False)
-        self._spans, self._answers = [], []
-        self.tap.latest = None  # the next forward's states are not held beside these
-        if self._queued_positions >= self.config.chunk_positions:
-            self._probe_queue()
-
-    def _probe_queue(self) -> None:
-        keys, answers = list(self._queue), list(self._queue.values())
-        self._queue, self._queued_positions = {}, 0
-        self._record(keys, answers, lens=True)
-
-    def _record(self, keys: Sequence[Any], answers: Sequence[_PendingAnswer], *, lens: bool) -> None:
-        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, lens=lens)
-        for key, answer, probes in zip(keys, answers, rows, strict=True):
-            if answer.omega_mass is not None:
-                probes = probes.with_omega(answer.omega_mass)
-            n = probes.num_positions
-            self.probes[key] = probes.summarize(
-                0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
-                prompt_states=answer.prompt_states,
-            )
-
-    def _prompt_states(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
-        """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
-        last ``reader_prompt_tail``)."""
-        if not self.reader_layers:
-            return None
-        tail = self.config.reader_prompt_tail
-        start = max(0, prompt_tokens - tail) if tail else 0
-        means = torch.stack([states[layer][row, start:prompt_tokens].float().mean(0) for layer in self.reader_layers])
-        return LayerStates(self.reader_layers, means.cpu().numpy())
-
-
-@contextmanager
-def loglikelihood_rows(
-    model: nn.Module,
-    readout: LensReadout,
-    config: ProbeConfig,
-    reader_layers: Sequence[int],
-    decoder: FocalDepthDecoder | None = None,
-    plan: LensPlan | None = None,
-) -> Iterator[LoglikelihoodRows]:
-    """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one
-    ``loglikelihood`` call; the last batch is probed when the block ends without an error."""
-    with hidden_state_tap(model) as tap, block_inputs_of(decoder) as block_inputs:
-        rows = LoglikelihoodRows(tap, readout, config, reader_layers, decoder, block_inputs, plan)
-        yield rows
-        rows.flush()
-
-
-@contextmanager
-def block_inputs_of(decoder: FocalDepthDecoder | None) -> Iterator[BlockInputs | None]:
-    """``decoder.capture()``, or ``None`` without a decoder."""
-    if decoder is None:
-        yield None
-        return
-    with decoder.capture() as inputs:
-        yield inputs

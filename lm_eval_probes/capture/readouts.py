@@ -69,7 +69,7 @@ def architecture_of(model: nn.Module) -> ArchitectureSpec:
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"hf-probes does not know where model_type {model_type!r} keeps its final norm and unembedding. "
-            f"Supported: {', '.join(sorted(ARCHITECTURES))}. Add a row to lm_eval_probes.architectures.ARCHITECTURES."
+            f"Supported: {', '.join(sorted(ARCHITECTURES))}. Add a row to lm_eval_probes.capture.readouts.ARCHITECTURES."
         )
     return ARCHITECTURES[model_type]
 
@@ -371,3 +371,13 @@ class FocalDepthDecoder:
             for lo in range(0, hidden.shape[0], self.chunk_positions)
         ]
         return torch.cat(parts) if parts else torch.empty(0, device=self.readout.device)
+
+
+@contextmanager
+def block_inputs_of(decoder: FocalDepthDecoder | None) -> Iterator[BlockInputs | None]:
+    """``decoder.capture()``, or ``None`` without a decoder."""
+    if decoder is None:
+        yield None
+        return
+    with decoder.capture() as inputs:
+        yield inputs

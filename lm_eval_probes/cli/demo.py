@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 
-    from lm_eval_probes.console import tidy_console
+    from lm_eval_probes.cli.console import tidy_console
     from lm_eval_probes.reports.report import build_report
-    from lm_eval_probes.sweep import parse_config, run_sweep
+    from lm_eval_probes.sweep.config import parse_config
+    from lm_eval_probes.sweep.runner import run_sweep
 
     config = parse_config(sweep_config(args))
     leaderboard = Path(args.output_path) / "leaderboard"

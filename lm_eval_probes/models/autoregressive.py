@@ -1,24 +1,31 @@
 """``hf-probes``: lm_eval's ``HFLM`` that also probes the hidden states of every response it scores.
 
 Thin by design (like lm_eval's ``hf_steered``): HFLM does all batching, padding, reordering and
-generation; this subclass only
+generation; this subclass overrides six of its methods besides ``__init__`` — four public
+(``create_from_arg_string``, ``set_cache_hook``, ``loglikelihood``, ``generate_until``) and two private
+(``_loglikelihood_tokens``: where the requests' token ids exist; ``_model_generate``: where a generation's
+ids and states exist) — and keeps what one call needs in one object (``self._call``):
 
-* loglikelihood — taps the harness's own forward (no extra pass) with :func:`hidden_state_tap`,
-  probes each computed row in ``_select_cont_toks`` (called once per row, in row order) and hands
-  each answered request its trailing slice of that row through a tap on ``cache_hook.add_partial``
-  (called once per request with its ``(context, continuation)`` key);
+* loglikelihood — taps the harness's own forward (no extra pass): a pre-hook on the model tells
+  :class:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows` each batch (it finds each row's request by its
+  ids, and has the model unembed only the positions HFLM reads), and each answered request (a tap on
+  ``cache_hook.add_partial``, called once per request with its ``(context, continuation)`` key) takes its
+  response positions' states from the latest batch;
 * generate_until — probes the kept tokens of every generation (``probe_gen_capture``: one
   teacher-forced forward over prompt + generated ids, or states recorded during decoding). Ω always
   reads the teacher-forced states (its blocks need whole sequences; decoding-time states are single
   positions), so with ``probes`` including ``omega`` and ``probe_gen_capture=generate`` that one extra
   forward runs anyway;
-* Ω (``probes=omega``) — the :class:`~lm_eval_probes.architectures.FocalDepthDecoder` re-runs the last
+* Ω (``probes=omega``) — the :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` re-runs the last
   m blocks on every source layer's states of the same forward (loglikelihood: the harness's own);
-* stability margins (``probes=margin``) — :class:`~lm_eval_probes.margin_capture.FirstLayerMargins` hooks the
+* stability margins (``probes=margin``) — :class:`~lm_eval_probes.capture.margins.FirstLayerMargins` hooks the
   first attention layer's inputs in the same forwards (loglikelihood: the harness's own; generation:
   ``generate``'s own calls, joined into the whole sequence) and reduces each response's sequence at once;
 * returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
   responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
+
+What a multiple-choice document needs (which option the task reads) comes on the requests
+(:class:`~lm_eval_probes.records.ProbeRequest`, set by the task's ``construct_requests``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import inspect
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (built-in registry entries before ours; see integration notes)
@@ -40,33 +48,34 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import postprocess_generated_text
 
 import lm_eval_probes
-from lm_eval_probes.architectures import FocalDepthDecoder, LensReadout
-from lm_eval_probes.capture import (
+from lm_eval_probes.capture.loglikelihood import (
     LensPlan,
     LoglikelihoodRows,
     OptionGroup,
-    PositionProbes,
-    block_inputs_of,
-    hidden_state_tap,
+    RequestRows,
+    logits_read_only,
     loglikelihood_rows,
-    masked_mean_states,
-    position_probes_of_spans,
 )
+from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
+from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, masked_mean_states, position_probes_of_spans
+from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
-from lm_eval_probes.integration import (
-    MODEL_NAME,
-    answers_tapped,
-    namespace_response_cache,
-    note_unprobed_requests,
-    probed_task,
-    register_rows,
-    take_ranks_from_accelerate,
-)
-from lm_eval_probes.margin_capture import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
+from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.probes import central_window
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
+
+
+@dataclass
+class _GenerationCall:
+    """What one ``generate_until`` call collects from its ``_model_generate`` calls, per generated row in order:
+    ``(generated ids, position probes, prompt tokens, reader prompt states, (expected text, kept tokens))``, and
+    (``probes=margin``) each row's margins."""
+
+    rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]]
+    margins: deque[GenerationMargins] | None
 
 
 @register_model(MODEL_NAME)
@@ -78,13 +87,7 @@ class ProbeHFLM(HFLM):
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
-        self._loglikelihood_rows: LoglikelihoodRows | None = None  # set inside loglikelihood
-        self._gen_rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]] | None = None
-        self._margin_rows: MarginRows | None = None  # probes=margin, inside loglikelihood
-        self._gen_margins: deque[GenerationMargins] | None = None  # probes=margin, inside generate_until
-        self._longest_continuation: int | None = None  # inside _loglikelihood_tokens: the call's longest continuation
-        self._continuation_of_row: dict[int, int] = {}  # and each row's longest one, by the hash of its input ids
-        self._logit_offset = 0  # the first position of the latest forward's logits (see _first_read_position)
+        self._call: RequestRows | LoglikelihoodRows | _GenerationCall | None = None  # what the current loglikelihood / generate_until call collects
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
@@ -125,27 +128,33 @@ class ProbeHFLM(HFLM):
     # ----------------------------------------------------------------------------- loglikelihood
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
-        if self.readout is None:
-            return super().loglikelihood(requests, disable_tqdm)
+        keep_logits = next(iter(self._one_logit), None)
+        if self.readout is None:  # no probes: the logits HFLM reads only
+            self._call = RequestRows()
+            try:
+                with logits_read_only(self.model, self._call.new_batch, keep_logits):
+                    return super().loglikelihood(requests, disable_tqdm)
+            finally:
+                self._call = None
         note_unprobed_requests(requests)
         plan = LensPlan() if self._responses_cached else lens_plan(requests)
         with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder,
-                                plan) as rows, self._margin_capture() as first_layer:
-            self._loglikelihood_rows = rows
+                                plan, keep_logits_argument=keep_logits) as rows, \
+                self._margin_capture() as first_layer:
             margin_rows = None if first_layer is None else MarginRows(
-                self.margin_reader, first_layer, support=self.probe_config.margin_support)
-            self._margin_rows = margin_rows
+                self.margin_reader, first_layer, support=self.probe_config.margin_support, locate=rows.locate)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
                 if margin_rows is not None:
                     margin_rows.on_answer(attr, req, answer)
 
+            self._call = rows
             try:
                 with answers_tapped(self, on_answer, forward_partials=False):
                     answers = super().loglikelihood(requests, disable_tqdm)
             finally:
-                self._loglikelihood_rows = self._margin_rows = None
+                self._call = None
         out = []
         for req, answer in zip(requests, answers, strict=True):
             probe = rows.probes.get(tuple(req.args))
@@ -153,6 +162,13 @@ class ProbeHFLM(HFLM):
                 probe = self._with_margins(probe, margin_rows.summaries.get(tuple(req.args)))
             out.append(ProbeLL(answer, probe))
         return out
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
+        """HFLM's, with the tokenized requests noted first (each request's row, by which the rows of every batch
+        are found)."""
+        if isinstance(self._call, (RequestRows, LoglikelihoodRows)):
+            self._call.note_requests(requests, self.max_length)
+        return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
     @contextmanager
     def _margin_capture(self, *, join: bool = False) -> Iterator[Any]:
@@ -173,80 +189,6 @@ class ProbeHFLM(HFLM):
             margin_support_values=summary.values,
         )
 
-    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
-        if self._loglikelihood_rows is not None:
-            self._loglikelihood_rows.note_requests(requests)
-        self._longest_continuation = max((len(req[2]) for req in requests), default=None)
-        self._continuation_of_row = {}
-        for _, context_ids, continuation_ids in requests:  # HFLM's row of a request: (context + continuation)[-(max_length + 1):][:-1]
-            row = hash(tuple((list(context_ids) + list(continuation_ids))[-(self.max_length + 1):][:-1]))
-            self._continuation_of_row[row] = max(self._continuation_of_row.get(row, 0), len(continuation_ids))
-        try:
-            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
-        finally:
-            self._longest_continuation, self._continuation_of_row, self._logit_offset = None, {}, 0
-
-    def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self._loglikelihood_rows is not None:
-            self._loglikelihood_rows.new_batch()
-        first = self._first_read_position(inps) if attn_mask is None and labels is None else 0
-        self._logit_offset = first
-        if first == 0:
-            logits = super()._model_call(inps, attn_mask=attn_mask, labels=labels)
-        else:  # HFLM's own call, with the logits of the positions it reads only (a keyword added by a pre-hook)
-            (name, _), = self._one_logit.items()
-            keep = inps.shape[1] - first
-            handle = self.model.register_forward_pre_hook(lambda _m, args, kwargs: (args, {**kwargs, name: keep}),
-                                                          with_kwargs=True)
-            try:
-                logits = super()._model_call(inps)
-            finally:
-                handle.remove()
-        if self._margin_rows is not None:
-            self._margin_rows.after_forward()
-        return logits
-
-    def _detect_batch_size(self, requests: Sequence[Any] | None = None, pos: int = 0) -> int:
-        """HFLM's search, with the full ``[B, T, V]`` logits (the most a batch can need): a batch of varied
-        lengths may read more positions than the search's batch of equal ones."""
-        longest, self._longest_continuation = self._longest_continuation, None
-        try:
-            return super()._detect_batch_size(requests, pos)
-        finally:
-            self._longest_continuation = longest
-
-    def _first_read_position(self, inps: torch.Tensor) -> int:
-        """The first position whose logits HFLM's loglikelihood reads in this right-padded batch, or 0.
-
-        Row i reads the c_i positions before its input length n_i (HFLM pads on the right with zeros), so no
-        row reads a position before min_i (n_i − c_i). n_i is bounded from below by stripping trailing zeros
-        (a real trailing zero id only lowers it), and c_i is the longest continuation of the requests whose
-        row these ids are (or, when the stripped ids match none, the call's longest; rows are looked up by the hash
-        of their ids, which a call holds instead of the ids, and rows whose hashes collide share the longer
-        continuation, which only keeps more logits). The model then unembeds
-        the positions from there on (``logits_to_keep``), and HFLM's own arithmetic (``ctx_len = inplen +
-        logits.shape[0] − padding_len_inp``) finds each row's continuation in the shorter tensor: the same
-        values, without the ``[B, T, V]`` logits of the prompts (on a 262k vocabulary, most of a forward's
-        FLOPs and memory).
-        """
-        if self._longest_continuation is None or not self._one_logit or inps.dim() != 2:
-            return 0
-        real = inps != 0
-        lengths = (inps.shape[1] - real.flip(1).int().argmax(dim=1)) * real.any(dim=1)
-        first = inps.shape[1]
-        for ids, n in zip(inps.tolist(), lengths.tolist()):
-            first = min(first, n - self._continuation_of_row.get(hash(tuple(ids[:n])), self._longest_continuation))
-        return max(0, first)
-
-    def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None, inplen: int | None = None) -> torch.Tensor:
-        if inplen is not None:  # HFLM's position in the logits → the position in the sequence (and its states)
-            position = inplen + self._logit_offset
-            if self._loglikelihood_rows is not None:
-                self._loglikelihood_rows.add_row(position, contlen)
-            if self._margin_rows is not None:
-                self._margin_rows.add_row(position)
-        return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
-
     # ----------------------------------------------------------------------------- generation
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
@@ -254,12 +196,11 @@ class ProbeHFLM(HFLM):
             return super().generate_until(requests, disable_tqdm)
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        self._gen_rows = deque()
-        self._gen_margins = None if self.margin_reader is None else deque()
+        call = _GenerationCall(deque(), None if self.margin_reader is None else deque())
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generated, rows, prompt_tokens, prompt_states, predicted = self._gen_rows.popleft()
+                generated, rows, prompt_tokens, prompt_states, predicted = call.rows.popleft()
                 ends = _LazyDecodedLengths(self, generated)
                 if text != predicted[0] and text and ends[len(ends) - 1] < len(text):
                     raise RuntimeError(
@@ -273,20 +214,22 @@ class ProbeHFLM(HFLM):
                     tail=self.probe_config.reader_tail, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                 )
-                if self._gen_margins is not None:
-                    margins = self._gen_margins.popleft().summary(kept, self.probe_config.margin_support)
+                if call.margins is not None:
+                    margins = call.margins.popleft().summary(kept, self.probe_config.margin_support)
                     probe = self._with_margins(probe, margins)
                 probes[(req[0], text)].append(probe)
 
+        self._call = call
         try:
             with answers_tapped(self, on_answer, forward_partials=False):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
-            self._gen_rows = self._gen_margins = None
+            self._call = None
         return with_generation_probes(requests, texts, probes)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
-        if self.readout is None or self._gen_rows is None:
+        call = self._call
+        if self.readout is None or not isinstance(call, _GenerationCall):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
@@ -302,8 +245,8 @@ class ProbeHFLM(HFLM):
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
-        if first_layer is not None and self._gen_margins is not None:
-            self._gen_margins.extend(generation_margins(self.margin_reader, first_layer, prompt_len, bounds))
+        if first_layer is not None and call.margins is not None:
+            call.margins.extend(generation_margins(self.margin_reader, first_layer, prompt_len, bounds))
         teacher_forced = block_inputs = None
         if not during or self.focal_decoder is not None:
             with block_inputs_of(self.focal_decoder) as block_inputs:
@@ -332,7 +275,7 @@ class ProbeHFLM(HFLM):
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )
-        self._gen_rows.extend(
+        call.rows.extend(
             (ids.tolist(), probes, int(n), states, kept)
             for ids, probes, n, states, kept in zip(token_ids, rows, prompt_tokens, prompt_states, predicted, strict=True)
         )
@@ -379,26 +322,26 @@ class ProbeHFLM(HFLM):
 
 
 def lens_plan(requests: Sequence[Instance]) -> LensPlan:
-    """The :class:`LensPlan` of one ``loglikelihood`` call: the options of a document of a multiple-choice task
-    with probe rows form a group (the task says which option it reads); every other request needs the lens."""
+    """The :class:`LensPlan` of one ``loglikelihood`` call: the options of a multiple-choice document form a group
+    (its requests' :class:`~lm_eval_probes.records.ProbeRequest` says how many options there are and which one the
+    task reads); every other request needs the lens."""
     documents: dict[tuple[str, Any], list[Instance]] = defaultdict(list)
     always = []
     for req in requests:
-        task = probed_task(req.task_name)
-        if task is not None and getattr(task, "OUTPUT_TYPE", None) == "multiple_choice" and req.doc_id is not None:
+        probe_request = probe_request_of(req)
+        if probe_request is not None and probe_request.options is not None and req.doc_id is not None:
             documents[req.task_name, req.doc_id].append(req)
         else:
             always.append(tuple(req.args))
     groups = []
-    for (name, _), reqs in documents.items():
-        task = probed_task(name)
+    for reqs in documents.values():
         reqs.sort(key=lambda req: req.idx)
-        count = task.option_count(reqs[0].doc)
+        probe_request = probe_request_of(reqs[0])
+        count = probe_request.options
         if [req.idx for req in reqs[:count]] != list(range(count)):  # not the layout the task reads: probe all
             always.extend(tuple(req.args) for req in reqs)
             continue
-        groups.append(OptionGroup(tuple(tuple(req.args) for req in reqs[:count]),
-                                  functools.partial(task.chosen_option_index, reqs[0].doc)))
+        groups.append(OptionGroup(tuple(tuple(req.args) for req in reqs[:count]), probe_request.choose))
         # requests after the options (acc_mutual_info's unconditional ones) are read by no row
         groups.extend(OptionGroup((tuple(req.args),), _never) for req in reqs[count:])
     return LensPlan(groups, always)

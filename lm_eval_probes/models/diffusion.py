@@ -8,15 +8,15 @@ strings and ``--use_cache``; this subclass only
 * loads the model as a masked LM (``AutoModelForMaskedLM`` for masked-LM configs, else the class its
   remote code maps; ``trust_remote_code`` only as the user gives it) and decides its family (LLaDA,
   Dream, generic: :meth:`DiffusionConfig.resolved`) from the config before any weight loads;
-* generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.diffusion.masked_diffusion_decode`
+* generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.models.diffusion_decoding.masked_diffusion_decode`
   (the family's sampler, one seeded generator per row), keeps the family's text (its harness's stop rule)
   and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
   token's reveal-time log-probability, reveal step and final-pass log-probability, its probability of
-  its final token at 25/50/75/100 % of the steps (:func:`~lm_eval_probes.diffusion.trajectory_logprobs`:
+  its final token at 25/50/75/100 % of the steps (:func:`~lm_eval_probes.models.diffusion_decoding.trajectory_logprobs`:
   up to three replayed forwards per batch), and the reader layers' states at the kept positions from the
   final denoising pass;
 * loglikelihood — replaces ``_loglikelihood_tokens`` with the family's Monte-Carlo masked estimate
-  (:func:`~lm_eval_probes.diffusion.mc_loglikelihood`, :func:`~lm_eval_probes.diffusion.dream_mc_loglikelihood`),
+  (:func:`~lm_eval_probes.models.diffusion_decoding.mc_loglikelihood`, :func:`~lm_eval_probes.models.diffusion_decoding.dream_mc_loglikelihood`),
   plus one forward over the unmasked request for the reader's states.
 
 ``docs/diffusion.md`` describes every option and its source in the authors' code.
@@ -39,9 +39,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
-from lm_eval_probes.capture import masked_mean_states
+from lm_eval_probes.capture.positions import masked_mean_states
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
-from lm_eval_probes.diffusion import (
+from lm_eval_probes.models.diffusion_decoding import (
     Decoded,
     Forward,
     Sampler,
@@ -52,17 +52,11 @@ from lm_eval_probes.diffusion import (
     trajectory_logprobs,
     trajectory_steps,
 )
-from lm_eval_probes.diffusion_config import DiffusionConfig, split_diffusion_args
-from lm_eval_probes.integration import (
-    DIFFUSION_MODEL_NAME,
-    answers_tapped,
-    namespace_response_cache,
-    note_unprobed_requests,
-    register_rows,
-    take_ranks_from_accelerate,
-)
+from lm_eval_probes.models.diffusion_config import DiffusionConfig, split_diffusion_args
+from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
-from lm_eval_probes.rows import TRAJECTORY_PERCENTS
+from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -141,8 +135,8 @@ class DiffusionProbeHFLM(HFLM):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
-        self._generations: deque[_Generation] | None = None  # set inside generate_until
-        self._ll_probes: dict[tuple[str, str], ResponseProbe] = {}
+        # what the current call collects: generate_until each row's _Generation, loglikelihood each request's probe
+        self._call: deque[_Generation] | dict[tuple[str, str], ResponseProbe] | None = None
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
@@ -232,20 +226,21 @@ class DiffusionProbeHFLM(HFLM):
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
         kept_texts: dict[tuple[str, str], deque[str]] = defaultdict(deque)
-        self._generations = deque()
+        generations: deque[_Generation] = deque()
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generation = self._generations.popleft()
+                generation = generations.popleft()
                 kept = text if generation.text is None else generation.text
                 probes[(req[0], kept)].append(self._generation_probe(generation, kept))
                 kept_texts[(req[0], text)].append(kept)
 
+        self._call = generations
         try:
             with answers_tapped(self, on_answer, forward_partials=False):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
-            self._generations = None
+            self._call = None
         texts = [kept_texts[(req.args[0], text)].popleft() for req, text in zip(requests, texts, strict=True)]
         return with_generation_probes(requests, texts, probes)
 
@@ -284,7 +279,7 @@ class DiffusionProbeHFLM(HFLM):
         until = list(stop[:-1]) if stop and stop[-1] == eos_text else list(stop)  # without the EOS lm_eval appends
         for row in range(tokens.shape[0]):
             generation = self._pending_generation(decoded, row, prompt, prompt_mask, until, steps, at_steps, trajectory[row])
-            self._generations.append(generation)
+            self._call.append(generation)
             if generation.text is None and len(generation.tokens) < tokens.shape[1]:
                 bound = len(generation.tokens)
                 tokens[row, bound:] = tokens[row, bound]
@@ -293,7 +288,7 @@ class DiffusionProbeHFLM(HFLM):
     def _trajectory(self, decoded: Decoded, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
                     at_steps: tuple[int, ...]) -> torch.Tensor:
         """``[B, S, G]`` float64: each canvas position's ln p of its final token at each step of ``at_steps``
-        (:func:`~lm_eval_probes.diffusion.trajectory_logprobs`, one replayed forward per step before the last);
+        (:func:`~lm_eval_probes.models.diffusion_decoding.trajectory_logprobs`, one replayed forward per step before the last);
         the last step's row is the decoding's own final pass (``decoded.final_logprob``, the same forward)."""
         last = at_steps[-1]  # trajectory_steps always ends at the last step
         earlier = [step for step in at_steps if step != last]
@@ -402,24 +397,25 @@ class DiffusionProbeHFLM(HFLM):
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         note_unprobed_requests(requests)
-        self._ll_probes = {}
+        probes: dict[tuple[str, str], ResponseProbe] = {}
+        self._call = probes
         try:
             answers = super().loglikelihood(requests, disable_tqdm)
-            return [ProbeLL(answer, self._ll_probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
         finally:
-            self._ll_probes = {}
-
-    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
-        raise NotImplementedError(
-            "hf-probes-diffusion has no rolling (perplexity) log-likelihood: a masked diffusion LM's likelihood is "
-            "only estimated (Monte Carlo, per request); use generation or multiple-choice tasks"
-        )
+            self._call = None
+        return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[tuple[float, bool]]:
-        """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``."""
+        """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``. HFLM's rolling
+        (perplexity) windows come without a key: refused."""
         config = self.diffusion_config
         out = []
         for key, context_ids, continuation_ids in requests:
+            if key is None:
+                raise NotImplementedError(
+                    "hf-probes-diffusion has no rolling (perplexity) log-likelihood: a masked diffusion LM's likelihood "
+                    "is only estimated (Monte Carlo, per request); use generation or multiple-choice tasks"
+                )
             if not continuation_ids:
                 raise ValueError(f"an empty continuation cannot be scored by hf-probes-diffusion: {key!r}")
             room = self.max_length - len(continuation_ids)
@@ -442,8 +438,8 @@ class DiffusionProbeHFLM(HFLM):
                 )
             greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
             answer = (estimate, greedy)
-            if key is not None:  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
-                self._ll_probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
+            if isinstance(self._call, dict):  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
+                self._call[key] = self._likelihood_probe(forward, context, continuation, estimate)
             out.append(answer)
         return out
 

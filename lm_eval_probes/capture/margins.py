@@ -23,7 +23,7 @@ one-position calls are joined into the whole sequence (no extra forward).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.architectures import UnsupportedModelError
+from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.config import MARGIN_HEAD_REDUCTIONS
 from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, rotate_half, support_tokens
 
@@ -245,34 +245,30 @@ class FirstLayerMargins:
 class MarginRows:
     """Bookkeeping of one ``loglikelihood`` call for ``probes=margin``, beside HFLM's own batching.
 
-    After each forward (:meth:`after_forward`) the margins of every row of the batch are computed at once;
-    HFLM then names each row's input length in row order (:meth:`add_row`, from ``_select_cont_toks``) and
-    answers the row's requests (:meth:`on_answer`, from ``cache_hook.add_partial``). A request's margins are
-    those of the row's input positions ``[0, input length)``: its context and all but its last continuation
-    token (what the model saw). Only the current batch's ``[B, T]`` margins are held.
+    HFLM answers each row's requests (:meth:`on_answer`, from ``cache_hook.add_partial``) after the row's forward;
+    ``locate`` (:meth:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows.locate`) names the request's row in
+    that batch and its input length. The margins of the batch are computed once, at its first answer. A request's
+    margins are those of the row's input positions ``[0, input length)``: its context and all but its last
+    continuation token (what the model saw). Only the current batch's ``[B, T]`` margins are held.
     """
 
-    def __init__(self, reader: FirstLayerMargins, inputs: FirstLayerInputs, *, support: int) -> None:
-        self.reader, self.inputs, self.support = reader, inputs, support
+    def __init__(self, reader: FirstLayerMargins, inputs: FirstLayerInputs, *, support: int,
+                 locate: Callable[[Any], tuple[int, int, int] | None]) -> None:
+        self.reader, self.inputs, self.support, self.locate = reader, inputs, support, locate
         self.summaries: dict[Any, MarginSummary] = {}
+        self._segment: dict[str, Any] | None = None
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._next_row = 0
-        self._row: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def after_forward(self) -> None:
-        self._batch = self.reader.of_segment(self.inputs.latest())
-        self._next_row, self._row = 0, None
-
-    def add_row(self, input_length: int) -> None:
-        if self._batch is None:
-            return
-        margins, ids = self._batch
-        row, self._next_row = self._next_row, self._next_row + 1
-        self._row = (margins[row, :input_length], ids[row, :input_length])
 
     def on_answer(self, attr: str, request_key: Any, _answer: Any) -> None:
-        if attr == "loglikelihood" and self._row is not None:
-            self.summaries[request_key] = summarize_margins(*self._row, self.support)
+        located = self.locate(request_key) if attr == "loglikelihood" else None
+        if located is None:
+            return
+        segment = self.inputs.latest()
+        if segment is not self._segment:  # the first answer of a new batch
+            self._segment, self._batch = segment, self.reader.of_segment(segment)
+        margins, ids = self._batch
+        row, input_length, _ = located
+        self.summaries[request_key] = summarize_margins(margins[row, :input_length], ids[row, :input_length], self.support)
 
 
 @dataclass(frozen=True)

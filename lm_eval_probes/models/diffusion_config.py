@@ -91,7 +91,7 @@ class DiffusionConfig:
         logits_shift: whether position i's logits predict token i + 1 (``diffusion_logits_shift``; Dream,
             adapted from an autoregressive model, does this); the logits are then shifted right by one.
         alg: the sampler (``diffusion_alg``): LLaDA's ``low_confidence`` / ``random`` or Dream's ``origin``
-            / ``maskgit_plus`` / ``topk_margin`` / ``entropy`` (:mod:`lm_eval_probes.diffusion`).
+            / ``maskgit_plus`` / ``topk_margin`` / ``entropy`` (:mod:`lm_eval_probes.models.diffusion_decoding`).
         temperature: sampling temperature (``diffusion_temperature``; 0 = greedy); LLaDA: Gumbel-max,
             Dream: a categorical draw, both from generators seeded by ``seed`` and the prompt.
         top_p, top_k: Dream's nucleus / top-k filters (``diffusion_top_p``, ``diffusion_top_k``).

@@ -1,0 +1,12 @@
+"""Hidden states taken out of the model's own forwards and reduced at once.
+
+* :mod:`.readouts` — the one place that knows each architecture's final norm, unembedding and logit transform
+  (:class:`~lm_eval_probes.capture.readouts.LensReadout`) and re-runs its last blocks for Ω
+  (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`);
+* :mod:`.positions` — the hidden-state hooks and the per-position probe values of a response span;
+* :mod:`.loglikelihood` — the bookkeeping of one ``loglikelihood`` call (which answers need the lens, each answered
+  request's states out of the batch);
+* :mod:`.margins` — the first attention layer's inputs and the stability margins of ``probes=margin``.
+
+The math itself lives in :mod:`lm_eval_probes.probes`; nothing here imports lm_eval.
+"""

@@ -1,0 +1,64 @@
+"""lm_eval's registries: the models' lazy placeholders and the probe rows as metrics and aggregations.
+
+* :func:`register_model_placeholder` — lazy ``hf-probes`` / ``hf-probes-diffusion`` entries (0.4.13 has no plugin
+  discovery: the ``.pth`` autoload calls it at interpreter start; ``setup.cfg`` also declares the ``lm_eval.models``
+  entry points for the harness's discovery after 0.4.13);
+* :func:`register_rows` — every row of :mod:`lm_eval_probes.rows` as a metric, and the plugin's aggregations
+  (lm_eval auto-imports its built-ins only into an empty registry, so those come first).
+
+Importing this module is cheap (no torch, no lm_eval): the ``.pth`` imports it at every interpreter start.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+MODEL_NAME = "hf-probes"
+MODEL_TARGET = "lm_eval_probes.models.autoregressive:ProbeHFLM"
+DIFFUSION_MODEL_NAME = "hf-probes-diffusion"
+DIFFUSION_MODEL_TARGET = "lm_eval_probes.models.diffusion:DiffusionProbeHFLM"
+
+
+def register_model_placeholder() -> None:
+    """Register the lazy ``hf-probes`` and ``hf-probes-diffusion`` placeholders in lm_eval's model registry
+    (idempotent; no torch)."""
+    import lm_eval.models  # noqa: F401  (built-in placeholders first, else they get hidden)
+    from lm_eval.api.registry import model_registry
+
+    for name, target in ((MODEL_NAME, MODEL_TARGET), (DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET)):
+        if name not in model_registry:
+            model_registry.register(name, target=target)
+
+
+@functools.cache
+def register_rows() -> None:
+    """Register every row of :data:`lm_eval_probes.rows.ROWS` and the plugin's aggregations (once)."""
+    import lm_eval.api.metrics  # noqa: F401  (built-in aggregations such as "mean" first)
+    from lm_eval.api.registry import aggregation_registry, metric_registry, register_aggregation, register_metric
+
+    from lm_eval_probes.rows import AGGREGATIONS, ROWS
+
+    for name, fn in AGGREGATIONS.items():
+        if name not in aggregation_registry:
+            register_aggregation(name)(fn)
+    for row in ROWS:
+        if row.name not in metric_registry:
+            register_metric(metric=row.name, higher_is_better=row.higher_is_better, aggregation=row.aggregation)(
+                _value_made_in_process_results
+            )
+
+
+def _value_made_in_process_results(items: Any) -> Any:
+    """lm_eval's metric registry wants a callable; the probe rows' values are made in ``process_results``."""
+    return items
+
+
+def task_aggregation(row: Any, options: Any) -> Callable[..., Any]:
+    """The aggregation callable of one row for one task (``mean`` is lm_eval's, for its stderr)."""
+    from lm_eval.api.registry import get_aggregation
+
+    from lm_eval_probes.rows import bound_aggregation
+
+    return bound_aggregation(row, options) or get_aggregation(row.aggregation)
