@@ -62,6 +62,9 @@ class Row:
             read from (``support``: the prefix of the three support fields); ``None`` for rows made otherwise.
         at_percent: a trajectory row: the point of the denoising trajectory it reads, in percent of the steps.
         diffusion_only: filled only by ``hf-probes-diffusion`` (records with reveal steps).
+        scored: whether higher (or lower) is better, so that a report shows its direction and may count it as a
+            win; ``False`` for baselines and bookkeeping (lengths, counts, reveal steps), whose
+            ``higher_is_better`` only satisfies lm_eval's registry.
     """
 
     name: str
@@ -73,6 +76,7 @@ class Row:
     field: str | None = None
     at_percent: int | None = None
     diffusion_only: bool = False
+    scored: bool = True
 
     def __post_init__(self) -> None:
         if self.value not in VALUE_KINDS:
@@ -273,22 +277,22 @@ REVEAL_STEP = Row(
     "confidence against reveal order", diffusion_only=True)
 RESPONSE_TOKENS = Row(
     "response_tokens", "float", "mean", False, "probe",
-    "number of response positions probed (an empty generation: 1, the position that chose to stop)")
+    "number of response positions probed (an empty generation: 1, the position that chose to stop)", scored=False)
 EMPTY_RESPONSES = Row(
     "empty_responses", "flag", "probe_count", False, "probe",
-    "generations whose kept text is empty (probed at the position that chose to stop)")
+    "generations whose kept text is empty (probed at the position that chose to stop)", scored=False)
 ANSWER_UNLOCATED = Row(
     "answer_unlocated", "flag", "probe_count", False, "probe",
-    "non-empty generations whose filtered answer was not found in the text (whole generation used)")
+    "non-empty generations whose filtered answer was not found in the text (whole generation used)", scored=False)
 RESPONSE_ROWS: tuple[Row, ...] = (CONFIDENCE, REVEAL_STEP, RESPONSE_TOKENS, EMPTY_RESPONSES, ANSWER_UNLOCATED)
 """The response's own rows (every model, whichever probes)."""
 
 LENGTH_SPEARMAN = Row("length_spearman", "ranked", "probe_spearman", True, "difficulty",
-                      "baseline: Spearman ρ of the response length (tokens) with difficulty")
+                      "baseline: Spearman ρ of the response length (tokens) with difficulty", scored=False)
 PROMPT_LENGTH_SPEARMAN = Row("prompt_length_spearman", "ranked", "probe_spearman", True, "difficulty",
-                             "baseline: Spearman ρ of the prompt length (tokens) with difficulty")
+                             "baseline: Spearman ρ of the prompt length (tokens) with difficulty", scored=False)
 DIFFICULTY_MISSING = Row("difficulty_missing", "flag", "probe_count", False, "difficulty",
-                         "documents without a difficulty label (skipped for every ρ)")
+                         "documents without a difficulty label (skipped for every ρ)", scored=False)
 BASELINE_ROWS: tuple[Row, ...] = (LENGTH_SPEARMAN, PROMPT_LENGTH_SPEARMAN, DIFFICULTY_MISSING)
 """The difficulty rows that are no probe's: the length baselines every ρ is read against, and the unlabelled count."""
 
