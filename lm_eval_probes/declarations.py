@@ -274,7 +274,7 @@ REVEAL_STEP = Row(
     "reveal_step", "float", "mean", False, "probe",
     "masked diffusion (hf-probes-diffusion) only: mean over documents of the mean denoising step (0 = first) at "
     "which the tokens the confidence reads were revealed; with `confidence` per document in --log_samples, "
-    "confidence against reveal order", diffusion_only=True)
+    "confidence against reveal order", diffusion_only=True, scored=False)
 RESPONSE_TOKENS = Row(
     "response_tokens", "float", "mean", False, "probe",
     "number of response positions probed (an empty generation: 1, the position that chose to stop)", scored=False)
