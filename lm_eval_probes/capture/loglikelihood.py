@@ -21,7 +21,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.capture.positions import HiddenStateTap, hidden_state_tap, position_probes_of_spans, read_layers, span_positions
+from lm_eval_probes.capture.positions import (
+    HiddenStateTap,
+    hidden_state_tap,
+    position_probes_of_spans,
+    read_layers,
+    span_mean_states,
+    span_positions,
+)
 from lm_eval_probes.capture.readouts import BlockInputs, FocalDepthDecoder, LensReadout, block_inputs_of
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -300,8 +307,7 @@ class LoglikelihoodRows:
             return None
         tail = self.config.reader_prompt_tail
         start = max(0, prompt_tokens - tail) if tail else 0
-        means = torch.stack([states[layer][row, start:prompt_tokens].float().mean(0) for layer in self.reader_layers])
-        return LayerStates(self.reader_layers, means.cpu().numpy())
+        return span_mean_states(self.reader_layers, [states[layer][row, start:prompt_tokens] for layer in self.reader_layers])
 
 
 @contextmanager

@@ -202,13 +202,9 @@ class PositionProbes:
         if self.reader_states is not None:
             states = self.reader_states[:, start:stop]
             if n:
-                values["answer_states"] = LayerStates(self.reader_layers, states.double().mean(1).float().numpy())
+                values["answer_states"] = answer_mean_states(self.reader_layers, states)
             if n and tail:
-                kept = states[:, -tail:]
-                packed = kept.half()
-                if not bool(torch.isfinite(packed).all()):  # beyond float16's ±65504 (Gemma's residual stream)
-                    packed = kept.float()
-                values["tail_states"] = LayerStates(self.reader_layers, packed.numpy())
+                values["tail_states"] = compact_states(self.reader_layers, states[:, -tail:])
             values["prompt_states"] = prompt_states
         if token_ends is not None:
             if len(token_ends) != n:
@@ -384,6 +380,26 @@ def position_probes(
     return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window,
                           bte_transitions=(first, last) if want_bte else None, bte_features=config.bte_features,
                           reader_layers=reader_layers, **tensors)
+
+
+def span_mean_states(layers: Sequence[int], spans: Sequence[torch.Tensor]) -> LayerStates:
+    """The reader's states of one span: per layer of ``layers``, the float32 mean over positions of its ``[n, H]``
+    span (the prompt of a loglikelihood request, or a masked-diffusion request's context and continuation)."""
+    return LayerStates(tuple(layers), torch.stack([span.float().mean(0) for span in spans]).cpu().numpy())
+
+
+def answer_mean_states(layers: Sequence[int], states: torch.Tensor) -> LayerStates:
+    """The reader's answer states: ``[k, n, H]`` states of the response positions, averaged over positions in float64."""
+    return LayerStates(tuple(layers), states.double().mean(1).float().numpy())
+
+
+def compact_states(layers: Sequence[int], states: torch.Tensor) -> LayerStates:
+    """``[k, m, H]`` states kept one by one: float16, or float32 where a value exceeds float16's range (±65504, as in
+    Gemma's residual stream)."""
+    packed = states.half()
+    if not bool(torch.isfinite(packed).all()):
+        packed = states.float()
+    return LayerStates(tuple(layers), packed.numpy())
 
 
 def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layers: Sequence[int]) -> list[LayerStates]:
