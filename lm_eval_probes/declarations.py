@@ -310,6 +310,15 @@ CONFIDENCE_ROWS: tuple[Row, ...] = (
         "accuracy on the 50% most confident documents"),
     Row("selective_acc_80", "confidence", "probe_selective_acc_80", True, "confidence",
         "accuracy on the 80% most confident documents"),
+    Row("prr", "confidence", "probe_prr", True, "confidence",
+        "prediction rejection ratio (lm-polygraph): (A − accuracy) / (A_oracle − accuracy), A = mean over k of the "
+        "accuracy of the k most confident documents; 1 = the oracle's order, 0 = random"),
+    Row("ece_10_bin", "confidence", "probe_ece_10_bin", False, "confidence",
+        "HELM's ece_10_bin: ECE over 10 equal-mass bins drawn as HELM draws them (boundaries at the midpoints "
+        "between chunks of the sorted confidences)"),
+    Row("selective_cov_acc_area", "confidence", "probe_selective_cov_acc_area", True, "confidence",
+        "HELM's selective_cov_acc_area: area under the coverage–accuracy curve (= 1 − aurc; ties as their "
+        "expectation)"),
 )
 """Calibration and selective prediction of the response's confidence (tasks whose correctness is defined)."""
 

@@ -2,7 +2,8 @@
 
 Per-document values come from ``ProbeResults.process_results`` (gathered across ranks by lm_eval):
 
-* ``(confidence, correct)`` pairs for ``ece``, ``selective_auroc``, ``aurc`` and ``selective_acc_50/80``,
+* ``(confidence, correct)`` pairs for ``ece``, ``selective_auroc``, ``aurc``, ``selective_acc_50/80``, ``prr``,
+  ``ece_10_bin`` and ``selective_cov_acc_area``,
   ``(confidence, correct, document)`` for ``ece_scaled`` and ``(1 − confidence, noised)`` for
   ``corruption_confidence_auroc``;
 * :class:`~lm_eval_probes.records.ReaderRecord` for ``lcr_auroc``, ``lcr_ece`` and ``corruption_auroc``.
@@ -33,8 +34,10 @@ from lm_eval_probes.probes.calibration import (
     BINNINGS,
     accuracy_at_coverage_score,
     aurc_error,
+    coverage_accuracy_area_score,
     expected_calibration_error,
     out_of_fold_temperature_scale,
+    prediction_rejection_ratio_score,
     selective_auroc_score,
 )
 from lm_eval_probes.probes.reader import ReaderScores, reader_auroc_score, reader_scores
@@ -49,7 +52,8 @@ class CalibrationOptions:
 
     Attributes:
         ece_bins: number of ECE bins (``ece_bins``, default 15 as in the paper).
-        ece_binning: ``uniform`` (equal width, the paper) or ``quantile`` (equal mass, HELM).
+        ece_binning: ``uniform`` (equal width, the paper), ``quantile`` (equal mass, by rank, ties kept whole) or
+            ``helm`` (equal mass as HELM draws them; the ``ece_10_bin`` row is HELM's ECE whatever this says).
         reader_protocol: ``cross_fit`` (5-fold out-of-fold over the run's documents) or ``split``
             (the paper's fixed calibration / test split).
         reader_folds: outer folds of ``cross_fit`` (``reader_folds``).
@@ -126,6 +130,20 @@ def auroc_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = Cali
 
 def aurc_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
     return aurc_error(*confidence_pairs(items))
+
+
+def prr_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
+    return prediction_rejection_ratio_score(*confidence_pairs(items))
+
+
+def helm_ece_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
+    """HELM's ``ece_10_bin``: 10 equal-mass bins drawn as HELM draws them, whatever the task's ECE options."""
+    c, y = confidence_pairs(items)
+    return expected_calibration_error(c, y, n_bins=10, binning="helm")
+
+
+def coverage_accuracy_row(items: Iterable[Sequence[Any]], options: CalibrationOptions = CalibrationOptions()) -> float:
+    return coverage_accuracy_area_score(*confidence_pairs(items))
 
 
 def coverage_row(coverage: float) -> Callable[..., float]:
@@ -219,6 +237,9 @@ CALIBRATION_ROWS: dict[str, Callable[..., float]] = {
     "aurc": aurc_row,
     "selective_acc_50": coverage_row(0.5),
     "selective_acc_80": coverage_row(0.8),
+    "prr": prr_row,
+    "ece_10_bin": helm_ece_row,
+    "selective_cov_acc_area": coverage_accuracy_row,
     "lcr_auroc": reader_auroc_row,
     "lcr_ece": reader_ece_row,
     "corruption_auroc": reader_auroc_row,

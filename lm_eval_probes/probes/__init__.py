@@ -32,6 +32,8 @@ _SOURCES: dict[str, str] = {
     "accuracy_at_coverage_score": "calibration",
     "aurc_error": "calibration",
     "binary_nll_loss": "calibration",
+    "coverage_accuracy_area_score": "calibration",
+    "prediction_rejection_ratio_score": "calibration",
     "expected_calibration_error": "calibration",
     "fit_temperature": "calibration",
     "out_of_fold_temperature_scale": "calibration",

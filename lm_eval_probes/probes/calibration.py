@@ -1,12 +1,15 @@
 """Calibration and selective prediction of a confidence score against 0/1 correctness.
 
 Source: "Unsure but Certain" (arXiv 2608.08791): expected calibration error with 15 equal-width
-bins (the paper) and equal-mass bins (HELM's convention, 10 bins there); selective-prediction
+bins (the paper) and equal-mass bins (HELM's convention, 10 bins there, drawn its way with ``binning="helm"``); selective-prediction
 AUROC (does confidence rank correct answers above wrong ones); AURC, the area under the
 risk–coverage curve (Geifman et al., "Bias-Reduced Uncertainty Estimation for Deep Neural
 Classifiers", ICLR 2019); accuracy at coverage 0.5 and 0.8; temperature scaling fitted by NLL
 (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017), which is a monotone map of
-confidence and so cannot change AUROC.
+confidence and so cannot change AUROC. Scores users compare against elsewhere: lm-polygraph's prediction
+rejection ratio (:func:`prediction_rejection_ratio_score`), and HELM's equal-mass ECE (``binning="helm"``,
+10 bins: HELM's ``ece_10_bin``) and coverage–accuracy area (:func:`coverage_accuracy_area_score`: HELM's
+``selective_cov_acc_area``).
 
 Inputs everywhere: ``confidence`` is a 1-D array-like of finite floats in [0, 1] and ``correct``
 a 1-D array-like of 0/1 (or bool) of the same length. Bad inputs raise :class:`ValueError`
@@ -40,17 +43,19 @@ __all__ = [
     "accuracy_at_coverage_score",
     "aurc_error",
     "binary_nll_loss",
+    "coverage_accuracy_area_score",
     "expected_calibration_error",
     "fit_temperature",
     "out_of_fold_temperature_scale",
+    "prediction_rejection_ratio_score",
     "reliability_diagram",
     "risk_coverage_curve",
     "selective_auroc_score",
     "temperature_scale",
 ]
 
-BINNINGS: tuple[str, ...] = ("uniform", "quantile")
-"""Valid ``binning`` values: equal-width bins over [0, 1] and equal-mass bins."""
+BINNINGS: tuple[str, ...] = ("uniform", "quantile", "helm")
+"""Valid ``binning`` values: equal-width bins over [0, 1], equal-mass bins, and equal-mass bins as HELM draws them."""
 
 NLL_CLIP: float = 1e-12
 """:func:`binary_nll_loss` clips probabilities to [NLL_CLIP, 1 − NLL_CLIP]."""
@@ -160,6 +165,20 @@ def _quantile_bin_index(c: np.ndarray, n_bins: int) -> np.ndarray:
     return np.minimum(group_bin, n_bins - 1)[inverse.reshape(-1)]
 
 
+def _helm_bin_index(c: np.ndarray, n_bins: int) -> np.ndarray:
+    """Equal-mass bins as HELM's ``ece_10_bin`` draws them (the ``uncertainty-calibration`` library's
+    ``get_equal_bins``): the ascending confidences split into min(n_bins, n) chunks by ``np.array_split`` (the
+    first n mod n_bins chunks one longer), a boundary at the midpoint between each chunk's last and the next
+    chunk's first confidence, the last boundary 1; a confidence goes to the first bin whose boundary is >= it (a
+    confidence on a boundary stays in the lower bin; equal boundaries merge their bins)."""
+    n = c.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.intp)
+    chunks = np.array_split(np.sort(c), min(n_bins, n))
+    boundaries = [(chunks[i][-1] + chunks[i + 1][0]) / 2.0 for i in range(len(chunks) - 1)] + [1.0]
+    return np.searchsorted(np.unique(boundaries), c, side="left")
+
+
 @dataclass(frozen=True, eq=False)
 class ReliabilityDiagram:
     """Per-bin statistics of a confidence score, all read-only numpy arrays of shape ``[n_bins]``.
@@ -227,13 +246,15 @@ def reliability_diagram(
         confidence: ``[n]`` finite floats in [0, 1].
         correct: ``[n]`` 0/1 or bool.
         n_bins: number of bins, an integer >= 1 (paper: 15 with ``"uniform"``; HELM: 10 with
-            ``"quantile"``).
+            ``"helm"``).
         binning: ``"uniform"``: equal-width bins, bin i = (i/n_bins, (i+1)/n_bins], with
             confidence exactly 0 put in the first bin (so every value in [0, 1] has a bin).
             ``"quantile"``: equal-mass bins: after sorting by confidence, position p (0-based) goes
             to bin ⌊p·n_bins/n⌋, so with distinct confidences bin sizes differ by at most 1; a group
             of identical confidences goes whole to the bin of its mid-rank (first + last position)/2,
             so ties share a bin (bins may then be uneven, or empty). n < n_bins leaves empty bins.
+            ``"helm"``: equal-mass bins as HELM draws them (:func:`_helm_bin_index`: chunks of the sorted
+            confidences, boundaries at their midpoints); bins past the last boundary stay empty.
 
     Returns:
         A :class:`ReliabilityDiagram` with ``[n_bins]`` arrays; empty bins have nan mean
@@ -246,7 +267,7 @@ def reliability_diagram(
     c, y = _check_inputs(confidence, correct)
     n_bins = _check_n_bins(n_bins)
     binning = _check_binning(binning)
-    index = _uniform_bin_index(c, n_bins) if binning == "uniform" else _quantile_bin_index(c, n_bins)
+    index = {"uniform": _uniform_bin_index, "quantile": _quantile_bin_index, "helm": _helm_bin_index}[binning](c, n_bins)
     count = np.bincount(index, minlength=n_bins).astype(np.int64)
     filled = count > 0
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -281,7 +302,7 @@ def expected_calibration_error(
     acc_b and conf_b are the accuracy and mean confidence of the n_b documents in bin b, binned
     exactly as :func:`reliability_diagram` does (this calls it): ``"uniform"`` = equal-width bins
     (i/n_bins, (i+1)/n_bins] with confidence 0 in the first bin (paper: 15 bins); ``"quantile"`` =
-    equal-mass bins, ties kept in one bin (HELM: 10 bins).
+    equal-mass bins by rank, ties kept in one bin; ``"helm"`` = equal-mass bins as HELM draws them (10 bins there).
 
     Args:
         confidence: ``[n]`` finite floats in [0, 1].
@@ -389,6 +410,48 @@ def aurc_error(confidence: ArrayLike, correct: ArrayLike) -> float:
     if risk.size == 0:
         return _undefined("AURC is undefined for empty input; returning nan")
     return float(np.mean(risk))
+
+
+def coverage_accuracy_area_score(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Area under the coverage–accuracy curve: (1/n)·Σ_{k=1..n} accuracy of the k most confident = 1 − AURC.
+
+    HELM's ``selective_cov_acc_area``, and lm-polygraph's prediction-rejection area for a 0/1 quality. Ties are
+    the expectation over uniformly random tie-breaking (as in :func:`risk_coverage_curve`); HELM breaks them in
+    ``np.argsort(-confidence)``'s order, so with tied confidences the two may differ.
+
+    Returns:
+        The area in [0, 1]; higher is better. Empty input: UndefinedMetricWarning and nan.
+    """
+    _, risk = risk_coverage_curve(confidence, correct)
+    if risk.size == 0:
+        return _undefined("the coverage-accuracy area is undefined for empty input; returning nan")
+    return float(np.mean(1.0 - risk))
+
+
+def prediction_rejection_ratio_score(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Prediction rejection ratio (lm-polygraph's PRR; Malinin et al.): how much of the oracle's gain over random
+    rejection the confidence achieves, PRR = (A − A_random) / (A_oracle − A_random).
+
+    A is the prediction-rejection area, the mean over k = 1..n of the accuracy of the k most confident documents
+    (:func:`coverage_accuracy_area_score`); A_oracle is the same with every correct document first; A_random,
+    its expectation under a random order, is the accuracy (lm-polygraph estimates it from 1000 random orders).
+
+    Returns:
+        PRR, at most 1 (the oracle's order); 0 = no better than random, negative = worse. Empty input, or only
+        correct or only wrong documents (the oracle is then no better than random): UndefinedMetricWarning and
+        nan.
+    """
+    c, y = _check_inputs(confidence, correct)
+    n = c.shape[0]
+    if n == 0:
+        return _undefined("the prediction rejection ratio is undefined for empty input; returning nan")
+    if np.all(y == y[0]):
+        return _undefined(f"the prediction rejection ratio needs correct and wrong documents, all {int(y[0])}; returning nan")
+    area = coverage_accuracy_area_score(c, y)
+    accuracy = float(np.mean(y))
+    k = np.arange(1, n + 1, dtype=np.float64)
+    oracle = float(np.mean(np.minimum(np.sum(y), k) / k))
+    return (area - accuracy) / (oracle - accuracy)
 
 
 def accuracy_at_coverage_score(confidence: ArrayLike, correct: ArrayLike, *, coverage: float = 0.5) -> float:
