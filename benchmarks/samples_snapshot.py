@@ -76,20 +76,28 @@ def runs() -> dict[str, dict[str, Any]]:
     return out
 
 
-def compare(now: dict, saved: dict, tolerance: float) -> list[str]:
+def compare(now: dict, saved: dict, tolerance: float, *, allow_added: bool = False) -> list[str]:
+    """What moved from ``saved`` to ``now``: rows and per-document values beyond ``tolerance``, and rows or sample keys
+    added or lost (added ones are only listed, with ``allow_added``: a change that adds rows keeps every old one)."""
     moved = []
     for label, run in saved.items():
         for task, results in run["results"].items():
             own = {m["metric"] for m in run["configs"][task]["metric_list"]} if task in run["configs"] else set()
             base, rows = row_values(results, own), row_values(now[label]["results"][task], own)
-            if set(base) != set(rows):
-                moved.append(f"{label} {task}: rows {sorted(set(base) ^ set(rows))} added or lost")
+            lost, added = sorted(set(base) - set(rows)), sorted(set(rows) - set(base))
+            if lost or (added and not allow_added):
+                moved.append(f"{label} {task}: rows lost {lost}, added {added}")
+            elif added:
+                print(f"{label} {task}: rows added {added}")
             for key in sorted(set(base) & set(rows)):
                 if difference(base[key], rows[key]) > tolerance:
                     moved.append(f"{label} {task} row {key}: {base[key]} -> {rows[key]}")
         for task, samples in run["samples"].items():
+            current = now[label]["samples"][task]
+            if allow_added:  # the keys the saved samples had
+                current = [{key: value for key, value in sample.items() if key in samples[0]} for sample in current]
             try:
-                worst = largest_differences(now[label]["samples"][task], samples)
+                worst = largest_differences(current, samples)
             except AssertionError as error:
                 moved.append(f"{label} {task}: samples differ in shape: {error}")
                 continue
@@ -103,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("save", "compare"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--tolerance", type=float, default=0.0)
+    parser.add_argument("--allow_added", action="store_true",
+                        help="compare: new rows and sample keys are listed, not counted as moved (every old one must stay)")
     args = parser.parse_args(argv)
     now = runs()
     target = args.folder / "snapshot.json"
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = {label: sum(len(s) for s in run["samples"].values()) for label, run in now.items()}
         print(f"saved {target}: samples {counts}")
         return 0
-    moved = compare(now, json.loads(target.read_text()), args.tolerance)
+    moved = compare(now, json.loads(target.read_text()), args.tolerance, allow_added=args.allow_added)
     print("\n".join(moved) if moved else f"every row and per-document value as in {target}")
     return 1 if moved else 0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lm_eval_probes.declarations import PROBE_NAMES  # probes=all: every declared probe
@@ -78,6 +78,10 @@ class ProbeConfig:
             (``probe_margin_support``), k >= 0.
         margin_heads: how the first layer's per-head margins combine per position (``probe_margin_heads``):
             ``mean`` (default) or ``min``.
+        save_states: a folder (``probe_save_states=DIR``) where the reader layers' answer and prompt states of
+            every answered request are written (safetensors keyed by task, doc_id and request, with an index;
+            :mod:`lm_eval_probes.capture.saved_states`), for users' own probes; needs the reader probe. Not part
+            of the configuration's identity (``--use_cache`` tables): where states are written changes no value.
     """
 
     probes: tuple[str, ...] = DEFAULT_PROBES
@@ -96,6 +100,7 @@ class ProbeConfig:
     omega_chunk_tokens: int = 16384
     margin_support: int = 5
     margin_heads: str = "mean"
+    save_states: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in PROBE_NAMES]
@@ -138,6 +143,9 @@ class ProbeConfig:
             raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.margin_support}")
         if self.margin_heads not in MARGIN_HEAD_REDUCTIONS:
             raise ValueError(unknown_message("probe_margin_heads", self.margin_heads, MARGIN_HEAD_REDUCTIONS))
+        if self.save_states is not None and "reader" not in self.probes:
+            raise ValueError(f"probe_save_states writes the reader layers' states: add reader to probes (got probes="
+                             f"{'+'.join(self.probes) or 'none'})")
 
     def resolved_reader_layers(self, num_layers: int) -> tuple[int, ...]:
         """The reader layers for a model with ``num_layers`` blocks (``hidden_states`` has L+1 entries)."""
@@ -207,6 +215,10 @@ class ProbeConfig:
                 values[name] = str(values[name]).strip().lower()
         if "reader_layers" in values:
             values["reader_layers"] = _parse_layers(values["reader_layers"])
+        if "save_states" in values:
+            folder = values["save_states"]
+            unset = folder is None or str(folder).strip().lower() in ("", "none")
+            values["save_states"] = None if unset else str(folder).strip()
         for name in ("reader_tail", "reader_prompt_tail", "omega_topk", "omega_chunk_tokens", "margin_support"):
             if name in values:
                 values[name] = _as_int(f"probe_{name}", values[name])

@@ -59,6 +59,7 @@ from lm_eval_probes.capture.loglikelihood import (
 from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, masked_mean_states, position_probes_of_spans
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
+from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
@@ -110,6 +111,7 @@ class ProbeHFLM(HFLM):
         self.margin_reader: FirstLayerMargins | None = None
         if self.readout is not None and "margin" in self.probe_config.probes:
             self.margin_reader = FirstLayerMargins(self.model, heads=self.probe_config.margin_heads)
+        self.states_writer = states_writer(self.probe_config.save_states, self.rank)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -161,6 +163,8 @@ class ProbeHFLM(HFLM):
             if margin_rows is not None and probe is not None:
                 probe = self._with_margins(probe, margin_rows.summaries.get(tuple(req.args)))
             out.append(ProbeLL(answer, probe))
+        if self.states_writer is not None:
+            self.states_writer.write(requests, out)
         return out
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
@@ -225,7 +229,10 @@ class ProbeHFLM(HFLM):
                 texts = super().generate_until(requests, disable_tqdm)
         finally:
             self._call = None
-        return with_generation_probes(requests, texts, probes)
+        out = with_generation_probes(requests, texts, probes)
+        if self.states_writer is not None:
+            self.states_writer.write(requests, out)
+        return out
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         call = self._call

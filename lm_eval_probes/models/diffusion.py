@@ -39,7 +39,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
-from lm_eval_probes.capture.positions import masked_mean_states
+from lm_eval_probes.capture.positions import answer_mean_states, compact_states, masked_mean_states, span_mean_states
+from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
     Decoded,
@@ -145,6 +146,7 @@ class DiffusionProbeHFLM(HFLM):
         if "reader" in self.probe_config.probes:
             self.reader_layers = self.probe_config.resolved_reader_layers(self._num_layers())
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
+        self.states_writer = states_writer(self.probe_config.save_states, self.rank)
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
@@ -242,7 +244,10 @@ class DiffusionProbeHFLM(HFLM):
         finally:
             self._call = None
         texts = [kept_texts[(req.args[0], text)].popleft() for req, text in zip(requests, texts, strict=True)]
-        return with_generation_probes(requests, texts, probes)
+        out = with_generation_probes(requests, texts, probes)
+        if self.states_writer is not None:
+            self.states_writer.write(requests, out)
+        return out
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas. With
@@ -379,9 +384,9 @@ class DiffusionProbeHFLM(HFLM):
         values: dict[str, Any] = {}
         if generation.states is not None:
             positions = generation.states[:, index]
-            values["answer_states"] = LayerStates(self.reader_layers, positions.double().mean(1).float().numpy())
+            values["answer_states"] = answer_mean_states(self.reader_layers, positions)
             if self.probe_config.reader_tail:
-                values["tail_states"] = LayerStates(self.reader_layers, _half_or_float(positions[:, -self.probe_config.reader_tail :]))
+                values["tail_states"] = compact_states(self.reader_layers, positions[:, -self.probe_config.reader_tail :])
             values["prompt_states"] = generation.prompt_states
         return ResponseProbe(
             n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
@@ -403,7 +408,10 @@ class DiffusionProbeHFLM(HFLM):
             answers = super().loglikelihood(requests, disable_tqdm)
         finally:
             self._call = None
-        return [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+        out = [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+        if self.states_writer is not None:
+            self.states_writer.write(requests, out)
+        return out
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[tuple[float, bool]]:
         """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``. HFLM's rolling
@@ -460,21 +468,13 @@ class DiffusionProbeHFLM(HFLM):
         values: dict[str, Any] = {}
         if self.reader_layers:
             _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
-            picked = [states[layer][0].float() for layer in self.reader_layers]
-            values["answer_states"] = LayerStates(self.reader_layers, torch.stack([h[p:].mean(0) for h in picked]).cpu().numpy())
+            picked = [states[layer][0] for layer in self.reader_layers]
+            values["answer_states"] = span_mean_states(self.reader_layers, [h[p:] for h in picked])
             tail = self.probe_config.reader_prompt_tail
             start = max(0, p - tail) if tail else 0
             if p > start:
-                values["prompt_states"] = LayerStates(self.reader_layers,
-                                                      torch.stack([h[start:p].mean(0) for h in picked]).cpu().numpy())
+                values["prompt_states"] = span_mean_states(self.reader_layers, [h[start:p] for h in picked])
         return ResponseProbe(n_tokens=n, mean_token_logprob=estimate / n, prompt_tokens=p, **values)
-
-
-def _half_or_float(states: torch.Tensor) -> Any:
-    """``states`` as a float16 array, or float32 where a value exceeds float16's range (±65504), as the
-    autoregressive path keeps its reader states."""
-    packed = states.half()
-    return (packed if bool(torch.isfinite(packed).all()) else states.float()).numpy()
 
 
 class _DecodedLengths:
