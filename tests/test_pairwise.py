@@ -15,7 +15,7 @@ from scipy import stats
 
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.corpus_rows import CalibrationOptions, corpus_row
-from lm_eval_probes.reports.pairwise import holm_adjusted, mcnemar_exact, paired_difference
+from lm_eval_probes.reports.pairwise import RowSpec, comparison_family, holm_adjusted, mcnemar_exact, paired_difference
 
 N_DOCS = 80
 
@@ -73,6 +73,15 @@ def test_holm_against_a_hand_computed_example():
     got = holm_adjusted([0.6, math.nan, 0.2])
     assert got[0] == pytest.approx(0.6) and math.isnan(got[1]) and got[2] == pytest.approx(0.4)
     assert holm_adjusted([0.5, 0.7]).tolist() == [1.0, 1.0]
+
+
+def test_rows_without_a_direction_form_their_own_family():
+    """Baselines and counts (``higher_is_better`` None) are compared but adjusted apart and never win."""
+    assert comparison_family(RowSpec("t", "acc", "none", True, True)) == "overview"
+    assert comparison_family(RowSpec("t_detect", "acc", "none", True, True)) == "t_detect"
+    assert comparison_family(RowSpec("t_detect", "acc", "none", True, True), include_auxiliary_tasks=True) == "overview"
+    assert comparison_family(RowSpec("t", "ece", "none", False, False)) == "t"
+    assert comparison_family(RowSpec("t", "length_spearman", "none", None, False)) == "t (no direction)"
 
 
 def test_mcnemar_against_a_hand_count_and_scipy():

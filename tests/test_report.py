@@ -287,7 +287,7 @@ def test_task_table_contents_and_sort_order(runs, report):
     ece = header.index("ece ↓")
     assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", rows[0][ece])  # a CI where lm_eval gives no stderr
     assert rows[0][header.index("lcr_auroc ↑")].count("[") == 0  # reader rows: no CI
-    assert rows[0][header.index("length_spearman ↑")] == "undefined"  # null in the results: never 0
+    assert rows[0][header.index("length_spearman")] == "undefined"  # null in the results: never 0; a baseline: no arrow
 
 
 def test_overview_missing_tasks_and_csv(runs, report):
@@ -357,6 +357,29 @@ def test_script_in_a_model_name_is_inert(runs, tmp_path):
     markdown = (out / "leaderboard.md").read_text()
     assert "<script>" not in markdown and "&lt;script&gt;" in markdown
     assert "undefined" in markdown  # acc null
+
+
+def test_every_column_of_a_real_run_is_explained(report):
+    """On lm_eval's own files: each task table's header carries its row's description as title, the glossary lists
+    it, and only rows with a better direction show an arrow."""
+    from lm_eval_probes.reports.columns import meaning
+
+    built, out = report
+    page = (out / "index.html").read_text()
+    glossary = page.split('<h2 id="glossary">', 1)[1]
+    for number, table in enumerate(built.tables, start=1):
+        section = page.split(f'id="task-table-{number}"', 1)[1].split("</thead>", 1)[0]
+        titles = re.findall(r'<th class="[^"]*" title="([^"]*)"', section)
+        assert titles[1:] == [html_escape(c.description) for c in table.columns], table.task
+        for column in table.columns:
+            assert f'id="row-{column.metric}"' in glossary, column.metric
+            assert column.label.endswith(("↑", "↓")) == meaning(column.metric).scored, column.label
+
+
+def html_escape(text: str) -> str:
+    """jinja2's autoescape."""
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+            .replace("'", "&#39;"))
 
 
 def test_html_is_self_contained(report):

@@ -3,7 +3,8 @@
 Torch-free and lm_eval-free: :mod:`.reading` finds and parses the files and merges runs of one model,
 :mod:`.corpus_rows` recomputes corpus-level rows from per-document records, :mod:`.bootstrap` draws
 their confidence intervals, :mod:`.pairwise` compares models document by document (paired CIs, McNemar,
-Holm), :mod:`.tables` builds and renders the tables (Markdown, CSV), :mod:`.plots`
+Holm), :mod:`.columns` says what each column means (descriptions, directions, headline columns, the
+glossary: all from the declarations), :mod:`.tables` builds and renders the tables (Markdown, CSV), :mod:`.plots`
 the figures (matplotlib) and :mod:`.html` the self-contained page (jinja2); :mod:`.report` ties them
 together (``lm-eval-probes report``).
 """

@@ -1,6 +1,12 @@
 """The self-contained HTML page: jinja2 with autoescaping, PNGs inline as base64, CSS and a small sort
 script inline; nothing is fetched from the network when the page is viewed.
 
+Every column header carries its row's one-line description as its ``title`` (:mod:`.columns`), and a glossary
+(``id="glossary"``) lists every row shown with its direction and the formula and paper of the probe that makes
+it. Each task table opens in a compact view (its headline columns, :meth:`.TaskTable.is_headline`); a checkbox
+shows the rest (CSS only: no script needed). The first column (the model) stays in view while a table scrolls
+inside its box.
+
 Every string from a model name, task name, ``model_args`` or file path is inserted through jinja2's
 autoescape (``<script>`` becomes ``&lt;script&gt;``); the only values marked safe are none: even the
 base64 image data goes through the escaper (it has nothing to escape).
@@ -10,13 +16,14 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import jinja2
 
 from lm_eval_probes.declarations import CONFIDENCE, ECE, SELECTIVE_AUROC
+from lm_eval_probes.reports.columns import ARROWS, glossary, meaning
 from lm_eval_probes.reports.plots import Figure
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import (
@@ -24,6 +31,7 @@ from lm_eval_probes.reports.tables import (
     ROBUSTNESS_METRICS,
     UNDEFINED_TEXT,
     Cell,
+    Column,
     Overview,
     RobustnessRow,
     SupportRow,
@@ -42,25 +50,53 @@ TEMPLATE = "leaderboard.html.j2"
 
 @dataclass(frozen=True)
 class HtmlCell:
+    """A table cell: ``text``, and ``detail`` on a second, smaller line (a value's ± stderr or interval, a model
+    name's ``model_args``)."""
+
     text: str
     sort: str
     css: str = ""
     tooltip: str = ""
+    detail: str = ""
 
 
 @dataclass(frozen=True)
 class HtmlHead:
+    """A column header: ``text`` (breakable after each ``_``), ``detail`` on a second line (a filter), and
+    ``tooltip``: what the column measures."""
+
     text: str
     css: str = ""
     tooltip: str = ""
+    detail: str = ""
 
 
 @dataclass(frozen=True)
 class HtmlTable:
+    """``extra`` (task tables): the number of columns outside the compact view (marked ``css`` ``extra``)."""
+
     header: tuple[HtmlHead, ...]
     rows: tuple[tuple[HtmlCell, ...], ...]
     task: str = ""
     note: str = ""
+    extra: int = 0
+
+
+@dataclass(frozen=True)
+class GlossaryEntry:
+    name: str
+    arrow: str
+    direction: str
+    description: str
+
+
+@dataclass(frozen=True)
+class GlossarySection:
+    key: str
+    title: str
+    summary: str
+    facts: tuple[tuple[str, str], ...]
+    entries: tuple[GlossaryEntry, ...]
 
 
 @dataclass(frozen=True)
@@ -77,40 +113,83 @@ def value_cell(cell: Cell) -> HtmlCell:
     if not cell.defined:
         return HtmlCell(UNDEFINED_TEXT, "", "undefined", "undefined for this run (null/NaN in the results)")
     tooltip = ""
-    if cell.ci is not None and cell.ci.defined:
+    if cell.stderr is not None:
+        tooltip = "± lm_eval's standard error"
+    elif cell.ci is not None and cell.ci.defined:
         tooltip = (f"{cell.ci.level:.0%} bootstrap CI over {cell.ci.n_documents} documents, "
                    f"{cell.ci.n_defined}/{cell.ci.n_resamples} resamples defined")
-    elif cell.stderr is not None:
-        tooltip = "± lm_eval's standard error"
-    return HtmlCell(cell.text(), repr(cell.value), "", tooltip)
+    value, spread = cell.parts()
+    return HtmlCell(value, repr(cell.value), "", tooltip, spread)
 
 
 def _name_cell(name: str) -> HtmlCell:
     return HtmlCell(name, name, "name")
 
 
-def overview_table(view: Overview) -> HtmlTable:
+NameParts = Mapping[str, tuple[str, str]]
+
+
+def model_name_parts(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each model name as (label, second line). A name that ends in its ``model_args`` (``label (k=v,…)``: what
+    :func:`.reading.merge_runs` writes when runs of one label differ in them) shows its label, and on the second
+    line only the arguments whose values differ between the models of that label (``k unset`` where it has none
+    of them); other names are shown whole."""
+    split: dict[str, tuple[str, dict[str, str]]] = {}
+    for name in names:
+        label, bracket, rest = name.partition(" (")
+        if bracket and label and rest.endswith(")") and "=" in rest:
+            split[name] = (label, dict(item.partition("=")[::2] for item in rest[:-1].split(",")))
+    parts = {name: (name, "") for name in names}
+    for name, (label, args) in split.items():
+        siblings = [other_args for other_label, other_args in split.values() if other_label == label]
+        differing = sorted({k for a in siblings for k in a if any(b.get(k) != a[k] for b in siblings)})
+        shown = [f"{k}={args[k]}" if k in args else f"{k} unset" for k in differing]
+        parts[name] = (label, ", ".join(shown) if shown else name[len(label) + 2:-1])
+    return parts
+
+
+def _model_cell(name: str, parts: NameParts) -> HtmlCell:
+    """A model's cell: its label, the arguments that tell it from its namesakes below, the full name as tooltip."""
+    label, detail = parts.get(name, (name, ""))
+    return HtmlCell(label, name, "name model", name, detail)
+
+
+def _model_head(name: str, parts: NameParts) -> HtmlHead:
+    label, detail = parts.get(name, (name, ""))
+    return HtmlHead(label, "", f"the row's model's significant wins over {name}", detail)
+
+
+MODEL_TOOLTIP = "the model: its sweep label, else lm_eval's model name (with its model_args where two runs share it)"
+
+
+def overview_table(view: Overview, parts: NameParts | None = None) -> HtmlTable:
     counted = view.counted or (True,) * len(view.columns)
-    header = (HtmlHead("model", "name"), HtmlHead("size"),
+    header = (HtmlHead("model", "name", MODEL_TOOLTIP),
+              HtmlHead("size", "", "number of parameters (lm_eval's model_num_parameters)"),
               HtmlHead("mean win rate ↑", "", "mean over the counted columns of the fraction of compared models beaten "
                        f"significantly (Holm-adjusted p < {view.alpha:g}); non-significant differences and ties count 0"),
-              *(HtmlHead(f"{c.task}: {c.label}" + ("" if n else " ✗"), "" if n else "uncounted",
-                         "" if n else "detector or reference task: shown, not counted in the win rate")
+              *(HtmlHead(c.task + ("" if n else " ✗"), "" if n else "uncounted",
+                         c.description + ("" if n else " (a detector or reference task: shown, not counted in the win rate)"),
+                         c.label)
                 for c, n in zip(view.columns, counted)))
     rows = []
+    parts = parts or model_name_parts(view.models)
     for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
         size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "" if size else "missing")
         win_cell = HtmlCell(f"{win:.3f}", repr(win)) if math.isfinite(win) else HtmlCell(UNDEFINED_TEXT, "", "undefined")
-        rows.append((_name_cell(name), size_cell, win_cell, *(value_cell(c) for c in cells)))
+        rows.append((_model_cell(name, parts), size_cell, win_cell, *(value_cell(c) for c in cells)))
     return HtmlTable(header, tuple(rows))
 
 
-def pairwise_matrix_table(view: Overview) -> HtmlTable:
+def pairwise_matrix_table(view: Overview, parts: NameParts | None = None) -> HtmlTable:
     """Models × models: significant wins of the row's model over the column's / counted columns compared."""
-    header = (HtmlHead("wins of ↓ over →", "name"), *(HtmlHead(name) for name in view.models))
+    parts = parts or model_name_parts(view.models)
+    header = (HtmlHead("wins of ↓ over →", "name", "significant wins of the row's model over the column's model / "
+                       "counted columns both were compared on"),
+              *(_model_head(name, parts) for name in view.models))
     rows = []
     for i, name in enumerate(view.models):
-        line = [_name_cell(name)]
+        line = [_model_cell(name, parts)]
         for j, other in enumerate(view.models):
             text = win_text(view, i, j)
             if text == MISSING_TEXT:
@@ -124,16 +203,21 @@ def pairwise_matrix_table(view: Overview) -> HtmlTable:
     return HtmlTable(tuple(header), tuple(rows))
 
 
-def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float, level: float) -> HtmlTable:
+def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float, level: float,
+                        parts: NameParts | None = None) -> HtmlTable:
     """One line per pair and task on the task's correctness row."""
-    header = tuple(HtmlHead(text, "name" if k < 4 or k >= 8 else "") for k, text in enumerate(comparison_header(level)))
+    header = tuple(HtmlHead(text, "name" if k < 4 or k >= 8 else "", tooltip)
+                   for k, (text, tooltip) in enumerate(zip(comparison_header(level), COMPARISON_TOOLTIPS)))
     rows = []
+    parts = parts or model_name_parts(sorted({name for c in comparisons for name in (c.model_a, c.model_b)}))
     for c in comparisons:
         texts = comparison_texts(c, alpha)
         numbers = (math.nan, math.nan, math.nan, math.nan, float(c.n_documents), c.diff, c.p_value, c.p_holm)
         line = []
         for k, text in enumerate(texts):
-            if k < 4 or k >= 8:
+            if k in (2, 3):
+                line.append(_model_cell(text, parts))
+            elif k < 4 or k >= 8:
                 line.append(HtmlCell(text, text, "name win" if k == 9 and c.winner(alpha) else "name"))
             else:
                 line.append(HtmlCell(text, repr(numbers[k]) if math.isfinite(numbers[k]) else "",
@@ -142,22 +226,65 @@ def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float
     return HtmlTable(header, tuple(rows))
 
 
-def task_html_table(table: TaskTable) -> HtmlTable:
-    header = (HtmlHead("model", "name"), *(HtmlHead(c.label, "", f"{c.metric}, filter {c.filter}") for c in table.columns))
-    rows = tuple((_name_cell(name), *(value_cell(c) for c in cells)) for name, cells in zip(table.models, table.cells))
+COMPARISON_TOOLTIPS: tuple[str, ...] = (
+    "the task", "its correctness row [filter]", "the first model of the pair (by name)", "the second model",
+    "documents both ran, paired by doc_id", "difference of the row, a − b, with its paired-bootstrap interval",
+    "two-sided p-value of the difference", "p-value after Holm's correction across the overview",
+    "McNemar's exact test (0/1 rows) or a paired permutation test",
+    "the model better with Holm-adjusted p < alpha; none when not significant")
+
+
+def task_html_table(table: TaskTable, parts: NameParts | None = None) -> HtmlTable:
+    """Every column of the task; the columns outside its compact view (:meth:`TaskTable.is_headline`) get the
+    class ``extra``."""
+    extra = ["" if table.is_headline(c) else "extra" for c in table.columns]
+    header = (HtmlHead("model", "name", MODEL_TOOLTIP),
+              *(HtmlHead(_heading(c), css, c.description, "" if c.filter == "none" else f"[{c.filter}]")
+                for c, css in zip(table.columns, extra)))
+    parts = parts or model_name_parts(table.models)
+    rows = tuple((_model_cell(name, parts), *(_with_class(value_cell(c), css) for c, css in zip(cells, extra)))
+                 for name, cells in zip(table.models, table.cells))
     note = f"Sorted by {table.sorted_by.label}." if table.sorted_by else "No correctness row: sorted by name."
-    return HtmlTable(header, rows, table.task, note)
+    return HtmlTable(header, rows, table.task, note, sum(map(bool, extra)))
 
 
-def robustness_table(rows: Sequence[RobustnessRow]) -> HtmlTable:
+def _heading(column: Column) -> str:
+    """The metric and its arrow (none on baselines and counts), kept on one line."""
+    arrow = ARROWS[column.direction]
+    return f"{column.metric}\u00a0{arrow}" if arrow else column.metric
+
+
+def _with_class(cell: HtmlCell, css: str) -> HtmlCell:
+    return replace(cell, css=f"{cell.css} {css}".strip()) if css else cell
+
+
+def glossary_sections(tables: Sequence[TaskTable]) -> tuple[GlossarySection, ...]:
+    """The glossary of every row shown in the task tables (:func:`.columns.glossary`)."""
+    shown = [c.metric for t in tables for c in t.columns]
+    sections = []
+    for group in glossary(shown):
+        facts = tuple((k, v) for k, v in (("Formula", group.formula), ("Reads", group.reads), ("Source", group.paper)) if v)
+        entries = tuple(GlossaryEntry(e.name, e.arrow, e.direction_text, e.description) for e in group.entries)
+        sections.append(GlossarySection(group.key, group.title, group.summary, facts, entries))
+    return tuple(sections)
+
+
+def robustness_table(rows: Sequence[RobustnessRow], parts: NameParts | None = None) -> HtmlTable:
     names = {"primary": "acc", CONFIDENCE.name: "conf", ECE.name: "ECE", SELECTIVE_AUROC.name: "AUROC"}
-    header = [HtmlHead("model", "name"), HtmlHead("task", "name"), HtmlHead("operator", "name"), HtmlHead("metric", "name")]
+    meanings = {"primary": "the task's correctness row", **{k: f"{k}: {meaning(k).description}"
+                                                           for k in ROBUSTNESS_METRICS if k != "primary"}}
+    header = [HtmlHead("model", "name", MODEL_TOOLTIP), HtmlHead("task", "name", "the clean task"),
+              HtmlHead("operator", "name", "the noise operator of the twin <task>_noise_<operator>"),
+              HtmlHead("metric", "name", "the task's correctness row [filter]")]
     for key in ROBUSTNESS_METRICS:
-        header += [HtmlHead(f"clean {names[key]}"), HtmlHead(f"noised {names[key]}"), HtmlHead(f"Δ {names[key]}")]
+        header += [HtmlHead(f"clean {names[key]}", "", f"{meanings[key]}, on the clean task"),
+                   HtmlHead(f"noised {names[key]}", "", f"{meanings[key]}, on the noised twin"),
+                   HtmlHead(f"Δ {names[key]}", "", f"noised − clean of {meanings[key]}")]
     out = []
+    parts = parts or model_name_parts(sorted({r.model for r in rows}))
     for r in rows:
         metric = r.primary_metric if r.filter == "none" else f"{r.primary_metric} [{r.filter}]"
-        line = [_name_cell(r.model), _name_cell(r.base), _name_cell(r.operator), _name_cell(metric)]
+        line = [_model_cell(r.model, parts), _name_cell(r.base), _name_cell(r.operator), _name_cell(metric)]
         for key in ROBUSTNESS_METRICS:
             delta = r.delta[key]
             line += [value_cell(r.clean[key]), value_cell(r.noised[key]),
@@ -167,15 +294,18 @@ def robustness_table(rows: Sequence[RobustnessRow]) -> HtmlTable:
     return HtmlTable(tuple(header), tuple(out))
 
 
-def support_table(rows: Sequence[SupportRow]) -> HtmlTable:
-    header = (HtmlHead("model", "name"), HtmlHead("task", "name"), HtmlHead("documents"), HtmlHead("k"),
+def support_table(rows: Sequence[SupportRow], parts: NameParts | None = None) -> HtmlTable:
+    header = (HtmlHead("model", "name", MODEL_TOOLTIP), HtmlHead("task", "name", "the task"),
+              HtmlHead("documents", "", "documents with support tokens in the samples"),
+              HtmlHead("k", "", "support tokens per document"),
               HtmlHead("mean support margin ↑", "", "mean over documents of their support tokens' mean margin"),
               HtmlHead("most frequent support tokens", "name", "token ×documents whose k smallest margins include it"))
     out = []
+    parts = parts or model_name_parts(sorted({r.model for r in rows}))
     for r in rows:
         margin = (HtmlCell(f"{r.mean_margin:.4g}", repr(r.mean_margin)) if math.isfinite(r.mean_margin)
                   else HtmlCell(UNDEFINED_TEXT, "", "undefined"))
-        out.append((_name_cell(r.model), _name_cell(r.task), HtmlCell(str(r.n_documents), str(r.n_documents)),
+        out.append((_model_cell(r.model, parts), _name_cell(r.task), HtmlCell(str(r.n_documents), str(r.n_documents)),
                     HtmlCell(str(r.k), str(r.k)), margin, HtmlCell(support_text(r), "", "name tokens")))
     return HtmlTable(header, tuple(out))
 
@@ -211,12 +341,14 @@ def render_page(
     )
     model_notes = [{"name": m.name, "size": format_parameters(m.num_parameters), "model_args": m.model_args,
                     "sources": m.sources, "replaced": m.replaced} for m in models]
+    parts = model_name_parts([m.name for m in models])
     return environment.get_template(TEMPLATE).render(
-        title=title, version=version, overview=overview_table(view),
-        task_tables=[task_html_table(t) for t in tables], robustness=robustness_table(robustness),
-        support=support_table(support), pairwise_text=pairwise_text,
-        pairwise_matrix=pairwise_matrix_table(view) if pairwise else None,
-        pairwise=pairwise_html_table(pairwise, alpha=view.alpha, level=level) if pairwise else None,
+        title=title, version=version, overview=overview_table(view, parts),
+        task_tables=[task_html_table(t, parts) for t in tables], robustness=robustness_table(robustness, parts),
+        support=support_table(support, parts), pairwise_text=pairwise_text,
+        pairwise_matrix=pairwise_matrix_table(view, parts) if pairwise else None,
+        pairwise=pairwise_html_table(pairwise, alpha=view.alpha, level=level, parts=parts) if pairwise else None,
+        glossary=glossary_sections(tables),
         figure_sections=[s for s in sections if s.figures or s.note], models=model_notes, tasks=[t.task for t in tables],
         notes=list(notes), n_resamples=n_resamples, seed=seed, level=level,
     )

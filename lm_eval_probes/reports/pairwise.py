@@ -21,7 +21,9 @@ filter); documents only one model ran, or where either record is undefined, are 
   test of the per-document differences).
 * **Holm** (Holm, Scand. J. Statist. 1979): step-down adjusted p-values within a family — the headline
   rows of the tasks that enter the win rate form one family (the overview table); every other row is
-  adjusted within its own task (all its pairs and rows together).
+  adjusted within its own task (all its pairs and rows together), except the rows without a better direction
+  (baselines and counts, ``Row.scored`` False: ``higher_is_better`` ``None``), which form their task's
+  ``"<task> (no direction)"`` family and never name a winner.
 
 Detector tasks (``*_detect``: clean and noised copies of one task's documents) and reference tasks
 (``*_ref``) do not enter the win rate unless asked (:data:`AUXILIARY_TASK`).
@@ -48,6 +50,7 @@ DEFAULT_ALPHA = 0.05
 AUXILIARY_SUFFIXES: tuple[str, ...] = ("_detect", "_ref")
 """Task-name endings of detector and reference tasks, left out of the win rate by default."""
 OVERVIEW_FAMILY = "overview"
+NO_DIRECTION_SUFFIX = " (no direction)"
 MCNEMAR = "mcnemar_exact"
 PERMUTATION = "paired_permutation"
 
@@ -281,13 +284,26 @@ def compare_models(
 
 @dataclass(frozen=True)
 class RowSpec:
-    """A task row to compare: (task, metric, filter, direction) and whether it is the task's headline row."""
+    """A task row to compare: (task, metric, filter, direction) and whether it is the task's headline row.
+
+    ``higher_is_better`` is ``None`` for a row without a better direction (a baseline or a count,
+    ``Row.scored`` False): its comparisons are made but name no winner.
+    """
 
     task: str
     metric: str
     filter: str
     higher_is_better: bool | None
     headline: bool
+
+
+def comparison_family(spec: RowSpec, include_auxiliary_tasks: bool = False) -> str:
+    """The Holm family of a row's comparisons: :data:`OVERVIEW_FAMILY` for the headline rows of the tasks in the
+    win rate; the task's name for its other rows with a direction; ``"<task> (no direction)"`` for its rows
+    without one (baselines, counts), so that these descriptive comparisons do not weaken the task's others."""
+    if spec.headline and spec.higher_is_better is not None and (include_auxiliary_tasks or not is_auxiliary_task(spec.task)):
+        return OVERVIEW_FAMILY
+    return spec.task if spec.higher_is_better is not None else f"{spec.task}{NO_DIRECTION_SUFFIX}"
 
 
 def pairwise_comparisons(
@@ -302,10 +318,10 @@ def pairwise_comparisons(
     """Every pair of models (in the order of ``models``: a before b) on every row both can be paired on,
     with Holm-adjusted p-values: the headline rows of the tasks in the win rate (detector and reference tasks
     only with ``include_auxiliary_tasks``) form the family :data:`OVERVIEW_FAMILY`; every other row is adjusted
-    within its task."""
+    within its task, rows without a direction apart (:func:`comparison_family`)."""
     found: list[PairedComparison] = []
     for spec in rows:
-        family = OVERVIEW_FAMILY if spec.headline and (include_auxiliary_tasks or not is_auxiliary_task(spec.task)) else spec.task
+        family = comparison_family(spec, include_auxiliary_tasks)
         for i, a in enumerate(models):
             for b in models[i + 1:]:
                 comparison = compare_models(a, b, spec.task, spec.metric, spec.filter, higher_is_better=spec.higher_is_better,

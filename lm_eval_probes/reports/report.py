@@ -6,11 +6,13 @@ the runs of each model, and writes into ``--out``:
 * ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate over significant
   wins), the paired comparisons (:mod:`.pairwise`: the models × models win matrix and each pair's difference,
   interval and Holm-corrected p on every correctness row), the robustness table for noised twins, the support
-  tokens (``probes=margin``), and one table per task with every row;
+  tokens (``probes=margin``), one table per task with every row, and the glossary (each row shown: its direction
+  and description, and the summary, formula and paper of the probe that makes it; :mod:`.columns`);
 * ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr and CI columns);
 * ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, and
   ``pairwise``: every pair of models on every row that can be paired;
-* ``index.html`` — one self-contained page (tables sortable, figures embedded);
+* ``index.html`` — one self-contained page (tables sortable, headers titled with their row's description, task
+  tables in a compact view with the rest one click away, the glossary, figures embedded);
 * ``plots/*.png`` — the figures.
 
 Torch-free and lm_eval-free: only json, numpy/scipy/scikit-learn, matplotlib and jinja2.
@@ -32,6 +34,7 @@ from lm_eval_probes.reports.bootstrap import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 from lm_eval_probes.reports.pairwise import (
     DEFAULT_ALPHA,
     MCNEMAR,
+    NO_DIRECTION_SUFFIX,
     OVERVIEW_FAMILY,
     PERMUTATION,
     PairedComparison,
@@ -44,7 +47,9 @@ from lm_eval_probes.reports.tables import (
     Overview,
     RobustnessRow,
     SupportRow,
+    DIRECTION_LEGEND,
     TaskTable,
+    glossary_markdown,
     leaderboard_csv,
     markdown_escape,
     overview,
@@ -110,7 +115,8 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
                 "results_file": str(model.tasks[table.task].results_file),
                 "samples_file": None if model.tasks[table.task].samples_file is None else str(model.tasks[table.task].samples_file),
                 "n_documents": model.tasks[table.task].n_documents,
-                "metrics": {f"{c.metric},{c.filter}": {**cell.to_json(), "higher_is_better": c.higher_is_better}
+                "metrics": {f"{c.metric},{c.filter}": {**cell.to_json(), "higher_is_better": c.higher_is_better,
+                                                       "scored": c.scored}
                             for c, cell in zip(table.columns, cells) if cell.present},
             }
         at = report.overview.models.index(model.name)
@@ -159,7 +165,9 @@ def pairwise_text(report: Report, settings: BootstrapSettings) -> str:
 
 def pairwise_settings(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
     return {"alpha": report.overview.alpha, "correction": "holm",
-            "families": {OVERVIEW_FAMILY: "the headline rows of the tasks in the win rate", "<task>": "every other row of that task"},
+            "families": {OVERVIEW_FAMILY: "the headline rows of the tasks in the win rate",
+                         "<task>": "every other row of that task with a better direction",
+                         f"<task>{NO_DIRECTION_SUFFIX}": "its rows without one (baselines, counts): no winner"},
             "tests": {MCNEMAR: "0/1 rows: exact binomial test of the discordant documents at 1/2",
                       PERMUTATION: f"other rows: {settings.n_resamples} random swaps of the two models' records per document"},
             "interval": f"paired percentile bootstrap over the shared documents, {settings.n_resamples} resamples",
@@ -179,7 +187,8 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
         "# Leaderboard", "",
         f"Values: lm_eval's value ± its standard error where it gives one, otherwise "
         f"[{settings.level:.0%} percentile bootstrap interval over documents] ({settings.n_resamples} resamples, "
-        f"seed {settings.seed}). `undefined`: the row is undefined for the run; `—`: not run.", "",
+        f"seed {settings.seed}). `undefined`: the row is undefined for the run; `—`: not run. {DIRECTION_LEGEND} "
+        "What each row measures, its formula and its source: the Glossary at the end.", "",
         overview_markdown(report.overview), "",
         pairwise_text(report, settings), "",
     ]
@@ -197,6 +206,8 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
                   "documents each token is a support token of.", "", support_markdown(report.support), ""]
     for table in report.tables:
         parts += [f"## {markdown_escape(table.task)}", "", task_markdown(table), ""]
+    if report.tables:
+        parts += ["## Glossary", "", glossary_markdown(report.tables), ""]
     if report.notes:
         parts += ["## Notes", ""] + [f"- {markdown_escape(n)}" for n in report.notes] + [""]
     return "\n".join(parts)
@@ -233,7 +244,7 @@ def build_report(
     logger.info("read %d model(s) from %s", len(models), ", ".join(map(str, run_dirs)))
     task_names = sorted({t for m in models for t in m.tasks})
     tables = tuple(task_table(models, task, settings) for task in task_names)
-    rows = [RowSpec(t.task, c.metric, c.filter, c.higher_is_better, c == t.sorted_by) for t in tables for c in t.columns]
+    rows = [RowSpec(t.task, c.metric, c.filter, c.direction, c == t.sorted_by) for t in tables for c in t.columns]
     pairwise = pairwise_comparisons(models, rows, n_resamples=n_resamples, seed=seed, level=level,
                                     include_auxiliary_tasks=include_auxiliary_tasks)
     view = overview(models, tables, pairwise, alpha=alpha, include_auxiliary_tasks=include_auxiliary_tasks)

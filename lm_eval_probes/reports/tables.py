@@ -19,6 +19,7 @@ from typing import Any
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
+from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
@@ -79,16 +80,20 @@ class Cell:
 
     def text(self, digits: int = 3) -> str:
         """``0.512 ± 0.020``, ``0.512 [0.431, 0.590]``, ``undefined`` or ``—``."""
+        value, spread = self.parts(digits)
+        return f"{value} {spread}" if spread else value
+
+    def parts(self, digits: int = 3) -> tuple[str, str]:
+        """The value's text and its spread's (``± 0.020``, ``[0.431, 0.590]`` or empty)."""
         if not self.present:
-            return MISSING_TEXT
+            return MISSING_TEXT, ""
         if not math.isfinite(self.value):
-            return UNDEFINED_TEXT
-        text = f"{self.value:.{digits}f}"
+            return UNDEFINED_TEXT, ""
         if self.stderr is not None:
-            text += f" ± {self.stderr:.{digits}f}"
-        elif self.ci is not None and self.ci.defined:
-            text += f" [{self.ci.low:.{digits}f}, {self.ci.high:.{digits}f}]"
-        return text
+            return f"{self.value:.{digits}f}", f"± {self.stderr:.{digits}f}"
+        if self.ci is not None and self.ci.defined:
+            return f"{self.value:.{digits}f}", f"[{self.ci.low:.{digits}f}, {self.ci.high:.{digits}f}]"
+        return f"{self.value:.{digits}f}", ""
 
     def to_json(self) -> dict[str, object] | None:
         if not self.present:
@@ -109,19 +114,39 @@ def _json_float(value: float) -> float | None:
 
 @dataclass(frozen=True)
 class Column:
-    """A (task, metric, filter) column with its direction."""
+    """A (task, metric, filter) column with its direction.
+
+    ``higher_is_better`` is the declared direction (a row the plugin does not declare: the results file's);
+    ``scored`` is False for baselines and counts (``Row.scored``), which have no better value: no arrow, and
+    their paired comparisons name no winner.
+    """
 
     task: str
     metric: str
     filter: str
     higher_is_better: bool | None
+    scored: bool = True
+
+    @property
+    def direction(self) -> bool | None:
+        """``higher_is_better`` where a higher (or lower) value is better; ``None`` for baselines and counts."""
+        return self.higher_is_better if self.scored else None
+
+    @property
+    def name(self) -> str:
+        """``metric`` or ``metric [filter]`` (filter ``none`` omitted)."""
+        return self.metric if self.filter == "none" else f"{self.metric} [{self.filter}]"
 
     @property
     def label(self) -> str:
-        """``metric`` or ``metric [filter]`` (filter ``none`` omitted), with ↑/↓ when known."""
-        arrow = {True: " ↑", False: " ↓", None: ""}[self.higher_is_better]
-        name = self.metric if self.filter == "none" else f"{self.metric} [{self.filter}]"
-        return name + arrow
+        """:attr:`name` with ↑/↓ where higher/lower is better (none on baselines and counts)."""
+        arrow = ARROWS[self.direction]
+        return f"{self.name} {arrow}" if arrow else self.name
+
+    @property
+    def description(self) -> str:
+        """One line: what the column measures (the row's declaration)."""
+        return meaning(self.metric).description
 
 
 @dataclass(frozen=True)
@@ -183,6 +208,17 @@ class TaskTable:
     cells: tuple[tuple[Cell, ...], ...]
     sorted_by: Column | None
 
+    def is_headline(self, column: Column) -> bool:
+        """Whether ``column`` is in the compact view: the correctness row, and the headline rows
+        (:data:`~.columns.HEADLINE_ROWS`) in the correctness row's filter (every filter when there is none)."""
+        if column == self.sorted_by:
+            return True
+        return column.metric in HEADLINE_ROWS and (self.sorted_by is None or column.filter == self.sorted_by.filter)
+
+    @property
+    def headline_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if self.is_headline(c))
+
 
 def _sort_models(names: Sequence[str], cells: Sequence[Cell], higher_is_better: bool | None) -> list[int]:
     """Indices of ``names`` ordered best first by ``cells`` (undefined and missing last, ties by name)."""
@@ -204,7 +240,9 @@ def task_table(models: Sequence[ModelResults], task: str, settings: BootstrapSet
             if keys.get(metric.key) is None:
                 keys[metric.key] = metric.higher_is_better
     ordered = sorted(keys, key=lambda k: (metric_sort_key(k[0]), k[1] != "none", k[1]))
-    columns = tuple(Column(task, name, filter_name, keys[(name, filter_name)]) for name, filter_name in ordered)
+    meanings = [meaning(name, keys[(name, filter_name)]) for name, filter_name in ordered]
+    columns = tuple(Column(task, name, filter_name, m.higher_is_better, m.scored)
+                    for (name, filter_name), m in zip(ordered, meanings))
     cells = [tuple(task_cell(m, task, c.metric, c.filter, settings) for c in columns) for m in ran]
     primaries = [primary_metric(m.tasks[task]) for m in ran]
     primary = next((p for p in primaries if p is not None), None)
@@ -490,6 +528,36 @@ def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dic
                         + [value(cell_of.get((name, c), MISSING), "value") for c in columns]
                         + [value(cell_of.get((name, c), MISSING), part) for c, part in extra])
     return buffer.getvalue()
+
+
+def _code(name: str) -> str:
+    """A row's name as inline code; a name from a results file with other characters than a word's, escaped."""
+    return f"`{name}`" if re.fullmatch(r"[\w.\-]+", name) else markdown_escape(name)
+
+
+def _prose(text: str) -> str:
+    """A declaration's text as a Markdown paragraph: HTML special characters and backticks made inert."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "\\`")
+
+
+DIRECTION_LEGEND = ("↑ higher is better, ↓ lower is better; no arrow: a baseline or a count, which has no better value "
+                    "(its paired comparisons name no winner).")
+
+
+def glossary_markdown(tables: Sequence[TaskTable]) -> str:
+    """Every row of the task tables, by the probe or family that makes it: its summary, formula, what it reads
+    and its source, then each row's direction and description (:func:`.columns.glossary`)."""
+    parts = [DIRECTION_LEGEND]
+    for group in glossary(c.metric for t in tables for c in t.columns):
+        parts += ["", f"### {markdown_escape(group.title)}", "", _prose(group.summary), ""]
+        facts = [(name, text) for name, text in (("Formula", group.formula), ("Reads", group.reads),
+                                                 ("Source", group.paper)) if text]
+        if facts:
+            parts += [f"- {name}: {_prose(text)}" for name, text in facts] + [""]
+        parts.append(_markdown_table(["row", "direction", "what it measures"], (
+            [_code(e.name) + (f" {e.arrow}" if e.arrow else ""), e.direction_text, markdown_escape(e.description)]
+            for e in group.entries)))
+    return "\n".join(parts)
 
 
 def support_markdown(rows: Sequence[SupportRow]) -> str:

@@ -1,0 +1,182 @@
+"""What each column of the leaderboard means, read from the declarations (:mod:`lm_eval_probes.declarations`).
+
+For a results row this module gives its one-line description (a header's ``title``), its direction and
+whether it has one (``Row.scored``: baselines and counts have none, so they get no arrow and never win a
+comparison), whether it is a headline column of a task table's compact view, and the glossary: every row
+shown, grouped by the probe or family that makes it, with the probe's summary, formula, what it reads and
+its paper.
+
+Nothing here names a plugin row: the names, descriptions and directions are the declarations'. lm_eval's
+own correctness metrics (:data:`STOCK_METRICS`) are described here, since nothing of the plugin declares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lm_eval_probes.declarations import (
+    BASELINE_ROWS,
+    CONFIDENCE,
+    CONFIDENCE_ROWS,
+    DETECTOR_ROWS,
+    ECE,
+    PROBES,
+    RESPONSE_ROWS,
+    SELECTIVE_AUROC,
+    TRAJECTORY_ROWS,
+    Row,
+)
+from lm_eval_probes.rows import ROWS, ROWS_BY_NAME
+
+STOCK_SOURCE = "lm-evaluation-harness (EleutherAI): the task's own metric"
+
+STOCK_METRICS: dict[str, str] = {
+    "acc": "accuracy: fraction of documents whose most likely option (summed log-likelihood) is the gold one",
+    "acc_norm": "accuracy with each option's log-likelihood divided by its length in characters",
+    "exact_match": "fraction of documents whose (filtered) generated answer equals the reference",
+}
+"""lm_eval's correctness metrics (higher is better), which the plugin reports beside but does not declare."""
+
+ARROWS: dict[bool | None, str] = {True: "↑", False: "↓", None: ""}
+
+
+@dataclass(frozen=True)
+class ColumnMeaning:
+    """What one metric's column means.
+
+    Attributes:
+        name: the metric name (``<name>,<filter>`` in lm_eval's results).
+        description: one line (the declaration's, lm_eval's correctness metrics' here, else a fallback).
+        higher_is_better: the declared direction (a metric nothing declares: the results file's).
+        scored: whether that direction makes a better value (``False``: a baseline or a count; no arrow, no win).
+        declared: whether the plugin declares the row.
+    """
+
+    name: str
+    description: str
+    higher_is_better: bool | None
+    scored: bool
+    declared: bool
+
+    @property
+    def direction(self) -> bool | None:
+        """``higher_is_better`` where the row has a better direction, else ``None``."""
+        return self.higher_is_better if self.scored else None
+
+    @property
+    def arrow(self) -> str:
+        return ARROWS[self.direction]
+
+    @property
+    def direction_text(self) -> str:
+        if self.direction is None:
+            return "none: a baseline or a count" if not self.scored else "not given in the results file"
+        return "higher is better" if self.direction else "lower is better"
+
+
+def meaning(metric: str, results_direction: bool | None = None) -> ColumnMeaning:
+    """The meaning of ``metric``'s column; ``results_direction`` (the results file's ``higher_is_better``) is used
+    only for a metric the plugin does not declare (lm_eval's correctness metrics: higher is better without it)."""
+    row = ROWS_BY_NAME.get(metric)
+    if row is not None:
+        return ColumnMeaning(metric, row.description, row.higher_is_better, row.scored, True)
+    if metric in STOCK_METRICS:
+        return ColumnMeaning(metric, STOCK_METRICS[metric], True if results_direction is None else results_direction,
+                             True, False)
+    return ColumnMeaning(metric, f"lm_eval metric {metric} (not declared by lm-eval-probes; direction from the "
+                                 "results file)", results_direction, True, False)
+
+
+def headline_rows() -> frozenset[str]:
+    """The rows of a task table's compact view (beside the task's correctness row): confidence, ECE and selective
+    AUROC, each probe's headline row (its first ``float`` row; a probe without one: the first row of each family
+    it feeds, i.e. the reader's AUROC and the detector's) and each probe's ρ with difficulty."""
+    names = {CONFIDENCE.name, ECE.name, SELECTIVE_AUROC.name}
+    for probe in PROBES:
+        headline = next((row for row in probe.rows if row.value == "float"), None)  # ProbeDeclaration.row("float")
+        if headline is not None:
+            names.add(headline.name)
+        first_of_family: dict[str, Row] = {}
+        for row in probe.feeds:
+            first_of_family.setdefault(row.family, row)
+        names |= {row.name for row in first_of_family.values()}
+        names |= {row.name for row in probe.difficulty_rows()[:1]}
+    return frozenset(names)
+
+
+HEADLINE_ROWS: frozenset[str] = headline_rows()
+
+
+@dataclass(frozen=True)
+class GlossaryGroup:
+    """The glossary's rows of one probe or family, with what the declarations say of it."""
+
+    key: str
+    title: str
+    summary: str
+    formula: str
+    reads: str
+    paper: str
+    entries: tuple[ColumnMeaning, ...]
+
+
+@dataclass(frozen=True)
+class _Family:
+    key: str
+    title: str
+    summary: str
+    rows: tuple[Row, ...]
+    formula: str = ""
+    reads: str = ""
+    paper: str = ""
+
+
+def _families() -> tuple[_Family, ...]:
+    fed = {row.name for probe in PROBES for row in probe.feeds}
+    families = [
+        _Family("response", "The response", "What every model reports, whichever probes: the answer's confidence "
+                "and what was probed.", RESPONSE_ROWS),
+        _Family("calibration", "Calibration and selective prediction",
+                f"How well {CONFIDENCE.name} tracks correctness (tasks whose correctness is defined): its calibration "
+                "error, and how well it ranks right above wrong answers (selective prediction).",
+                CONFIDENCE_ROWS),
+    ]
+    families += [_Family(f"probe-{probe.name}", f"probes={probe.name}", probe.summary,
+                         probe.rows + probe.difficulty_rows() + probe.feeds, probe.formula, probe.reads, probe.paper)
+                 for probe in PROBES]
+    families += [
+        _Family("baselines", "Difficulty baselines", "What every ρ with difficulty is read against: the response's "
+                "and the prompt's length ranked against the same labels. No better direction.", BASELINE_ROWS),
+        _Family("detector", "Corruption detection from confidence", "Paired clean/noised tasks: the output "
+                "confidence as the detector's baseline.", tuple(row for row in DETECTOR_ROWS if row.name not in fed)),
+        _Family("trajectory", "Denoising trajectory", "Masked-diffusion generations (hf-probes-diffusion): "
+                "calibration of the confidence at points along the denoising steps.", TRAJECTORY_ROWS),
+    ]
+    grouped = {row.name for family in families for row in family.rows}
+    others = tuple(row for row in ROWS if row.name not in grouped)
+    if others:
+        families.append(_Family("other", "Other rows", "Rows of the plugin outside the families above.", others))
+    return tuple(families)
+
+
+FAMILIES: tuple[_Family, ...] = _families()
+
+
+def glossary(metrics: Iterable[str]) -> tuple[GlossaryGroup, ...]:
+    """The glossary of the metrics shown: lm_eval's own first, then the plugin's families in declaration order,
+    each with its rows in declaration order. Each metric appears once."""
+    shown = set(metrics)
+    groups = []
+    stock = tuple(meaning(name) for name in sorted(shown - set(ROWS_BY_NAME),
+                                                 key=lambda n: (list(STOCK_METRICS).index(n) if n in STOCK_METRICS
+                                                                else len(STOCK_METRICS), n)))
+    if stock:
+        groups.append(GlossaryGroup("lm-eval", "lm_eval's own metrics", "The task's correctness rows, as lm_eval "
+                                    "computes them.", "", "", STOCK_SOURCE, stock))
+    for family in FAMILIES:
+        entries = tuple(meaning(row.name) for row in family.rows if row.name in shown)
+        if entries:
+            groups.append(GlossaryGroup(family.key, family.title, family.summary, family.formula, family.reads,
+                                        family.paper, entries))
+    return tuple(groups)
