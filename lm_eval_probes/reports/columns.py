@@ -140,7 +140,11 @@ def _families() -> tuple[_Family, ...]:
         _Family("calibration", "Calibration and selective prediction",
                 f"How well {CONFIDENCE.name} tracks correctness (tasks whose correctness is defined): its calibration "
                 "error, and how well it ranks right above wrong answers (selective prediction).",
-                CONFIDENCE_ROWS),
+                CONFIDENCE_ROWS,
+                paper="\"Unsure but Certain\" (arXiv 2608.08791) for the set; ECE and temperature scaling: Guo et al., "
+                      "\"On Calibration of Modern Neural Networks\" (ICML 2017); AURC: Geifman et al. (ICLR 2019); the "
+                      "prediction rejection ratio: Malinin et al., as lm-polygraph computes it (Fadeeva et al. 2023); "
+                      "ece_10_bin and selective_cov_acc_area: HELM (Liang et al. 2022)"),
     ]
     families += [_Family(f"probe-{probe.name}", f"probes={probe.name}", probe.summary,
                          probe.rows + probe.difficulty_rows() + probe.feeds, probe.formula, probe.reads, probe.paper)
@@ -149,9 +153,12 @@ def _families() -> tuple[_Family, ...]:
         _Family("baselines", "Difficulty baselines", "What every ρ with difficulty is read against: the response's "
                 "and the prompt's length ranked against the same labels. No better direction.", BASELINE_ROWS),
         _Family("detector", "Corruption detection from confidence", "Paired clean/noised tasks: the output "
-                "confidence as the detector's baseline.", tuple(row for row in DETECTOR_ROWS if row.name not in fed)),
+                "confidence as the detector's baseline.", tuple(row for row in DETECTOR_ROWS if row.name not in fed),
+                paper="\"Unsure but Certain\" (arXiv 2608.08791)"),
         _Family("trajectory", "Denoising trajectory", "Masked-diffusion generations (hf-probes-diffusion): "
-                "calibration of the confidence at points along the denoising steps.", TRAJECTORY_ROWS),
+                "calibration of the confidence at points along the denoising steps.", TRAJECTORY_ROWS,
+                paper="reveal-time confidence: \"Unsure but Certain\" (arXiv 2608.08791); its calibration along the "
+                      "denoising trajectory is this plugin's"),
     ]
     grouped = {row.name for family in families for row in family.rows}
     others = tuple(row for row in ROWS if row.name not in grouped)
