@@ -46,6 +46,7 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
 
 SUBCOMMANDS: dict[str, str] = {
     "report": "lm_eval_probes.reports.report",
+    "reproduce": "lm_eval_probes.reproduce.cli",
     "sweep": "lm_eval_probes.sweep.cli",
 }
 """The plugin's own subcommands (``lm-eval-probes report ...``); everything else goes to lm_eval's CLI."""
@@ -153,6 +154,8 @@ def plugin_help(tasks_dir: str) -> str:
                                   "lm-eval-probes sweep --help shows a config"),
             ("report RUN_DIR... --out DIR", "the leaderboard (HTML, Markdown, CSV, plots, paired comparisons) "
                                             "from lm_eval output folders"),
+            ("reproduce PROTOCOL ...", "a paper's headline results as one command (bte, calibration): claim | "
+                                       "paper | this run [95 % CI] | agrees?; docs/reproduce.md"),
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
             ("lm-eval-probes-demo", "(its own command) the bundled models on the synthetic tasks, then the "
                                     "leaderboard; what make demo runs"),

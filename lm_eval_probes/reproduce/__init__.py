@@ -1,0 +1,17 @@
+"""``lm-eval-probes reproduce PROTOCOL``: each paper's headline results as one command.
+
+A protocol (:mod:`.protocol`) names the paper's model, the plugin's tasks that run its protocol and the claims
+read from the run; :mod:`.runner` evaluates the tasks once through ``lm_eval`` with the plugin (the rows and
+samples a user gets), :mod:`.statistics` reads each claim's number and its bootstrap CI from them (the report's
+helpers), :mod:`.claims` decides agreement by the rule each claim states, :mod:`.tables` writes the table
+(Markdown, JSON) and :mod:`.cli` is the command. Protocols: :mod:`.bte`, :mod:`.calibration`
+(:data:`.registry.PROTOCOLS`; the planned ones in :data:`.registry.PLANNED`). docs/reproduce.md.
+"""
+
+from __future__ import annotations
+
+from lm_eval_probes.reproduce.claims import Claim, Measurement
+from lm_eval_probes.reproduce.cli import main, reproduce
+from lm_eval_probes.reproduce.registry import PLANNED, PROTOCOLS
+
+__all__ = ["PLANNED", "PROTOCOLS", "Claim", "Measurement", "main", "reproduce"]

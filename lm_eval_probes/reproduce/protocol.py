@@ -1,0 +1,80 @@
+"""What a reproduction is: the paper, its model, the tasks that run its protocol, and the claims read from the run."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from lm_eval_probes.reproduce.claims import Claim
+from lm_eval_probes.reproduce.runner import MODELS, ReproduceError
+from lm_eval_probes.reproduce.statistics import Run
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One set of tasks that runs a protocol (the paper's, or a cheaper stand-in).
+
+    Attributes:
+        name: ``--variant`` value.
+        tasks: the plugin's tasks evaluated, in the order the claims read them.
+        filter_key: the lm_eval filter whose rows the claims read (``none`` for multiple choice and loglikelihood).
+        description: one line for ``--help`` and the table's header.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    filter_key: str
+    description: str
+
+
+@dataclass(frozen=True)
+class ReproductionProtocol:
+    """A paper's headline results as one command.
+
+    Attributes:
+        name: ``lm-eval-probes reproduce NAME``.
+        summary: one line.
+        paper: the source.
+        pretrained: the paper's model per ``--model`` (a hub name; the default ``pretrained``).
+        default_model: the ``--model`` the paper's own results come from.
+        model_args: what the protocol needs from the model (its probes, options), merged into the user's.
+        model_defaults: per ``--model``, ``model_args`` set unless the user sets them (``trust_remote_code``).
+        variants: the task sets, the first the paper's.
+        claims: the claims read from a run of a variant.
+    """
+
+    name: str
+    summary: str
+    paper: str
+    pretrained: Mapping[str, str]
+    default_model: str
+    model_args: Mapping[str, str]
+    variants: tuple[Variant, ...]
+    claims: Callable[[Run, Variant], list[Claim]]
+    model_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.default_model not in self.pretrained or set(self.pretrained) - set(MODELS):
+            raise ValueError(f"protocol {self.name!r}: pretrained must name models from {MODELS}, the default among them")
+        if not self.variants:
+            raise ValueError(f"protocol {self.name!r} has no variant")
+
+    def variant(self, name: str | None) -> Variant:
+        """The variant called ``name`` (``None``: the paper's, the first).
+
+        Raises:
+            ReproduceError: an unknown name, with the valid ones.
+        """
+        if name is None:
+            return self.variants[0]
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        valid = [v.name for v in self.variants]
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ReproduceError(f"protocol {self.name!r} has no variant {name!r}.{hint} Valid: {', '.join(valid)}")
+
+    def supports(self, model: str) -> bool:
+        return model in self.pretrained

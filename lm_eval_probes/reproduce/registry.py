@@ -1,0 +1,37 @@
+"""The reproductions ``lm-eval-probes reproduce`` knows, and those still planned."""
+
+from __future__ import annotations
+
+import difflib
+
+from lm_eval_probes.reproduce import bte, calibration
+from lm_eval_probes.reproduce.protocol import ReproductionProtocol
+from lm_eval_probes.reproduce.runner import ReproduceError
+
+PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protocol in (bte.PROTOCOL, calibration.PROTOCOL)}
+"""Implemented protocols by name."""
+
+PLANNED: dict[str, str] = {
+    "omega": "HyperLens Ω: confidence at focal depths m = 0, 1, 3, 5 (amplification) and Ω on easy vs hard documents",
+    "margins": "support tokens and stability margins: benchmarks/support_tokens_repro.py as the engine",
+    "tcb": "δ_TCB against √V_eff and the top-2 logit margin on diverse and low-V_eff prompt sets, and the "
+           "cluster/disperse ablation (needs the prompt sets)",
+}
+"""Protocols of issue 22 not built yet (docs/reproduce.md says what each needs)."""
+
+
+def protocol(name: str) -> ReproductionProtocol:
+    """The protocol called ``name``.
+
+    Raises:
+        ReproduceError: a planned protocol (not built yet) or an unknown name, with the valid ones.
+    """
+    if name in PROTOCOLS:
+        return PROTOCOLS[name]
+    if name in PLANNED:
+        raise ReproduceError(f"protocol {name!r} is planned but not built yet ({PLANNED[name]}); available: "
+                             f"{', '.join(PROTOCOLS)}")
+    close = difflib.get_close_matches(name, list(PROTOCOLS) + list(PLANNED), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join(PROTOCOLS)} "
+                         f"(planned: {', '.join(PLANNED)})")

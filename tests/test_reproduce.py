@@ -1,0 +1,184 @@
+"""``lm-eval-probes reproduce``: each protocol end to end on tiny models, the JSON schema, the agreement rules, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import save_tiny_bert
+from loader_fixtures import write_data_dir
+from lm_eval_probes.declarations import ECE, PROBES_BY_NAME
+from lm_eval_probes.reproduce import PROTOCOLS, reproduce
+from lm_eval_probes.reproduce.claims import (
+    AbsAtMost,
+    AtLeast,
+    Claim,
+    IntervalAbove,
+    Measurement,
+    PaperInInterval,
+    SameSign,
+    StrictlyIncreasing,
+)
+from lm_eval_probes.reproduce.cli import main
+from lm_eval_probes.reproduce.runner import ReproduceError, merge_model_args, parse_model_args
+from lm_eval_probes.reproduce.tables import markdown_table, write
+
+CLAIM_KEYS = {"claim", "paper", "measured", "ci_low", "ci_high", "agrees"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_data_dir(tmp_path_factory.mktemp("data"), n=24)
+
+
+# ------------------------------------------------------------------------------------------ agreement rules
+
+def claim(rule, paper, value=None, low=None, high=None) -> Claim:
+    return Claim("a hand-made claim", paper, Measurement(value, low, high, 10), rule)
+
+
+def test_paper_in_interval_agrees_fails_and_is_undecided_without_an_interval():
+    assert claim(PaperInInterval(), 0.44, 0.40, 0.37, 0.51).agrees is True
+    assert claim(PaperInInterval(), 0.44, 0.10, 0.02, 0.20).agrees is False
+    assert claim(PaperInInterval(), 0.44, 0.40).agrees is None  # no CI
+    assert claim(PaperInInterval(), None, 0.40, 0.3, 0.5).agrees is None  # the paper gives no value
+
+
+def test_same_sign_needs_the_interval_to_exclude_zero_on_the_papers_side():
+    assert claim(SameSign(), -0.187, -0.20, -0.30, -0.05).agrees is True
+    assert claim(SameSign(), -0.187, -0.05, -0.20, 0.10).agrees is False  # right sign, CI straddles 0
+    assert claim(SameSign(), -0.187, 0.10, 0.02, 0.20).agrees is False  # opposite sign
+    assert claim(SameSign(), 0.068, 0.02).agrees is True and claim(SameSign(), 0.068, -0.02).agrees is False  # no CI
+    assert claim(SameSign(), 0.068, None).agrees is None
+
+
+def test_bounds_and_monotone_rules():
+    assert claim(IntervalAbove(0.0), None, 0.2, 0.05, 0.3).agrees is True
+    assert claim(IntervalAbove(0.0), None, 0.2, -0.05, 0.3).agrees is False
+    assert claim(AtLeast(0.95), 0.996, 0.97).agrees is True and claim(AtLeast(0.95), 0.996, 0.62).agrees is False
+    assert claim(AbsAtMost(0.02), -0.006, -0.01).agrees is True and claim(AbsAtMost(0.02), -0.006, 0.05).agrees is False
+    assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, 0.2, 0.3)).agrees is True
+    assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, 0.3, 0.2)).agrees is False
+    assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, float("nan"))).agrees is None
+
+
+def test_claim_json_and_markdown():
+    made = [claim(PaperInInterval(), 0.44, 0.40, 0.37, 0.51), claim(StrictlyIncreasing(), (0.1, 0.2), (0.3, 0.2)),
+            claim(AtLeast(0.95), 0.996, float("nan"))]
+    as_json = [c.to_json() for c in made]
+    json.dumps(as_json, allow_nan=False)
+    assert all(CLAIM_KEYS <= set(entry) for entry in as_json)
+    assert [entry["agrees"] for entry in as_json] == [True, False, None]
+    assert as_json[1]["measured"] == [0.3, 0.2] and as_json[2]["measured"] is None
+    table = markdown_table(made)
+    assert "0.400 [0.370, 0.510]" in table and "| yes |" in table and "| no |" in table and "| — |" in table
+    assert "agrees if the paper's value lies inside this run's 95 % CI" in table
+    with pytest.raises(ValueError, match="needs its text"):
+        Claim(" ", 0.1, Measurement(), AtLeast(0.0))
+
+
+# ------------------------------------------------------------------------------------------ arguments and errors
+
+def test_model_args_are_parsed_and_merged():
+    assert parse_model_args("pretrained=x,probes=tcb,bte,dtype=float32") == {
+        "pretrained": "x", "probes": "tcb+bte", "dtype": "float32"}
+    merged = merge_model_args({"probes": "tcb", "probe_bte_profile": "window"}, {"probes": "bte", "probe_bte_profile": "full"})
+    assert merged == {"probes": "tcb+bte", "probe_bte_profile": "window"}  # the user's option stands
+    with pytest.raises(ReproduceError, match="expected key=value"):
+        parse_model_args("pretrained")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["tbc"], "unknown protocol 'tbc'. Did you mean 'tcb'"),
+    (["tcb"], "planned but not built yet"),
+    (["calibration", "--variant", "gsm"], "no variant 'gsm'. Did you mean 'gsm8k'"),
+    (["bte", "--model", "hf-probes-diffusion"], "runs with --model hf-probes"),
+    (["bte", "--model_args", "pretrained"], "expected key=value"),
+    (["bte", "--limit", "0"], "--limit must be a positive"),
+    (["bte", "--data_dir", "/no/such/folder"], "is not a folder"),
+    (["calibration", "--metadata", "[1]"], "--metadata must be a JSON object"),
+])
+def test_bad_protocol_or_arguments_give_a_clear_error(argv, message, capsys, tmp_path):
+    assert main(argv + ["--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "lm_eval").exists()  # nothing ran
+
+
+def test_the_subcommand_is_registered():
+    from lm_eval_probes.__main__ import SUBCOMMANDS, plugin_help
+
+    assert SUBCOMMANDS["reproduce"] == "lm_eval_probes.reproduce.cli"
+    assert "reproduce PROTOCOL" in plugin_help("TASKS")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bte", "--model", "hf"])
+    assert exit_info.value.code == 2
+    assert set(PROTOCOLS) == {"bte", "calibration"}
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+def test_bte_end_to_end(tiny_model_dir, data_dir, tmp_path):
+    claims, header = reproduce("bte", model_args=f"pretrained={tiny_model_dir('llama')}", data_dir=str(data_dir),
+                               limit=10, out=tmp_path, device="cpu", batch_size="4", n_resamples=200)
+    assert header["tasks"] == ["probes_math500_ref", "probes_proofwriter", "probes_stepgame"]
+    assert "probes=bte" in header["model_args"] and "probe_bte_features=1" in header["model_args"]
+    results = json.loads(next((tmp_path / "lm_eval").rglob("results_*.json")).read_text())["results"]
+    rho = PROBES_BY_NAME["bte"].difficulty_rows()[0].name
+    by_text = {c.claim: c for c in claims}
+    math_rho = by_text["MATH-500 reference solutions: ρ(ē_M, level)"]
+    assert math_rho.measured.value == pytest.approx(results["probes_math500_ref"][f"{rho},none"])  # the user's row
+    assert math_rho.measured.ci_low <= math_rho.measured.value <= math_rho.measured.ci_high
+    assert math_rho.paper == 0.44 and math_rho.measured.n_documents == 10
+    levels = by_text["MATH-500: mean ē_M per level 1–5 rises"]
+    assert len(levels.measured.value) == 5 and levels.agrees in (True, False)
+    attribution = next(c for c in claims if c.claim.startswith("benchmark attribution"))
+    assert attribution.measured.value is not None and "statistics" in attribution.measured.note  # 30 documents, 3 classes
+    problem_only = next(c for c in claims if "problem only" in c.claim)
+    assert problem_only.measured.value is None and problem_only.agrees is None
+    json_path, markdown_path = write(claims, header, tmp_path)
+    document = json.loads(json_path.read_text())
+    assert document["protocol"] == "bte" and len(document["claims"]) == len(claims) == 9
+    assert all(CLAIM_KEYS <= set(entry) for entry in document["claims"])
+    assert "| claim | paper | this run [95 % CI] |" in markdown_path.read_text()
+
+
+def test_calibration_end_to_end_through_the_command(tiny_model_dir, data_dir, tmp_path, capsys):
+    argv = ["calibration", "--model", "hf-probes", "--model_args", f"pretrained={tiny_model_dir('llama')}",
+            "--variant", "proofwriter", "--data_dir", str(data_dir), "--limit", "16", "--out", str(tmp_path),
+            "--device", "cpu", "--batch_size", "8", "--resamples", "200"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| claim | paper | this run [95 % CI] |" in printed and "claims agree" in printed
+    document = json.loads((tmp_path / "claims.json").read_text())
+    assert document["tasks"] == ["probes_proofwriter", "probes_proofwriter_noise_swap", "probes_proofwriter_detect"]
+    assert len(document["claims"]) == 15 and all(CLAIM_KEYS <= set(entry) for entry in document["claims"])
+    by_text = {entry["claim"]: entry for entry in document["claims"]}
+    results = json.loads(next((tmp_path / "lm_eval").rglob("results_*.json")).read_text())["results"]
+    clean = results["probes_proofwriter"]
+    assert by_text["ECE, clean"]["measured"] == pytest.approx(clean[f"{ECE.name},none"])
+    assert by_text["accuracy, clean"]["measured"] == pytest.approx(clean["acc,none"])  # the task's correctness
+    scaled = by_text["temperature scaling leaves selective AUROC unchanged (noised)"]
+    assert scaled["agrees"] in (True, None) and (scaled["measured"] is None or abs(scaled["measured"]) < 1e-9)
+    assert scaled["measured"] is None or "out-of-fold" in scaled["note"]
+    change = by_text["accuracy: noised − clean (paired twins)"]
+    noised_acc = by_text["accuracy, noised (char swap)"]["measured"]
+    assert change["measured"] == pytest.approx(noised_acc - by_text["accuracy, clean"]["measured"])
+    detector = by_text["corruption detector AUROC (prompt hidden states, clean vs noised twins)"]
+    assert detector["measured"] is None or 0.0 <= detector["measured"] <= 1.0
+    assert (tmp_path / "claims.md").read_text().startswith("# lm-eval-probes reproduce calibration")
+
+
+def test_calibration_with_the_diffusion_model(data_dir, tmp_path):
+    folder = save_tiny_bert(tmp_path / "bert", seed=3, special_tokens={"mask_token": "<|mask|>"})
+    args = f"pretrained={folder},diffusion_gen_length=4,diffusion_steps=4,diffusion_mc_samples=2,diffusion_mc_batch_size=2"
+    claims, header = reproduce("calibration", variant="proofwriter-gen", model_args=args, data_dir=str(data_dir),
+                               limit=12, out=tmp_path / "out", device="cpu", batch_size="8", n_resamples=100)
+    assert header["model"] == "hf-probes-diffusion" and header["filter"] == "answer"
+    assert "trust_remote_code=True" in header["model_args"] and "probes=reader" in header["model_args"]
+    confidence = next(c for c in claims if c.claim == "mean confidence, clean")
+    assert confidence.measured.value is not None and 0.0 <= confidence.measured.value <= 1.0
+    assert math.isfinite(np.float64(confidence.measured.n_documents))
