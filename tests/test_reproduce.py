@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import save_tiny_bert
+from conftest import build_tokenizer, save_tiny_bert
 from loader_fixtures import write_data_dir
 from lm_eval_probes.declarations import ECE, PROBES_BY_NAME
 from lm_eval_probes.reproduce import PROTOCOLS, reproduce
@@ -116,7 +116,7 @@ def test_the_subcommand_is_registered():
     with pytest.raises(SystemExit) as exit_info:
         main(["bte", "--model", "hf"])
     assert exit_info.value.code == 2
-    assert set(PROTOCOLS) == {"bte", "calibration"}
+    assert set(PROTOCOLS) == {"bte", "calibration", "omega"}
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -182,3 +182,27 @@ def test_calibration_with_the_diffusion_model(data_dir, tmp_path):
     confidence = next(c for c in claims if c.claim == "mean confidence, clean")
     assert confidence.measured.value is not None and 0.0 <= confidence.measured.value <= 1.0
     assert math.isfinite(np.float64(confidence.measured.n_documents))
+
+
+def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path):
+    import torch
+    import transformers
+
+    tokenizer = build_tokenizer()  # six blocks, so that m = 5 leaves a layer to decode from
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      initializer_range=0.25, eos_token_id=tokenizer.eos_token_id,
+                                      bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(5)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    claims, header = reproduce("omega", variant="proofwriter", model_args=f"pretrained={tmp_path / 'model'}",
+                               data_dir=str(data_dir), limit=12, out=tmp_path / "out", device="cpu", batch_size="8", n_resamples=100)
+    assert set(header["passes"]) == {"m0", "m1", "m3", "m5"} and "probe_omega_depth=5" in header["passes"]["m5"]
+    for depth in ("m0", "m5"):  # one lm_eval output folder per pass
+        assert next((tmp_path / "out" / "lm_eval" / depth).rglob("results_*.json"))
+    rises = claims[0]
+    assert len(rises.measured.value) == 4 and all(0.0 <= v <= 1.0 for v in rises.measured.value)
+    assert rises.agrees == all(b > a for a, b in zip(rises.measured.value, rises.measured.value[1:]))
+    assert claims[1].measured.value is not None and claims[1].measured.n_documents == 12
+    assert claims[-1].paper == pytest.approx(3.05 - 1.78) and "level" in claims[-1].measured.note

@@ -28,7 +28,7 @@ from lm_eval_probes.reproduce.claims import (
     SameSign,
     StrictlyIncreasing,
 )
-from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
+from lm_eval_probes.reproduce.protocol import MAIN, ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.statistics import Run, level_means, row_measurement
 
 BTE = PROBES_BY_NAME["bte"]
@@ -85,8 +85,9 @@ def attribution_claim(run: Run, tasks: Sequence[str], filter_key: str, *, seed: 
                  SameSign(), paper_text)
 
 
-def bte_claims(run: Run, variant: Variant) -> list[Claim]:
+def bte_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
     """The BTE paper's claims from a run of ``variant`` (tasks MATH-500 reference, ProofWriter, StepGame)."""
+    run = runs[MAIN]
     key = variant.filter_key
     claims: list[Claim] = []
     for task in variant.tasks:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from lm_eval_probes.probes.calibration import (
 )
 from lm_eval_probes.reports.corpus_rows import records
 from lm_eval_probes.reproduce.claims import AbsAtMost, AtLeast, Claim, Measurement, PaperInInterval, SameSign
-from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
+from lm_eval_probes.reproduce.protocol import MAIN, ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.statistics import (
     Run,
     column_mean,
@@ -93,8 +94,9 @@ def scaled_ece_change(run: Run, task: str, filter_key: str) -> Measurement:
                        note=f"ECE {before:.3f} → {after:.3f} (no CI: fitted out-of-fold)")
 
 
-def calibration_claims(run: Run, variant: Variant) -> list[Claim]:
+def calibration_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
     """The paper's claims from a run of ``variant`` (tasks: clean, noised twin, detector)."""
+    run = runs[MAIN]
     clean, noised, detect = variant.tasks
     key = variant.filter_key
     claims: list[Claim] = []

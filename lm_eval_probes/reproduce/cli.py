@@ -13,6 +13,7 @@ used; without ``--data_dir`` the hub datasets. docs/reproduce.md: each protocol'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -55,24 +56,33 @@ def run_options(chosen: ReproductionProtocol, variant: Variant, *, model: str | 
     return RunOptions(model=model, model_args=merged, tasks=variant.tasks, out=Path(out), **kwargs)
 
 
-def reproduce(name: str, *, variant: str | None = None, lm: Any | None = None, **kwargs: Any) -> tuple[list[Claim], dict[str, Any]]:
+def reproduce(name: str, *, variant: str | None = None, **kwargs: Any) -> tuple[list[Claim], dict[str, Any]]:
     """Run protocol ``name`` and return its claims and the header written with them (nothing written to disk but
     lm_eval's files; :func:`lm_eval_probes.reproduce.tables.write` writes the table).
 
+    Each of the protocol's passes is one evaluation of the variant's tasks (the pass's ``model_args`` over the
+    run's); lm_eval's files go to ``OUT/lm_eval`` (one pass) or ``OUT/lm_eval/<pass>``.
+
     Args:
         variant: the protocol's variant (``None``: the paper's).
-        lm: an already built model (tests); its ``model_args`` are then only recorded.
         kwargs: :func:`run_options`' arguments (``model``, ``model_args``, ``out``, ``limit``, ``data_dir``, ...).
     """
     chosen = protocol(name)
     chosen_variant = chosen.variant(variant)
     options = run_options(chosen, chosen_variant, **kwargs)
-    run = evaluate(options, lm=lm)
-    claims = chosen.claims(run, chosen_variant)
+    several = len(chosen.passes) > 1
+    runs, passes = {}, {}
+    for pass_name, extra in chosen.passes.items():
+        pass_options = dataclasses.replace(options, model_args={**options.model_args, **extra})
+        output_dir = options.out / "lm_eval" / pass_name if several else options.out / "lm_eval"
+        runs[pass_name] = evaluate(pass_options, output_dir=output_dir)
+        passes[pass_name] = pass_options.model_args_text()
+    claims = chosen.claims(runs, chosen_variant)
     header = {
         "protocol": chosen.name, "paper": chosen.paper, "variant": chosen_variant.name,
         "variant_description": chosen_variant.description, "filter": chosen_variant.filter_key,
         "model": options.model, "model_args": options.model_args_text(), "tasks": list(options.tasks),
+        **({"passes": passes} if several else {}),
         "limit": options.limit, "data_dir": options.data_dir,
         "bootstrap": {"method": "percentile", "level": 0.95, "resamples": options.n_resamples, "seed": options.seed},
         "lm_eval_output": str(options.out / "lm_eval"), "run": describe(options),

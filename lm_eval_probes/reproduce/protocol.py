@@ -28,6 +28,10 @@ class Variant:
     description: str
 
 
+MAIN = "main"
+"""The name of a protocol's only pass (protocols whose claims read one evaluation)."""
+
+
 @dataclass(frozen=True)
 class ReproductionProtocol:
     """A paper's headline results as one command.
@@ -41,7 +45,9 @@ class ReproductionProtocol:
         model_args: what the protocol needs from the model (its probes, options), merged into the user's.
         model_defaults: per ``--model``, ``model_args`` set unless the user sets them (``trust_remote_code``).
         variants: the task sets, the first the paper's.
-        claims: the claims read from a run of a variant.
+        claims: the claims read from the runs of a variant (``{pass name: Run}``).
+        passes: evaluations of the same tasks with different ``model_args`` (``{pass name: model_args}``, e.g. one
+            per focal depth); one pass, :data:`MAIN`, by default.
     """
 
     name: str
@@ -51,14 +57,15 @@ class ReproductionProtocol:
     default_model: str
     model_args: Mapping[str, str]
     variants: tuple[Variant, ...]
-    claims: Callable[[Run, Variant], list[Claim]]
+    claims: Callable[[Mapping[str, Run], Variant], list[Claim]]
     model_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    passes: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: {MAIN: {}})
 
     def __post_init__(self) -> None:
         if self.default_model not in self.pretrained or set(self.pretrained) - set(MODELS):
             raise ValueError(f"protocol {self.name!r}: pretrained must name models from {MODELS}, the default among them")
-        if not self.variants:
-            raise ValueError(f"protocol {self.name!r} has no variant")
+        if not self.variants or not self.passes:
+            raise ValueError(f"protocol {self.name!r} needs at least one variant and one pass")
 
     def variant(self, name: str | None) -> Variant:
         """The variant called ``name`` (``None``: the paper's, the first).

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import difflib
 
-from lm_eval_probes.reproduce import bte, calibration
+from lm_eval_probes.reproduce import bte, calibration, omega
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol
 from lm_eval_probes.reproduce.runner import ReproduceError
 
-PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protocol in (bte.PROTOCOL, calibration.PROTOCOL)}
+PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protocol in (bte.PROTOCOL, calibration.PROTOCOL, omega.PROTOCOL)}
 """Implemented protocols by name."""
 
 PLANNED: dict[str, str] = {
-    "omega": "HyperLens Ω: confidence at focal depths m = 0, 1, 3, 5 (amplification) and Ω on easy vs hard documents",
     "margins": "support tokens and stability margins: benchmarks/support_tokens_repro.py as the engine",
     "tcb": "δ_TCB against √V_eff and the top-2 logit margin on diverse and low-V_eff prompt sets, and the "
            "cluster/disperse ablation (needs the prompt sets)",

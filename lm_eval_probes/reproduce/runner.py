@@ -111,12 +111,12 @@ def _batch_size(text: str) -> int | str:
     return int(text) if str(text).isdigit() else text
 
 
-def evaluate(options: RunOptions, *, lm: Any | None = None) -> Run:
+def evaluate(options: RunOptions, *, lm: Any | None = None, output_dir: Path | None = None) -> Run:
     """Evaluate ``options.tasks`` once with samples and return them as a :class:`Run`; lm_eval's results and
-    samples files go to ``options.out / "lm_eval"``.
+    samples files go to ``output_dir`` (default ``options.out / "lm_eval"``).
 
     Args:
-        lm: an already built model (tests); ``None`` builds ``options.model`` from ``options.model_args``.
+        lm: an already built model; ``None`` builds ``options.model`` from ``options.model_args``.
     """
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
@@ -130,7 +130,7 @@ def evaluate(options: RunOptions, *, lm: Any | None = None) -> Run:
     unknown = [task for task in options.tasks if task not in set(manager.all_tasks)]
     if unknown:
         raise ReproduceError(f"unknown task(s) {unknown}: is the plugin's task folder installed?")
-    tracker = EvaluationTracker(output_path=str(options.out / "lm_eval"))
+    tracker = EvaluationTracker(output_path=str(output_dir or options.out / "lm_eval"))
     out = lm_eval.simple_evaluate(
         model=lm if lm is not None else options.model, model_args=None if lm is not None else options.model_args_text(),
         tasks=list(options.tasks), num_fewshot=options.num_fewshot, batch_size=_batch_size(options.batch_size),

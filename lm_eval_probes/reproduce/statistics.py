@@ -77,11 +77,13 @@ class Run:
                                 key=(model_seed_label(self.model_label), task, filter_key))
 
 
-def _interval(values: np.ndarray, n: int) -> ConfidenceInterval:
+def percentile_ci(values: np.ndarray, n: int) -> ConfidenceInterval:
+    """The 95 % percentile interval of a statistic's values on the resamples of ``n`` documents."""
     return percentile_interval(np.asarray(values, dtype=float), n_documents=n, level=DEFAULT_LEVEL)
 
 
-def _measurement(value: float | None, interval: ConfidenceInterval | None, n: int, note: str = "") -> Measurement:
+def measured_with(value: float | None, interval: ConfidenceInterval | None, n: int, note: str = "") -> Measurement:
+    """A :class:`Measurement` of ``value`` with ``interval``'s bounds where it is defined."""
     low = interval.low if interval is not None and interval.defined else None
     high = interval.high if interval is not None and interval.defined else None
     return Measurement(value, low, high, n, note)
@@ -93,12 +95,12 @@ def row_measurement(run: Run, task: str, row: str, filter_key: str) -> Measureme
     value = run.value(task, row, filter_key)
     recompute = corpus_row(row)
     if recompute is None:
-        return _measurement(value, None, len(run.documents(task, filter_key)), "no CI: not recomputable from samples")
+        return measured_with(value, None, len(run.documents(task, filter_key)), "no CI: not recomputable from samples")
     rows = records(run.documents(task, filter_key), row, recompute.width)
     if len(rows) == 0:
-        return _measurement(value, None, 0, "no document has this row")
+        return measured_with(value, None, 0, "no document has this row")
     on_resamples = recompute.on_resamples(rows, run.indices(len(rows), task, filter_key), run.options(task))
-    return _measurement(value, _interval(on_resamples, len(rows)), len(rows))
+    return measured_with(value, percentile_ci(on_resamples, len(rows)), len(rows))
 
 
 def column_mean_measurement(run: Run, task: str, row: str, column: int, filter_key: str, note: str) -> Measurement:
@@ -112,7 +114,7 @@ def column_mean_measurement(run: Run, task: str, row: str, column: int, filter_k
         return Measurement(None, n_documents=0, note="no document has this row")
     column_values = rows[:, column]
     resampled = column_values[run.indices(len(rows), task, filter_key)].mean(axis=1)
-    return _measurement(float(column_values.mean()), _interval(resampled, len(rows)), len(rows), note)
+    return measured_with(float(column_values.mean()), percentile_ci(resampled, len(rows)), len(rows), note)
 
 
 def _keyed_records(run: Run, task: str, row: str, filter_key: str) -> dict[int, np.ndarray]:
@@ -161,7 +163,7 @@ def paired_change(run: Run, clean: str, noised: str, row: str, filter_key: str, 
     value = statistic(b, options) - statistic(a, options)
     resampled = np.array([statistic(b[i], options) - statistic(a[i], options)
                           for i in run.indices(len(common), noised, filter_key)])
-    return _measurement(value if math.isfinite(value) else None, _interval(resampled, len(common)), len(common), note)
+    return measured_with(value if math.isfinite(value) else None, percentile_ci(resampled, len(common)), len(common), note)
 
 
 def level_means(run: Run, task: str, ranked_row: str, filter_key: str) -> Measurement:
@@ -174,3 +176,22 @@ def level_means(run: Run, task: str, ranked_row: str, filter_key: str) -> Measur
     means = tuple(float(rows[rows[:, 1] == level, 0].mean()) for level in levels)
     counts = ", ".join(f"{level:g}: {int((rows[:, 1] == level).sum())}" for level in levels)
     return Measurement(means, n_documents=len(rows), note=f"documents per level {counts}")
+
+
+def level_gap(run: Run, task: str, ranked_row: str, filter_key: str) -> Measurement:
+    """Mean ranked value of the hardest level minus that of the easiest (from row ``ranked_row``'s
+    ``[value, difficulty]`` records), with a bootstrap CI over documents (a resample missing either level is
+    undefined)."""
+    rows = records(run.documents(task, filter_key), ranked_row, 2)
+    levels = np.unique(rows[:, 1]) if len(rows) else np.array([])
+    if len(levels) < 2:
+        return Measurement(None, n_documents=len(rows), note="fewer than two difficulty levels")
+    easy, hard = levels[0], levels[-1]
+
+    def gap(sample: np.ndarray) -> float:
+        top, bottom = sample[sample[:, 1] == hard, 0], sample[sample[:, 1] == easy, 0]
+        return float(top.mean() - bottom.mean()) if len(top) and len(bottom) else math.nan
+
+    resampled = np.array([gap(rows[i]) for i in run.indices(len(rows), task, filter_key)])
+    return measured_with(gap(rows), percentile_ci(resampled, len(rows)), len(rows),
+                        f"level {hard:g} − level {easy:g}")
