@@ -95,7 +95,9 @@ def parser() -> argparse.ArgumentParser:
     protocols = "\n".join(f"  {p.name}: {p.summary}; variants: "
                           + ", ".join(f"{v.name} ({v.description})" for v in p.variants) for p in PROTOCOLS.values())
     planned = "\n".join(f"  {name} (planned): {text}" for name, text in PLANNED.items())
-    parser = argparse.ArgumentParser(prog="lm-eval-probes reproduce", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="lm-eval-probes reproduce",
+                                     description="a paper's headline results as one command: claim | paper | this run "
+                                                 "[95 % CI] | agrees? (docs/reproduce.md)",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=f"protocols:\n{protocols}\n{planned}")
     parser.add_argument("protocol", help=f"one of {', '.join(PROTOCOLS)}")
@@ -113,6 +115,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", default="auto")
     parser.add_argument("--num_fewshot", type=int, default=None, help="default: each task's own")
     parser.add_argument("--gen_kwargs", default=None, help="lm_eval's, e.g. max_gen_toks=128")
+    parser.add_argument("--apply_chat_template", action="store_true", help="lm_eval's (instruct models' chat format)")
     parser.add_argument("--metadata", default=None, help="more task metadata as JSON, e.g. '{\"noise_eta\": 0.3}'")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
@@ -138,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         claims, header = reproduce(
             args.protocol, variant=args.variant, model=args.model, model_args=args.model_args, out=args.out,
             limit=args.limit, data_dir=args.data_dir, metadata=_metadata(args.metadata), device=args.device,
-            batch_size=args.batch_size, num_fewshot=args.num_fewshot, gen_kwargs=args.gen_kwargs, seed=args.seed,
+            batch_size=args.batch_size, num_fewshot=args.num_fewshot, gen_kwargs=args.gen_kwargs,
+            apply_chat_template=args.apply_chat_template, seed=args.seed,
             n_resamples=args.resamples)
     except ReproduceError as error:
         print(f"lm-eval-probes reproduce: error: {error}", file=sys.stderr)

@@ -63,7 +63,8 @@ class RunOptions:
         data_dir: local benchmark files (the tasks' ``probes_data_dir``); ``None``: the Hugging Face hub.
         metadata: more task metadata (``noise_eta``, ``ece_bins``, ...).
         out: where lm_eval's files and the tables go.
-        device, batch_size, num_fewshot, gen_kwargs: as lm_eval's options (``None``: lm_eval's / the task's).
+        device, batch_size, num_fewshot, gen_kwargs, apply_chat_template: as lm_eval's options (``None``:
+            lm_eval's / the task's).
         seed, n_resamples: the bootstrap's.
     """
 
@@ -78,6 +79,7 @@ class RunOptions:
     batch_size: str = "auto"
     num_fewshot: int | None = None
     gen_kwargs: str | None = None
+    apply_chat_template: bool = False
     seed: int = 0
     n_resamples: int = 1000
 
@@ -135,7 +137,8 @@ def evaluate(options: RunOptions, *, lm: Any | None = None, output_dir: Path | N
         model=lm if lm is not None else options.model, model_args=None if lm is not None else options.model_args_text(),
         tasks=list(options.tasks), num_fewshot=options.num_fewshot, batch_size=_batch_size(options.batch_size),
         device=_device(options.device), limit=options.limit, log_samples=True, bootstrap_iters=0,
-        gen_kwargs=options.gen_kwargs, task_manager=manager, evaluation_tracker=tracker,
+        gen_kwargs=options.gen_kwargs, apply_chat_template=options.apply_chat_template, task_manager=manager,
+        evaluation_tracker=tracker,
     )
     if out is None:  # a non-zero rank of a distributed run
         raise ReproduceError("lm_eval returned no results on this process (run the reproduction on one process)")
