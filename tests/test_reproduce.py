@@ -88,6 +88,8 @@ def test_model_args_are_parsed_and_merged():
         "pretrained": "x", "probes": "tcb+bte", "dtype": "float32"}
     merged = merge_model_args({"probes": "tcb", "probe_bte_profile": "window"}, {"probes": "bte", "probe_bte_profile": "full"})
     assert merged == {"probes": "tcb+bte", "probe_bte_profile": "window"}  # the user's option stands
+    assert merge_model_args({"probes": "all"}, {"probes": "bte"}) == {"probes": "all"}
+    assert merge_model_args({"probes": "none"}, {"probes": "reader"}) == {"probes": "reader"}
     with pytest.raises(ReproduceError, match="expected key=value"):
         parse_model_args("pretrained")
 

@@ -39,13 +39,14 @@ def parse_model_args(text: str) -> dict[str, str]:
 
 
 def merge_model_args(given: dict[str, str], required: dict[str, str]) -> dict[str, str]:
-    """The user's ``model_args`` with what the protocol needs: its probes added to the user's (``+``), its other
-    options set where the user did not set them."""
+    """The user's ``model_args`` with what the protocol needs: its probes added to the user's (``+``; ``all`` has
+    them, ``none`` gives way), its other options set where the user did not set them."""
     merged = dict(given)
     for key, value in required.items():
         if key == "probes" and key in merged:
-            have = [p for p in merged[key].split("+") if p]
-            merged[key] = "+".join(have + [p for p in value.split("+") if p and p not in have])
+            have = [p for p in merged[key].split("+") if p and p != "none"]
+            if "all" not in have:
+                merged[key] = "+".join(have + [p for p in value.split("+") if p and p not in have])
         else:
             merged.setdefault(key, value)
     return merged
