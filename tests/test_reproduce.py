@@ -135,6 +135,13 @@ def test_bte_end_to_end(tiny_model_dir, data_dir, tmp_path):
     assert math_rho.measured.value == pytest.approx(results["probes_math500_ref"][f"{rho},none"])  # the user's row
     assert math_rho.measured.ci_low <= math_rho.measured.value <= math_rho.measured.ci_high
     assert math_rho.paper == 0.44 and math_rho.measured.n_documents == 10
+    # the interval is the report's: the same resamples, keyed by the same model label, task and filter
+    from lm_eval_probes.reports.reading import read_runs
+    from lm_eval_probes.reports.tables import BootstrapSettings, task_cell
+
+    (model,) = read_runs([tmp_path / "lm_eval"])
+    cell = task_cell(model, "probes_math500_ref", rho, "none", BootstrapSettings(n_resamples=200))
+    assert (cell.ci.low, cell.ci.high) == pytest.approx((math_rho.measured.ci_low, math_rho.measured.ci_high))
     levels = by_text["MATH-500: mean ē_M per level 1–5 rises"]
     assert len(levels.measured.value) == 5 and levels.agrees in (True, False)
     attribution = next(c for c in claims if c.claim.startswith("benchmark attribution"))
