@@ -17,6 +17,7 @@ from lm_eval_probes.reproduce.claims import (
     AbsAtMost,
     AtLeast,
     Claim,
+    InteriorMinimum,
     IntervalAbove,
     Measurement,
     PaperInInterval,
@@ -64,6 +65,8 @@ def test_bounds_and_monotone_rules():
     assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, 0.2, 0.3)).agrees is True
     assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, 0.3, 0.2)).agrees is False
     assert claim(StrictlyIncreasing(), (0.161, 0.173), (0.1, float("nan"))).agrees is None
+    assert claim(InteriorMinimum(), None, (2.7, 2.5, 2.6)).agrees is True
+    assert claim(InteriorMinimum(), None, (2.7, 2.6, 2.5)).agrees is False  # best at the end: no U
 
 
 def test_claim_json_and_markdown():
@@ -97,6 +100,9 @@ def test_model_args_are_parsed_and_merged():
 @pytest.mark.parametrize(("argv", "message"), [
     (["tbc"], "unknown protocol 'tbc'. Did you mean 'tcb'"),
     (["tcb"], "planned but not built yet"),
+    (["margins"], "give --engine_output"),
+    (["bte", "--engine_output", "x.json"], "--engine_output is for margins"),
+    (["margins", "--engine_output", "/no/such/repro.json"], "no engine output at"),
     (["calibration", "--variant", "gsm"], "no variant 'gsm'. Did you mean 'gsm8k'"),
     (["bte", "--model", "hf-probes-diffusion"], "runs with --model hf-probes"),
     (["bte", "--model_args", "pretrained"], "expected key=value"),
@@ -215,3 +221,41 @@ def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path):
     assert rises.agrees == all(b > a for a, b in zip(rises.measured.value, rises.measured.value[1:]))
     assert claims[1].measured.value is not None and claims[1].measured.n_documents == 12
     assert claims[-1].paper == pytest.approx(3.05 - 1.78) and "level" in claims[-1].measured.note
+
+
+def engine_report(degradations: dict[float, float], clean: dict[float, float]) -> dict:
+    """A report shaped as benchmarks/support_tokens_repro.py writes it (σ keys as JSON strings)."""
+    return {"data": "made up", "seeds": [0, 1], "sigmas": [0.0, 0.5], "results": [
+        {"weight": w, "bpc": {"0.0": clean[w], "0.5": clean[w] * degradations[w]}} for w in degradations]}
+
+
+def test_margins_claims_from_the_engines_output(tmp_path, capsys):
+    from lm_eval_probes.reproduce.margins import margins_claims
+
+    paper_like = margins_claims(engine_report({0.0: 2.68, 0.02: 2.60, 0.05: 2.56, 0.1: 2.62},
+                                              {0.0: 2.168, 0.02: 2.18, 0.05: 2.198, 0.1: 2.21}))
+    assert [c.agrees for c in paper_like] == [True, True, True]
+    assert paper_like[0].measured.value == pytest.approx(2.198 / 2.168 - 1)
+    assert paper_like[1].measured.value == pytest.approx(2.56 - 2.68)
+    unlike = margins_claims(engine_report({0.0: 2.5, 0.05: 2.6, 0.1: 2.7}, {0.0: 2.0, 0.05: 2.3, 0.1: 2.4}))
+    assert [c.agrees for c in unlike] == [False, False, False]  # 15 % clean cost, worse degradation, best at λ = 0
+    path = tmp_path / "repro.json"
+    for report, message in [({"results": [{"weight": 0.0}]}, "needs a CE-only result (weight 0) and at least one"),
+                            ({"sigmas": [0.0], "results": [{"weight": 0.0}, {"weight": 0.1}]}, "is not the engine's report")]:
+        path.write_text(json.dumps(report))
+        assert main(["margins", "--engine_output", str(path), "--out", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_margins_reads_the_engines_real_output(repo_root, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    engine = tmp_path / "engine"
+    subprocess.run([sys.executable, str(repo_root / "benchmarks" / "support_tokens_repro.py"), "--quick", "--steps", "2",
+                    "--lambdas", "0.05,0.1", "--sigmas", "0,0.5", "--out", str(engine)], check=True, capture_output=True)
+    assert main(["margins", "--engine_output", str(engine), "--out", str(tmp_path / "out")]) == 0
+    assert "clean BPC cost of the barrier (λ = 0.05)" in capsys.readouterr().out
+    document = json.loads((tmp_path / "out" / "claims.json").read_text())
+    assert document["engine"] == "benchmarks/support_tokens_repro.py" and len(document["claims"]) == 3
+    assert all(CLAIM_KEYS <= set(entry) for entry in document["claims"])

@@ -4,8 +4,9 @@ A protocol (:mod:`.protocol`) names the paper's model, the plugin's tasks that r
 read from the run; :mod:`.runner` evaluates the tasks once through ``lm_eval`` with the plugin (the rows and
 samples a user gets), :mod:`.statistics` reads each claim's number and its bootstrap CI from them (the report's
 helpers), :mod:`.claims` decides agreement by the rule each claim states, :mod:`.tables` writes the table
-(Markdown, JSON) and :mod:`.cli` is the command. Protocols: :mod:`.bte`, :mod:`.calibration`
-(:data:`.registry.PROTOCOLS`; the planned ones in :data:`.registry.PLANNED`). docs/reproduce.md.
+(Markdown, JSON) and :mod:`.cli` is the command. Protocols: :mod:`.bte`, :mod:`.calibration`, :mod:`.omega`
+(:data:`.registry.PROTOCOLS`); :mod:`.margins` reads the output of its training engine
+(:data:`.registry.ENGINE_PROTOCOLS`); the planned ones are in :data:`.registry.PLANNED`. docs/reproduce.md.
 """
 
 from __future__ import annotations

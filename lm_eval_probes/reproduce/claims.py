@@ -151,6 +151,22 @@ class StrictlyIncreasing:
 
 
 @dataclass(frozen=True)
+class InteriorMinimum:
+    """Agrees when the measured sequence is lowest strictly inside it, not at either end (a U over its axis)."""
+
+    @property
+    def text(self) -> str:
+        return "the measured values are lowest strictly inside the range (a U), not at either end"
+
+    def decide(self, paper: Value, measured: Measurement) -> bool | None:
+        values = measured.value
+        if not isinstance(values, Sequence) or len(values) < 3 or not all(_finite(v) for v in values):
+            return None
+        lowest = min(values)
+        return values[0] > lowest and values[-1] > lowest
+
+
+@dataclass(frozen=True)
 class Claim:
     """One row of a reproduction's table: claim | paper | this run [95 % CI] | agrees?
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from lm_eval_probes.reproduce.claims import Claim
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
-from lm_eval_probes.reproduce.registry import PLANNED, PROTOCOLS, protocol
+from lm_eval_probes.reproduce.registry import ENGINE_PROTOCOLS, PLANNED, PROTOCOLS, protocol
 from lm_eval_probes.reproduce.runner import (
     MODELS,
     ReproduceError,
@@ -91,16 +91,37 @@ def reproduce(name: str, *, variant: str | None = None, **kwargs: Any) -> tuple[
     return claims, header
 
 
+def from_engine(name: str, engine_output: str | None) -> tuple[list[Claim], dict[str, Any]]:
+    """The claims of an engine protocol (``margins``) from its engine's output file.
+
+    Raises:
+        ReproduceError: an lm_eval protocol given ``--engine_output``, or an engine protocol without it.
+    """
+    if name not in ENGINE_PROTOCOLS:
+        protocol(name)  # an unknown or planned name says so
+        raise ReproduceError(f"--engine_output is for {', '.join(ENGINE_PROTOCOLS)}; {name!r} runs through lm_eval")
+    if engine_output is None:
+        raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
+    from lm_eval_probes.reproduce import margins
+
+    report = margins.read_engine_output(engine_output)
+    try:
+        return margins.margins_claims(report), margins.engine_header(report, engine_output)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise ReproduceError(f"{engine_output} is not the engine's report ({type(error).__name__}: {error})") from None
+
+
 def parser() -> argparse.ArgumentParser:
     protocols = "\n".join(f"  {p.name}: {p.summary}; variants: "
                           + ", ".join(f"{v.name} ({v.description})" for v in p.variants) for p in PROTOCOLS.values())
+    engines = "\n".join(f"  {name}: {text}" for name, text in ENGINE_PROTOCOLS.items())
     planned = "\n".join(f"  {name} (planned): {text}" for name, text in PLANNED.items())
     parser = argparse.ArgumentParser(prog="lm-eval-probes reproduce",
                                      description="a paper's headline results as one command: claim | paper | this run "
                                                  "[95 % CI] | agrees? (docs/reproduce.md)",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=f"protocols:\n{protocols}\n{planned}")
-    parser.add_argument("protocol", help=f"one of {', '.join(PROTOCOLS)}")
+                                     epilog=f"protocols:\n{protocols}\n{engines}\n{planned}")
+    parser.add_argument("protocol", help=f"one of {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])}")
     parser.add_argument("--model", choices=MODELS, default=None,
                         help="the plugin's model (default: the one the paper's headline comes from)")
     parser.add_argument("--model_args", default="",
@@ -117,6 +138,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--gen_kwargs", default=None, help="lm_eval's, e.g. max_gen_toks=128")
     parser.add_argument("--apply_chat_template", action="store_true", help="lm_eval's (instruct models' chat format)")
     parser.add_argument("--metadata", default=None, help="more task metadata as JSON, e.g. '{\"noise_eta\": 0.3}'")
+    parser.add_argument("--engine_output", default=None,
+                        help="margins: the repro.json (or its folder) written by benchmarks/support_tokens_repro.py")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     return parser
@@ -138,19 +161,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     try:
-        claims, header = reproduce(
-            args.protocol, variant=args.variant, model=args.model, model_args=args.model_args, out=args.out,
-            limit=args.limit, data_dir=args.data_dir, metadata=_metadata(args.metadata), device=args.device,
-            batch_size=args.batch_size, num_fewshot=args.num_fewshot, gen_kwargs=args.gen_kwargs,
-            apply_chat_template=args.apply_chat_template, seed=args.seed,
-            n_resamples=args.resamples)
+        if args.protocol in ENGINE_PROTOCOLS or args.engine_output is not None:
+            claims, header = from_engine(args.protocol, args.engine_output)
+        else:
+            claims, header = reproduce(
+                args.protocol, variant=args.variant, model=args.model, model_args=args.model_args, out=args.out,
+                limit=args.limit, data_dir=args.data_dir, metadata=_metadata(args.metadata), device=args.device,
+                batch_size=args.batch_size, num_fewshot=args.num_fewshot, gen_kwargs=args.gen_kwargs,
+                apply_chat_template=args.apply_chat_template, seed=args.seed, n_resamples=args.resamples)
     except ReproduceError as error:
         print(f"lm-eval-probes reproduce: error: {error}", file=sys.stderr)
         return 2
     json_path, markdown_path = write(claims, header, Path(args.out))
-    print(f"\n{header['protocol']} ({header['variant']}), {header['model']} {header['model_args']}\n")
+    source = (f"{header['variant']}, {header['model']} {header['model_args']}" if "model" in header
+              else f"engine output {header['engine_output']}")
+    print(f"\n{header['protocol']} ({source})\n")
     print(markdown_table(claims))
-    print(f"\n{summary_line(claims)}\nwritten: {json_path}, {markdown_path}; lm_eval's files: {header['lm_eval_output']}")
+    files = f"; lm_eval's files: {header['lm_eval_output']}" if "lm_eval_output" in header else ""
+    print(f"\n{summary_line(claims)}\nwritten: {json_path}, {markdown_path}{files}")
     return 0
 
 

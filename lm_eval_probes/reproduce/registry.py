@@ -12,11 +12,16 @@ PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protoc
 """Implemented protocols by name."""
 
 PLANNED: dict[str, str] = {
-    "margins": "support tokens and stability margins: benchmarks/support_tokens_repro.py as the engine",
     "tcb": "δ_TCB against √V_eff and the top-2 logit margin on diverse and low-V_eff prompt sets, and the "
            "cluster/disperse ablation (needs the prompt sets)",
 }
 """Protocols of issue 22 not built yet (docs/reproduce.md says what each needs)."""
+
+ENGINE_PROTOCOLS: dict[str, str] = {
+    "margins": "the log-barrier experiment of the support-token paper, read from the output of its engine "
+               "benchmarks/support_tokens_repro.py (--engine_output DIR/repro.json)",
+}
+"""Protocols whose numbers come from an engine other than lm_eval (they train models); read from its output."""
 
 
 def protocol(name: str) -> ReproductionProtocol:
@@ -27,10 +32,12 @@ def protocol(name: str) -> ReproductionProtocol:
     """
     if name in PROTOCOLS:
         return PROTOCOLS[name]
+    if name in ENGINE_PROTOCOLS:
+        raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
     if name in PLANNED:
         raise ReproduceError(f"protocol {name!r} is planned but not built yet ({PLANNED[name]}); available: "
                              f"{', '.join(PROTOCOLS)}")
-    close = difflib.get_close_matches(name, list(PROTOCOLS) + list(PLANNED), n=1)
+    close = difflib.get_close_matches(name, list(PROTOCOLS) + list(ENGINE_PROTOCOLS) + list(PLANNED), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join(PROTOCOLS)} "
+    raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])} "
                          f"(planned: {', '.join(PLANNED)})")
