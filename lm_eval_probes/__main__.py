@@ -154,8 +154,8 @@ def plugin_help(tasks_dir: str) -> str:
                                   "lm-eval-probes sweep --help shows a config"),
             ("report RUN_DIR... --out DIR", "the leaderboard (HTML, Markdown, CSV, plots, paired comparisons) "
                                             "from lm_eval output folders"),
-            ("reproduce PROTOCOL ...", "a paper's headline results as one command (bte, calibration, omega, margins): "
-                                       "claim | paper | this run [95 % CI] | agrees?; docs/reproduce.md"),
+            ("reproduce PROTOCOL ...", "a paper's headline results as one command (bte, calibration, omega, tcb, "
+                                       "margins): claim | paper | this run [95 % CI] | agrees?; docs/reproduce.md"),
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
             ("lm-eval-probes-demo", "(its own command) the bundled models on the synthetic tasks, then the "
                                     "leaderboard; what make demo runs"),

@@ -99,7 +99,6 @@ def test_model_args_are_parsed_and_merged():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["tbc"], "unknown protocol 'tbc'. Did you mean 'tcb'"),
-    (["tcb"], "planned but not built yet"),
     (["margins"], "give --engine_output"),
     (["bte", "--engine_output", "x.json"], "--engine_output is for margins"),
     (["margins", "--engine_output", "/no/such/repro.json"], "no engine output at"),
@@ -124,7 +123,7 @@ def test_the_subcommand_is_registered():
     with pytest.raises(SystemExit) as exit_info:
         main(["bte", "--model", "hf"])
     assert exit_info.value.code == 2
-    assert set(PROTOCOLS) == {"bte", "calibration", "omega"}
+    assert set(PROTOCOLS) == {"bte", "calibration", "omega", "tcb"}
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -247,15 +246,36 @@ def test_margins_claims_from_the_engines_output(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_margins_reads_the_engines_real_output(repo_root, tmp_path, capsys):
-    import subprocess
+def test_margins_reads_the_engines_real_output(repo_root, tmp_path, capsys, monkeypatch):
+    import importlib.util
     import sys
 
+    spec = importlib.util.spec_from_file_location("support_tokens_repro", repo_root / "benchmarks" / "support_tokens_repro.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
     engine = tmp_path / "engine"
-    subprocess.run([sys.executable, str(repo_root / "benchmarks" / "support_tokens_repro.py"), "--quick", "--steps", "2",
-                    "--lambdas", "0.05,0.1", "--sigmas", "0,0.5", "--out", str(engine)], check=True, capture_output=True)
+    import torch
+
+    script.main(["--quick", "--steps", "2", "--lambdas", "0.05,0.1", "--sigmas", "0,0.5", "--out", str(engine),
+                 "--threads", str(torch.get_num_threads())])  # leaves the process's thread count as it was
+    capsys.readouterr()
     assert main(["margins", "--engine_output", str(engine), "--out", str(tmp_path / "out")]) == 0
     assert "clean BPC cost of the barrier (λ = 0.05)" in capsys.readouterr().out
     document = json.loads((tmp_path / "out" / "claims.json").read_text())
     assert document["engine"] == "benchmarks/support_tokens_repro.py" and len(document["claims"]) == 3
     assert all(CLAIM_KEYS <= set(entry) for entry in document["claims"])
+
+
+def test_tcb_end_to_end_with_its_stand_in_prompt_sets(tiny_model_dir, data_dir, tmp_path):
+    from lm_eval_probes.reproduce.statistics import Run
+    from lm_eval_probes.reproduce.tcb import document_values
+
+    claims, header = reproduce("tcb", model_args=f"pretrained={tiny_model_dir('llama')}", data_dir=str(data_dir),
+                               limit=9, out=tmp_path, device="cpu", batch_size="8", n_resamples=100)
+    assert "probes=tcb" in header["model_args"] and len(header["tasks"]) == 4
+    diverse_veff, diverse_margin, low_veff, low_margin, ablation = claims
+    assert diverse_veff.measured.n_documents == 36 and low_veff.measured.n_documents == 12
+    for made in (diverse_veff, diverse_margin, low_veff, low_margin):
+        assert -1.0 <= made.measured.value <= 1.0 and made.measured.ci_low <= made.measured.ci_high
+    assert ablation.measured.value is None and ablation.agrees is None

@@ -24,7 +24,7 @@ from typing import Any
 
 from lm_eval_probes.reproduce.claims import Claim
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
-from lm_eval_probes.reproduce.registry import ENGINE_PROTOCOLS, PLANNED, PROTOCOLS, protocol
+from lm_eval_probes.reproduce.registry import ENGINE_PROTOCOLS, PROTOCOLS, protocol
 from lm_eval_probes.reproduce.runner import (
     MODELS,
     ReproduceError,
@@ -98,7 +98,7 @@ def from_engine(name: str, engine_output: str | None) -> tuple[list[Claim], dict
         ReproduceError: an lm_eval protocol given ``--engine_output``, or an engine protocol without it.
     """
     if name not in ENGINE_PROTOCOLS:
-        protocol(name)  # an unknown or planned name says so
+        protocol(name)  # an unknown name says so
         raise ReproduceError(f"--engine_output is for {', '.join(ENGINE_PROTOCOLS)}; {name!r} runs through lm_eval")
     if engine_output is None:
         raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
@@ -115,12 +115,11 @@ def parser() -> argparse.ArgumentParser:
     protocols = "\n".join(f"  {p.name}: {p.summary}; variants: "
                           + ", ".join(f"{v.name} ({v.description})" for v in p.variants) for p in PROTOCOLS.values())
     engines = "\n".join(f"  {name}: {text}" for name, text in ENGINE_PROTOCOLS.items())
-    planned = "\n".join(f"  {name} (planned): {text}" for name, text in PLANNED.items())
     parser = argparse.ArgumentParser(prog="lm-eval-probes reproduce",
                                      description="a paper's headline results as one command: claim | paper | this run "
                                                  "[95 % CI] | agrees? (docs/reproduce.md)",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=f"protocols:\n{protocols}\n{engines}\n{planned}")
+                                     epilog=f"protocols:\n{protocols}\n{engines}")
     parser.add_argument("protocol", help=f"one of {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])}")
     parser.add_argument("--model", choices=MODELS, default=None,
                         help="the plugin's model (default: the one the paper's headline comes from)")

@@ -1,21 +1,15 @@
-"""The reproductions ``lm-eval-probes reproduce`` knows, and those still planned."""
+"""The reproductions ``lm-eval-probes reproduce`` knows."""
 
 from __future__ import annotations
 
 import difflib
 
-from lm_eval_probes.reproduce import bte, calibration, omega
+from lm_eval_probes.reproduce import bte, calibration, omega, tcb
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol
 from lm_eval_probes.reproduce.runner import ReproduceError
 
-PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protocol in (bte.PROTOCOL, calibration.PROTOCOL, omega.PROTOCOL)}
+PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protocol in (bte.PROTOCOL, calibration.PROTOCOL, omega.PROTOCOL, tcb.PROTOCOL)}
 """Implemented protocols by name."""
-
-PLANNED: dict[str, str] = {
-    "tcb": "δ_TCB against √V_eff and the top-2 logit margin on diverse and low-V_eff prompt sets, and the "
-           "cluster/disperse ablation (needs the prompt sets)",
-}
-"""Protocols of issue 22 not built yet (docs/reproduce.md says what each needs)."""
 
 ENGINE_PROTOCOLS: dict[str, str] = {
     "margins": "the log-barrier experiment of the support-token paper, read from the output of its engine "
@@ -28,16 +22,12 @@ def protocol(name: str) -> ReproductionProtocol:
     """The protocol called ``name``.
 
     Raises:
-        ReproduceError: a planned protocol (not built yet) or an unknown name, with the valid ones.
+        ReproduceError: an engine protocol (it reads its engine's output) or an unknown name, with the valid ones.
     """
     if name in PROTOCOLS:
         return PROTOCOLS[name]
     if name in ENGINE_PROTOCOLS:
         raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
-    if name in PLANNED:
-        raise ReproduceError(f"protocol {name!r} is planned but not built yet ({PLANNED[name]}); available: "
-                             f"{', '.join(PROTOCOLS)}")
-    close = difflib.get_close_matches(name, list(PROTOCOLS) + list(ENGINE_PROTOCOLS) + list(PLANNED), n=1)
+    close = difflib.get_close_matches(name, list(PROTOCOLS) + list(ENGINE_PROTOCOLS), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])} "
-                         f"(planned: {', '.join(PLANNED)})")
+    raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])}")
