@@ -1,4 +1,7 @@
-"""End to end: the plain ``lm_eval`` CLI with ``--model hf-probes``, the console script, and the Python API."""
+"""End to end: the plain ``lm_eval`` CLI with ``--model hf-probes``, the console script, and the Python API.
+
+The plain CLI and the console script run in fresh interpreters (started when the session starts: see
+``conftest.fresh_command``); the refused options go through lm_eval's CLI in this process."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
+import re
 import sys
 from pathlib import Path
 
@@ -14,16 +17,13 @@ import pytest
 from scipy import stats
 
 import lm_eval_probes
+from conftest import fresh_command
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 needs_regular_install = pytest.mark.skipif(
     importlib.util.find_spec("_lm_eval_probes_autoload") is None,
     reason="the plain lm_eval CLI needs the .pth of a regular (non-editable) install; `make test` does one",
 )
-
-
-def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
 def load_outputs(out: Path) -> tuple[dict, list[dict]]:
@@ -38,16 +38,20 @@ def _not_json(token: str) -> None:
     raise ValueError(f"results JSON holds the non-JSON constant {token}")
 
 
+@fresh_command
+def plain_lm_eval(tiny_model_dir, folder: Path) -> tuple[list[str], dict[str, str]]:
+    return [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
+            "--model_args", f"pretrained={tiny_model_dir('llama')},probes=all",
+            "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
+            "--limit", "12", "--device", "cpu", "--batch_size", "4", "--output_path", str(folder / "out"),
+            "--log_samples"], ENV
+
+
 @needs_regular_install
-def test_plain_lm_eval_cli_reports_probe_rows(tiny_model_dir, tmp_path):
-    out = tmp_path / "out"
-    proc = run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
-         "--model_args", f"pretrained={tiny_model_dir('llama')},probes=all",
-         "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
-         "--limit", "12", "--device", "cpu", "--batch_size", "4", "--output_path", str(out), "--log_samples"],
-        cwd=tmp_path,
-    )
+@pytest.mark.fresh_process("plain_lm_eval")
+def test_plain_lm_eval_cli_reports_probe_rows(fresh_processes):
+    proc, folder = fresh_processes.result("plain_lm_eval")
+    out = folder / "out"
     assert proc.returncode == 0, proc.stderr[-3000:]
     results, samples = load_outputs(out)
     row = results["results"]["probes_synth_logic"]
@@ -69,34 +73,34 @@ def test_plain_lm_eval_cli_reports_probe_rows(tiny_model_dir, tmp_path):
 
 
 @needs_regular_install
-def test_bad_model_args_fail_before_loading_with_the_valid_values(tmp_path):
-    proc = run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
-         "--model_args", "pretrained=/does/not/exist,probes=tcb+bet", "--tasks", "probes_synth_logic",
-         "--include_path", lm_eval_probes.TASKS_DIR, "--device", "cpu"],
-        cwd=tmp_path,
-    )
-    assert proc.returncode != 0
-    assert "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte, reader, omega, margin." in proc.stderr
-    proc = run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
-         "--model_args", "pretrained=/does/not/exist,probe_tcb_epsilon=2", "--tasks", "probes_synth_logic",
-         "--include_path", lm_eval_probes.TASKS_DIR, "--device", "cpu"],
-        cwd=tmp_path,
-    )
-    assert proc.returncode != 0
-    assert "unknown hf-probes option 'probe_tcb_epsilon'. Did you mean 'probe_tcb_eps'?" in proc.stderr
+def test_bad_model_args_fail_before_loading_with_the_valid_values(tmp_path, run_cli, monkeypatch):
+    """In this process: the placeholder the .pth registered is what ``lm_eval`` resolves (the test above runs it
+    in a fresh interpreter); the model that does not exist is never loaded."""
+    monkeypatch.chdir(tmp_path)
+    for model_args, message in (
+        ("pretrained=/does/not/exist,probes=tcb+bet",
+         "unknown probe 'bet'. Did you mean 'bte'? Valid: tcb, bte, reader, omega, margin."),
+        ("pretrained=/does/not/exist,probe_tcb_epsilon=2",
+         "unknown hf-probes option 'probe_tcb_epsilon'. Did you mean 'probe_tcb_eps'?"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run_cli("lm_eval", ["run", "--model", "hf-probes", "--model_args", model_args,
+                                "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
+                                "--device", "cpu"])
 
 
-def test_console_script_adds_tasks_and_keeps_probe_names_together(tiny_model_dir, tmp_path):
-    out = tmp_path / "out"
-    proc = run(
-        [sys.executable, "-m", "lm_eval_probes", "--model", "hf-probes",
-         "--model_args", f"pretrained={tiny_model_dir('gpt2')},probes=tcb,bte",
-         "--tasks", "probes_synth_logic,probes_synth_arith_gen", "--limit", "5", "--device", "cpu",
-         "--output_path", str(out), "--log_samples"],
-        cwd=tmp_path,
-    )
+@fresh_command
+def console_script(tiny_model_dir, folder: Path) -> tuple[list[str], dict[str, str]]:
+    return [sys.executable, "-m", "lm_eval_probes", "--model", "hf-probes",
+            "--model_args", f"pretrained={tiny_model_dir('gpt2')},probes=tcb,bte",
+            "--tasks", "probes_synth_logic,probes_synth_arith_gen", "--limit", "5", "--device", "cpu",
+            "--output_path", str(folder / "out"), "--log_samples"], ENV
+
+
+@pytest.mark.fresh_process("console_script")
+def test_console_script_adds_tasks_and_keeps_probe_names_together(fresh_processes):
+    proc, folder = fresh_processes.result("console_script")
+    out = folder / "out"
     assert proc.returncode == 0, proc.stderr[-3000:]
     results, _ = load_outputs(out)
     gen = results["results"]["probes_synth_arith_gen"]

@@ -1,10 +1,10 @@
-"""A real two-process run: ``torchrun --nproc_per_node 2`` on CPUs (gloo) against the one-process run."""
+"""A real two-process run: ``torchrun --nproc_per_node 2`` on CPUs (gloo) against the one-process run (the torchrun
+starts when the session starts: see ``conftest.fresh_command``)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import lm_eval
 import pytest
 from lm_eval.utils import handle_non_serializable
 
+from conftest import fresh_command
 from per_document import largest_differences
 from lm_eval_probes import TASKS_DIR, rows
 from lm_eval_probes.harness.tasks import ProbeTaskManager
@@ -26,18 +27,22 @@ def _samples(out: Path, task: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_two_processes_split_the_documents_and_equal_one_process(tiny_model_dir, tmp_path):
-    folder = tiny_model_dir("llama")
-    out = tmp_path / "two"
+@fresh_command
+def torchrun_two_processes(tiny_model_dir, folder: Path) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "lm_eval_probes", "run", "--model", "hf-probes", "--model_args", f"pretrained={folder},probes=all",
-         "--tasks", ",".join(TASKS), "--limit", str(LIMIT), "--batch_size", "3", "--gen_kwargs", "max_gen_toks=6",
-         "--output_path", str(out), "--log_samples"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "lm_eval_probes", "run", "--model", "hf-probes",
+            "--model_args", f"pretrained={tiny_model_dir('llama')},probes=all",
+            "--tasks", ",".join(TASKS), "--limit", str(LIMIT), "--batch_size", "3", "--gen_kwargs", "max_gen_toks=6",
+            "--output_path", str(folder / "two"), "--log_samples"], env
+
+
+@pytest.mark.fresh_process("torchrun_two_processes")
+def test_two_processes_split_the_documents_and_equal_one_process(tiny_model_dir, fresh_processes):
+    folder = tiny_model_dir("llama")
+    proc, workdir = fresh_processes.result("torchrun_two_processes")
+    out = workdir / "two"
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     for rank in (0, 1):  # both processes took their rank from accelerate and built their share of each task

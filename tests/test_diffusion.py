@@ -5,6 +5,7 @@ Tiny random bidirectional models built from configs (BERT, ModernBERT) with a ti
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 from types import SimpleNamespace
@@ -501,20 +502,29 @@ def test_answer_reveal_step_reads_the_answer_span():
     assert answer_reveal_step(ResponseProbe(n_tokens=1, mean_token_logprob=0.0)) is None
 
 
-def test_plain_lm_eval_cli_finds_the_model(masked_lm_dir, tmp_path):
-    """A regular install registers hf-probes-diffusion at interpreter start (the .pth autoload), for plain lm_eval."""
+def test_plain_lm_eval_cli_finds_the_model(masked_lm_dir, tmp_path, run_cli, monkeypatch):
+    """A regular install registers hf-probes-diffusion at interpreter start (the .pth autoload), for plain lm_eval:
+    in a fresh interpreter the name is in lm_eval's registry before anything imports the plugin, and lm_eval's
+    CLI (run here in this process; ``tests/test_cli.py`` runs a whole fresh ``lm_eval`` with hf-probes) resolves it."""
     import json
-    import os
     import subprocess
     import sys
 
+    from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME
+
+    if importlib.util.find_spec("_lm_eval_probes_autoload") is None:
+        pytest.skip("the plain lm_eval CLI needs the .pth of a regular (non-editable) install; `make test` does one")
+    code = ("import sys; from lm_eval.api.registry import model_registry; "
+            f"print({DIFFUSION_MODEL_NAME!r} in model_registry, 'lm_eval_probes.models' in sys.modules)")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert fresh.stdout.split() == ["True", "False"]  # registered lazily: nothing heavy imported at start-up
     args = f"pretrained={masked_lm_dir('bert')},diffusion_gen_length=4,diffusion_steps=4"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes-diffusion", "--model_args", args, "--device", "cpu",
-         "--tasks", "probes_synth_arith_gen", "--include_path", TASKS_DIR, "--limit", "4", "--output_path", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run_cli("lm_eval", [
+        "run", "--model", "hf-probes-diffusion", "--model_args", args, "--device", "cpu", "--tasks",
+        "probes_synth_arith_gen", "--include_path", TASKS_DIR, "--limit", "4", "--output_path", str(tmp_path)])
+    assert status == 0, err[-3000:]
     (results_file,) = tmp_path.rglob("results_*.json")
     results = json.loads(results_file.read_text())["results"]["probes_synth_arith_gen"]
     assert "ece,first-integer" in results and "reveal_step,first-integer" in results

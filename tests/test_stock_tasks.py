@@ -1,15 +1,11 @@
-"""Probe rows on stock lm_eval tasks (their prompts, filters and metrics kept), by Python and by CLI."""
+"""Probe rows on stock lm_eval tasks (their prompts, filters and metrics kept), by Python and by the console
+script's entry point (in this process; ``tests/test_cli.py`` runs it in a fresh one)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-
-import pytest
 
 from loader_fixtures import gsm8k_rows
-from test_cli import ENV
 
 
 def stock_specs(tmp_path) -> list[dict]:
@@ -50,18 +46,17 @@ def test_python_api_adds_probe_rows_to_stock_tasks(tiny_model_dir, tmp_path):
     assert not any("spearman" in key for key in results["arc_easy"])  # stock tasks declare no difficulty
 
 
-def test_console_script_probes_stock_tasks(tiny_model_dir, tmp_path):
+def test_console_script_probes_stock_tasks(tiny_model_dir, tmp_path, run_cli, monkeypatch):
     import yaml
 
     (group_file := tmp_path / "stock_local.yaml").write_text(yaml.safe_dump(stock_specs(tmp_path)[0]))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "lm_eval_probes", "run", "--model", "hf-probes",
-         "--model_args", f"pretrained={tiny_model_dir('gpt2')},probes=tcb", "--tasks", str(group_file),
-         "--limit", "4", "--device", "cpu", "--gen_kwargs", "max_gen_toks=4", "--output_path", str(out)],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("lm-eval-probes", [
+        "run", "--model", "hf-probes", "--model_args", f"pretrained={tiny_model_dir('gpt2')},probes=tcb",
+        "--tasks", str(group_file), "--limit", "4", "--device", "cpu", "--gen_kwargs", "max_gen_toks=4",
+        "--output_path", str(out)])
+    assert code == 0, err[-3000:]
     (results_file,) = out.rglob("results_*.json")
     results = json.loads(results_file.read_text())["results"]
     assert "tcb_log10,none" in results["arc_easy"] and "tcb_log10,strict-match" in results["gsm8k"]

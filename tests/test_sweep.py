@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -160,20 +158,18 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
     assert all(set(m.tasks) == set(TASKS) for m in report.models)
 
 
-def test_cli_check_and_help(tmp_path):
+def test_cli_check_and_help(tmp_path, run_cli):
     path = tmp_path / "sweep.yaml"
     path.write_text(f"output_dir: {tmp_path / 'out'}\nmodels:\n  - name: m\n    model_args: {{pretrained: p}}\n"
                     "tasks: [probes_synth_logic, probes_synth_arith]\n")
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", str(path), "--check", "--shard", "1/2"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == ["m\tprobes_synth_logic\tto run"]
+    code, out, err = run_cli("lm-eval-probes", ["sweep", str(path), "--check", "--shard", "1/2"])
+    assert code == 0, err[-2000:]
+    assert out.splitlines() == ["m\tprobes_synth_logic\tto run"]
     path.write_text("output_dir: o\nmodel: []\n")
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", str(path)], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2 and "unknown sweep config key 'model'. Did you mean 'models'?" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "lm_eval_probes", "sweep", "--help"], capture_output=True, text=True)
-    assert proc.returncode == 0 and "--shard" in proc.stdout and "example config" in proc.stdout
+    code, _, err = run_cli("lm-eval-probes", ["sweep", str(path)])
+    assert code == 2 and "unknown sweep config key 'model'. Did you mean 'models'?" in err
+    code, out, _ = run_cli("lm-eval-probes", ["sweep", "--help"])
+    assert code == 0 and "--shard" in out and "example config" in out
 
 
 def test_demo_suites_build_valid_sweeps(tmp_path):
