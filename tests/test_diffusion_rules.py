@@ -259,10 +259,11 @@ def test_aliases_are_read_as_the_plugin_options_with_a_notice(bert_dir, caplog):
 
 
 def test_reader_tail_states_fall_back_to_float32_beyond_float16():
-    from lm_eval_probes.models.diffusion import _half_or_float
+    """The tail states both wrappers keep (``compact_states``, which replaced the diffusion model's own helper)."""
+    from lm_eval_probes.capture.positions import compact_states
 
-    small = torch.tensor([[1.5, -2.25]])
-    assert _half_or_float(small).dtype == np.float16
-    large = torch.tensor([[1.5, 1e6]])  # beyond float16's ±65504 (e.g. Gemma's residual stream)
-    kept = _half_or_float(large)
-    assert kept.dtype == np.float32 and kept[0, 1] == 1e6
+    small = torch.tensor([[[1.5, -2.25]]])  # [k layers, m positions, H]
+    assert compact_states((2,), small).values.dtype == np.float16
+    large = torch.tensor([[[1.5, 1e6]]])  # beyond float16's ±65504 (e.g. Gemma's residual stream)
+    kept = compact_states((2,), large)
+    assert kept.values.dtype == np.float32 and kept.values[0, 0, 1] == 1e6 and kept.layers == (2,)
