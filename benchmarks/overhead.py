@@ -235,7 +235,8 @@ def lens(args: argparse.Namespace) -> None:
     import transformers
 
     from lm_eval_probes.capture.readouts import LensReadout
-    from lm_eval_probes.capture.positions import bte_transitions, position_probes
+    from lm_eval_probes.capture.bte import bte_transitions
+    from lm_eval_probes.capture.positions import position_probes
     from lm_eval_probes.config import ProbeConfig
     from lm_eval_probes.probes import token_constraint_bound
 

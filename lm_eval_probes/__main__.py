@@ -19,7 +19,8 @@ import sys
 import textwrap
 from typing import Any
 
-from lm_eval_probes.config import PROBE_NAMES, join_probe_names
+from lm_eval_probes.config import join_probe_names
+from lm_eval_probes.declarations import PROBE_NAMES
 
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:

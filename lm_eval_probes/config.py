@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from lm_eval_probes.declarations import PROBE_NAMES  # probes=all: every declared probe
+from lm_eval_probes import declarations  # probes=all: every declared probe
 
 DEFAULT_PROBES: tuple[str, ...] = ("tcb", "bte", "reader")
 """The probes of an ``hf-probes`` run that does not name any: the cheap ones (read from the states the
@@ -41,7 +41,8 @@ class ProbeConfig:
     """What the ``hf-probes`` wrapper computes and how.
 
     Attributes:
-        probes: enabled probes, a subset of :data:`PROBE_NAMES` (empty: the wrapper behaves like ``hf``).
+        probes: enabled probes, a subset of the declared :data:`~lm_eval_probes.declarations.PROBE_NAMES` (empty:
+            the wrapper behaves like ``hf``).
         tcb_eps: tolerance ε of δ_TCB = ε / ‖J‖_F (``probe_tcb_eps``).
         bte_window: central window [start, stop) of transitions for the BTE difficulty scalar
             (``probe_bte_window=12:20``); ``None`` = [⌊3L/8⌋, ⌊5L/8⌋).
@@ -103,9 +104,9 @@ class ProbeConfig:
     save_states: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.probes if p not in PROBE_NAMES]
+        unknown = [p for p in self.probes if p not in declarations.PROBE_NAMES]
         if unknown:
-            raise ValueError(unknown_message("probe", unknown[0], PROBE_NAMES))
+            raise ValueError(unknown_message("probe", unknown[0], declarations.PROBE_NAMES))
         if len(set(self.probes)) != len(self.probes):
             raise ValueError(f"probes lists a probe twice: {self.probes}")
         if not (math.isfinite(self.tcb_eps) and self.tcb_eps > 0):
@@ -280,7 +281,7 @@ def parse_probe_list(value: Any) -> tuple[str, ...]:
     if names in ((), ("none",)):
         return ()
     if names == ("all",):
-        return PROBE_NAMES
+        return declarations.PROBE_NAMES
     return names
 
 

@@ -8,10 +8,13 @@ field its per-document value is read from. A probe with a ``ranked`` field also 
 ``<name>_spearman``, ``<name>_spearman_partial`` and ``<name>_spearman_partial_prompt`` of that field.
 
 Driven by these declarations: ``probes=all`` and the probe list of ``lm-eval-probes --help``
-(:data:`PROBE_NAMES`), the rows registered with lm_eval and added to each task (:mod:`lm_eval_probes.rows`),
-each document's probe values (``tasks/probe_task.py``), and the report's column order, descriptions and glossary.
-Adding a probe: its math in :mod:`lm_eval_probes.probes`, where capture computes its record fields, and its
-declaration here.
+(:data:`PROBE_NAMES`), the capture at each response's positions and its reduction to record fields (each probe's
+:attr:`ProbeDeclaration.capture`, run by :func:`lm_eval_probes.capture.positions.position_probes`), the fields a
+:class:`~lm_eval_probes.records.ResponseProbe` carries, the rows registered with lm_eval and added to each task
+(:mod:`lm_eval_probes.rows`), each document's probe values (``tasks/probe_task.py``), and the report's column order,
+descriptions and glossary. Adding a probe: its math in :mod:`lm_eval_probes.probes`, its capture (a
+:class:`~lm_eval_probes.capture.positions.PositionProbe`: the layers it reads, its per-position values, their
+reduction to its record fields) and its declaration here (``docs/design.md``, "Adding a probe").
 
 The rows that are not one probe's — the response's own (confidence, lengths), the difficulty baselines,
 calibration and selective prediction, the correctness reader, the corruption detector, calibration along the
@@ -97,6 +100,10 @@ class ProbeDeclaration:
         reads: the layers and positions it reads.
         per_position: the function of :mod:`lm_eval_probes.probes` that computes its per-position values.
         fields: the :class:`~lm_eval_probes.records.ResponseProbe` fields it fills.
+        capture: its :class:`~lm_eval_probes.capture.positions.PositionProbe` (``module:Class``, imported when a
+            model enables the probe): the layers it reads at a response's positions, its per-position values and their
+            reduction to :attr:`fields`; ``None`` for a probe with a capture of its own (the margins: hooks on the
+            first attention layer over every position the model saw, :mod:`lm_eval_probes.capture.margins`).
         rows: its own rows (family ``probe``).
         feeds: rows of other families made from its record fields (the reader's: the correctness reader and the
             corruption detector).
@@ -112,6 +119,7 @@ class ProbeDeclaration:
     reads: str
     per_position: str
     fields: tuple[str, ...]
+    capture: str | None = None
     rows: tuple[Row, ...] = ()
     feeds: tuple[Row, ...] = ()
     ranked: str | None = None
@@ -166,6 +174,7 @@ PROBES: tuple[ProbeDeclaration, ...] = (
         reads="the final layer's state at every response position (its logits: the harness's own readout)",
         per_position="lm_eval_probes.probes.tcb.tcb_with_baselines",
         fields=("tcb_log10_mean", "tcb_log10_min", "tcb_argmin", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"),
+        capture="lm_eval_probes.capture.tcb:TcbPositions",
         rows=(
             Row("tcb_log10", "float", "mean", True, "probe",
                 "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean"),
@@ -186,6 +195,7 @@ PROBES: tuple[ProbeDeclaration, ...] = (
         reads="the states of the layers of the central window (or all L+1) at every response position",
         per_position="lm_eval_probes.probes.bte.consecutive_js_divergences_of_logits",
         fields=("bte_energy", "bte_profile", "bte_features"),
+        capture="lm_eval_probes.capture.bte:BtePositions",
         rows=(
             Row("bte_energy", "float", "mean", False, "probe",
                 "mean over documents of the BTE central-window energy ē_M (nats)", "bte_energy"),
@@ -207,6 +217,7 @@ PROBES: tuple[ProbeDeclaration, ...] = (
         reads="the reader layers' states at the response (answer) and prompt positions",
         per_position="lm_eval_probes.probes.reader.reader_scores",
         fields=("answer_states", "prompt_states", "tail_states"),
+        capture="lm_eval_probes.capture.reader:ReaderPositions",
         feeds=READER_ROWS + tuple(row for row in DETECTOR_ROWS if row.value == "reader"),
     ),
     ProbeDeclaration(
@@ -219,6 +230,7 @@ PROBES: tuple[ProbeDeclaration, ...] = (
         reads="every source layer's states at the response positions, and the last m blocks' inputs",
         per_position="lm_eval_probes.probes.omega.confidence_trajectory",
         fields=("omega", "omega_trajectory"),
+        capture="lm_eval_probes.capture.omega:OmegaPositions",
         rows=(
             Row("omega", "float", "mean", False, "probe",
                 "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth "
@@ -261,7 +273,7 @@ PROBES: tuple[ProbeDeclaration, ...] = (
 )
 """Every probe, in ``probes=all`` order of their rows."""
 
-PROBE_NAMES: tuple[str, ...] = ("tcb", "bte", "reader", "omega", "margin")
+PROBE_NAMES: tuple[str, ...] = tuple(probe.name for probe in PROBES)
 """Probes the wrapper can compute (``probes=all``), in the order of ``--help``."""
 
 PROBES_BY_NAME: dict[str, ProbeDeclaration] = {probe.name: probe for probe in PROBES}
@@ -350,9 +362,15 @@ def difficulty_rows() -> tuple[Row, ...]:
 
 
 def _check() -> None:
-    if set(PROBE_NAMES) != set(PROBES_BY_NAME) or len(PROBES) != len(PROBES_BY_NAME):
-        raise RuntimeError(f"PROBE_NAMES {PROBE_NAMES} and the declared probes {tuple(PROBES_BY_NAME)} differ")
+    if len(PROBES) != len(PROBES_BY_NAME):
+        raise RuntimeError(f"a probe name is declared twice: {PROBE_NAMES}")
+    fields = [name for probe in PROBES for name in probe.fields]
+    if len(fields) != len(set(fields)):
+        twice = sorted(name for name in set(fields) if fields.count(name) > 1)
+        raise RuntimeError(f"a record field is declared by two probes: {twice}")
     for probe in PROBES:
+        if probe.capture is not None and probe.capture.count(":") != 1:
+            raise RuntimeError(f"probe {probe.name!r}: capture {probe.capture!r} must be 'module:Class'")
         unknown = [row.name for row in probe.rows if row.field is not None and row.value != "support"
                    and row.field not in probe.fields]
         if unknown or (probe.ranked is not None and probe.ranked not in probe.fields):

@@ -11,12 +11,15 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 from __future__ import annotations
 
 import base64
+import difflib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from lm_eval_probes import declarations
 
 
 class LayerStates:
@@ -81,41 +84,35 @@ class LayerStates:
         return cls(data["layers"], values)
 
 
-@dataclass(frozen=True)
+def declared_fields() -> tuple[str, ...]:
+    """Every declared probe's record fields (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.fields`), in
+    declaration order: the names a :class:`ResponseProbe` carries in :attr:`~ResponseProbe.probe_fields`."""
+    return tuple(dict.fromkeys(name for probe in declarations.PROBES for name in probe.fields))
+
+
+@dataclass(frozen=True, init=False)
 class ResponseProbe:
     """Probe values of one response, reduced over its response positions.
 
     Response positions are those whose next-token prediction scores a response token (teacher
     forcing): from the last prompt position to the position predicting the last response token.
-    Fields are ``None`` when their probe is disabled and ``nan`` when undefined (empty response).
+
+    Each probe's own values are its declared record fields (:attr:`ProbeDeclaration.fields
+    <lm_eval_probes.declarations.ProbeDeclaration.fields>`), held in :attr:`probe_fields` and read as attributes
+    (``probe.tcb_log10_mean``): ``None`` when their probe is disabled, ``nan`` when undefined (empty response).
+    Their meaning is documented where they are computed, the ``reduce`` of each probe's capture
+    (:mod:`lm_eval_probes.capture.tcb`, :mod:`~lm_eval_probes.capture.bte`, :mod:`~lm_eval_probes.capture.reader`,
+    :mod:`~lm_eval_probes.capture.omega`; the margins: :mod:`~lm_eval_probes.capture.margins`). They are given as
+    keyword arguments like the attributes below (``ResponseProbe(n_tokens=3, mean_token_logprob=-0.5,
+    tcb_log10_mean=2.5)``, ``dataclasses.replace(probe, margin_mean=0.1)``), or as one ``probe_fields`` mapping; a
+    name no probe declares raises.
 
     Attributes:
         n_tokens: number of response tokens (= response positions).
-        prompt_tokens: number of context tokens the model saw before the response (after any truncation).
         mean_token_logprob: mean natural-log probability of the response tokens (its exp is the
             geometric-mean token probability).
-        tcb_log10_mean / tcb_log10_min: mean / minimum of log10 δ_TCB over positions.
-        tcb_argmin: index (0-based, within the response) of the position with the smallest δ.
-        entropy / logit_margin / v_eff_ipr / v_eff_exp: means over positions of the final distribution's
-            entropy (nats), top-1 minus top-2 logit, 1/Σo², and exp(entropy).
-        bte_profile: BTE depth profile e(l), l = 0..L-1 (mean JSD of layer l → l+1 over positions).
-        bte_energy: mean of the profile over the central window (the difficulty scalar ē_M).
-            ``bte_profile`` is ``None`` unless every transition was computed (``probe_bte_profile=full``).
-        bte_features: with ``probe_bte_features=1``: the 11 statistics of each transition over the response
-            positions (:func:`~lm_eval_probes.probes.transition_statistics`), transition-major (11·L floats:
-            transition 0's mean, std, …, then transition 1's), for the detection/attribution classifiers.
-        omega_trajectory: HyperLens confidence trajectory C_i over the source layers (default i = 0..L:
-            L+1 floats): mean over response positions of the top-K mass of the focal-depth decoding of layer i.
-        omega: the refinement area Ω = Σ_i (1 − C_i) of that trajectory.
-        margin_mean / margin_min: mean / minimum stability margin of the first attention layer over the positions
-            the model saw (context and response; the first position has none), ``probes=margin``.
-        margin_support_positions / margin_support_tokens / margin_support_values: the k support tokens (smallest
-            margins, smallest first): positions in the sequence the model saw (0 = its first token), their
-            decoded tokens and margins.
-        answer_states: ``[k, H]`` mean hidden state over the response positions at the reader layers.
-        prompt_states: ``[k, H]`` mean hidden state over the prompt (context) positions at the reader layers.
-        tail_states: generation only: ``[k, m, H]`` (float16; float32 when a value exceeds float16's range) states of the last m response positions, so
-            the reader can average over the answer span that the task's filter extracts later.
+        prompt_tokens: number of context tokens the model saw before the response (after any truncation).
+        probe_fields: the declared probe fields that were filled (field name → value; no ``None`` values).
         token_logprobs: generation only: the log-probability of every response token.
         token_ends: generation only: the character offset where each response token ends in the text.
         answer_span: ``[start, stop)`` response-token indices of the filter-extracted answer (set by the
@@ -144,26 +141,7 @@ class ResponseProbe:
     n_tokens: int
     mean_token_logprob: float
     prompt_tokens: int | None = None
-    tcb_log10_mean: float | None = None
-    tcb_log10_min: float | None = None
-    tcb_argmin: int | None = None
-    entropy: float | None = None
-    logit_margin: float | None = None
-    v_eff_ipr: float | None = None
-    v_eff_exp: float | None = None
-    bte_profile: tuple[float, ...] | None = None
-    bte_energy: float | None = None
-    bte_features: tuple[float, ...] | None = None
-    omega_trajectory: tuple[float, ...] | None = None
-    omega: float | None = None
-    margin_mean: float | None = None
-    margin_min: float | None = None
-    margin_support_positions: tuple[int, ...] | None = None
-    margin_support_tokens: tuple[str, ...] | None = None
-    margin_support_values: tuple[float, ...] | None = None
-    answer_states: LayerStates | None = None
-    prompt_states: LayerStates | None = None
-    tail_states: LayerStates | None = None
+    probe_fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
     token_logprobs: tuple[float, ...] | None = None
     token_ends: tuple[int, ...] | None = None
     answer_span: tuple[int, int] | None = None
@@ -174,6 +152,37 @@ class ResponseProbe:
     denoising_steps: int | None = None
     trajectory_steps: tuple[int, ...] | None = None
     trajectory_token_logprobs: tuple[tuple[float, ...], ...] | None = None
+
+    def __init__(self, n_tokens: int, mean_token_logprob: float, **values: Any) -> None:
+        declared = declared_fields()
+        probe_fields = dict(values.pop("probe_fields", None) or {})
+        probe_fields.update((name, values.pop(name)) for name in declared if name in values)
+        own = {f.name: f for f in fields(self)}
+        unknown = sorted((set(values) - own.keys()) | (probe_fields.keys() - set(declared)))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], [*own, *declared], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"ResponseProbe has no field {unknown[0]!r} (not its own, no declared probe's).{hint}")
+        values.update(n_tokens=n_tokens, mean_token_logprob=mean_token_logprob,
+                      probe_fields={name: value for name, value in probe_fields.items() if value is not None})
+        for name, f in own.items():
+            value = values[name] if name in values else f.default_factory() if f.default_factory is not MISSING else f.default
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        """A declared probe field: its value, or ``None`` (its probe was disabled)."""
+        if not name.startswith("__") and name != "probe_fields" and name in declared_fields():
+            return self.probe_fields.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling; a record pickled before :attr:`probe_fields` existed (one attribute per probe field, as in an
+        older ``--use_cache`` table) has its probe fields moved there."""
+        state = dict(state)
+        if "probe_fields" not in state:
+            moved = {name: state.pop(name) for name in declared_fields() if name in state}
+            state["probe_fields"] = {name: value for name, value in moved.items() if value is not None}
+        self.__dict__.update(state)
 
     def trajectory_at(self, percent: int) -> tuple[float, ...] | None:
         """The response tokens' log-probabilities at ``percent`` % of the denoising steps (step
@@ -188,27 +197,26 @@ class ResponseProbe:
         return self.trajectory_token_logprobs[self.trajectory_steps.index(step)]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-native form (lists, numbers, ``None``; states as :meth:`LayerStates.to_dict`)."""
+        """JSON-native form, one key per field and per declared probe field (lists, numbers, ``None``; states as
+        :meth:`LayerStates.to_dict`)."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, LayerStates):
-                value = value.to_dict()
-            elif isinstance(value, tuple):
-                value = [list(v) if isinstance(v, tuple) else v for v in value]
-            out[f.name] = value
+            if f.name == "probe_fields":
+                out.update((name, _json_native(self.probe_fields.get(name))) for name in declared_fields())
+            else:
+                out[f.name] = _json_native(getattr(self, f.name))
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ResponseProbe:
         """Inverse of :meth:`to_dict`."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"probe_fields"} | set(declared_fields())
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown ResponseProbe fields: {sorted(unknown)}")
         values: dict[str, Any] = {}
         for name, value in data.items():
-            if name in _STATE_FIELDS and value is not None:
+            if isinstance(value, dict):  # the only mapping a record holds: hidden states (LayerStates.to_dict)
                 value = LayerStates.from_dict(value)
             elif isinstance(value, list):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
@@ -216,7 +224,12 @@ class ResponseProbe:
         return cls(**values)
 
 
-_STATE_FIELDS = ("answer_states", "prompt_states", "tail_states")
+def _json_native(value: Any) -> Any:
+    if isinstance(value, LayerStates):
+        return value.to_dict()
+    if isinstance(value, tuple):
+        return [list(v) if isinstance(v, tuple) else v for v in value]
+    return value
 
 
 class ProbeLL(tuple):

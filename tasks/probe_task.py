@@ -31,7 +31,7 @@ from typing import Any
 import datasets
 from lm_eval.api.task import ConfigurableTask, Task
 
-from lm_eval_probes import estimators, rows
+from lm_eval_probes import declarations, estimators, rows
 from lm_eval_probes.declarations import (
     ANSWER_UNLOCATED,
     CONFIDENCE,
@@ -40,7 +40,6 @@ from lm_eval_probes.declarations import (
     DIFFICULTY_MISSING,
     EMPTY_RESPONSES,
     LENGTH_SPEARMAN,
-    PROBES,
     PROMPT_LENGTH_SPEARMAN,
     READER_ROWS,
     RESPONSE_TOKENS,
@@ -400,7 +399,7 @@ def probe_metric_values(
         values[LENGTH_SPEARMAN.name] = (probe.n_tokens, difficulty)
         if probe.prompt_tokens is not None:
             values[PROMPT_LENGTH_SPEARMAN.name] = (probe.prompt_tokens, difficulty)
-    for declaration in PROBES:
+    for declaration in declarations.PROBES:
         value = None if declaration.ranked is None else getattr(probe, declaration.ranked)
         if value is not None and math.isfinite(value):
             values.update({row.name: getattr(probe, row.field) for row in declaration.rows

@@ -468,7 +468,7 @@ def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_mo
     got = position_probes(states, lm.readout, lm.probe_config).summarize(0, n)
     full = position_probes(states, lm.readout, dataclasses.replace(lm.probe_config, bte_features=False,
                                                                    bte_profile="full"))
-    want = transition_statistics(full.energy.double()).reshape(-1)
+    want = transition_statistics(full.of("bte")["energy"].double()).reshape(-1)
     assert len(got.bte_features) == 11 * num_layers and len(got.bte_profile) == num_layers
     np.testing.assert_allclose(got.bte_features, want.numpy(), rtol=1e-6, atol=1e-9)
     assert got.bte_features[0] == pytest.approx(got.bte_profile[0], rel=1e-6)  # transition 0's mean

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from lm_eval_probes.capture.readouts import FOCAL_DEPTH_FAMILIES, FocalDepthDecoder, LensReadout, UnsupportedModelError
-from lm_eval_probes.config import DEFAULT_PROBES, PROBE_NAMES, ProbeConfig
+from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
+from lm_eval_probes.declarations import PROBE_NAMES
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
 

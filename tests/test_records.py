@@ -26,6 +26,19 @@ def test_pickle_round_trip_keeps_probes():
         assert back == response and type(back) is type(response) and back.probe == PROBE
 
 
+def test_probe_fields_read_as_attributes_and_a_record_of_the_older_layout_unpickles():
+    """Each declared probe field is an attribute (``None``: its probe was off); a record pickled when every probe
+    field was an attribute of its own (an older ``--use_cache`` table) unpickles to the same record."""
+    assert PROBE.probe_fields == {"tcb_log10_mean": 2.5, "tcb_log10_min": 2.0, "tcb_argmin": 1, "bte_profile": (0.1, 0.2),
+                                  "bte_energy": 0.15}
+    assert PROBE.tcb_argmin == 1 and PROBE.omega is None and PROBE.answer_states is None
+    assert dataclasses.replace(PROBE, omega=1.5).omega == 1.5 and dataclasses.replace(PROBE, omega=1.5).bte_energy == 0.15
+    older = object.__new__(ResponseProbe)
+    older.__dict__.update({name: value for name, value in PROBE.__dict__.items() if name != "probe_fields"},
+                          **PROBE.probe_fields, omega=None, answer_states=None)
+    assert pickle.loads(pickle.dumps(older)) == PROBE
+
+
 def test_responses_behave_like_plain_values():
     ll, text = ProbeLL((-1.5, False), PROBE), ProbeStr(" 42", PROBE)
     assert ll == (-1.5, False) and ll[0] == -1.5 and text.strip() == "42"
@@ -153,9 +166,12 @@ def test_tail_states_keep_values_beyond_float16(scale):
     import torch
 
     from lm_eval_probes.capture.positions import PositionProbes
+    from lm_eval_probes.capture.reader import ReaderPositions
+    from lm_eval_probes.config import ProbeConfig
 
     states = torch.linspace(-3.0, 3.0, 2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4) * scale
-    probes = PositionProbes(num_positions=5, num_layers=4, bte_window=None, reader_layers=(1, 2), reader_states=states)
+    reader = ReaderPositions(ProbeConfig(probes=("reader",), reader_layers=(1, 2)), num_layers=4)
+    probes = PositionProbes(num_positions=5, measured={"reader": (reader, {"states": states})})
     probe = probes.summarize(0, 5, mean_token_logprob=-1.0, tail=3)
     tail = probe.tail_states.values
     assert tail.dtype == (np.float16 if scale == 1.0 else np.float32) and np.isfinite(tail).all()

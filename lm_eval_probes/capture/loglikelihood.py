@@ -26,9 +26,9 @@ from lm_eval_probes.capture.positions import (
     hidden_state_tap,
     position_probes_of_spans,
     read_layers,
-    span_mean_states,
     span_positions,
 )
+from lm_eval_probes.capture.reader import span_mean_states
 from lm_eval_probes.capture.readouts import BlockInputs, FocalDepthDecoder, LensReadout, block_inputs_of
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -293,7 +293,7 @@ class LoglikelihoodRows:
         rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, lens=lens)
         for key, answer, probes in zip(keys, answers, rows, strict=True):
             if answer.omega_mass is not None:
-                probes = probes.with_omega(answer.omega_mass)
+                probes = probes.with_values("omega", mass=answer.omega_mass)
             n = probes.num_positions
             self.probes[key] = probes.summarize(
                 0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,

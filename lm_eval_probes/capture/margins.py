@@ -81,6 +81,20 @@ class MarginSummary:
     token_ids: tuple[int, ...]
     values: tuple[float, ...]
 
+    def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
+        """The margin probe's record fields: ``margin_mean`` / ``margin_min``, the mean / minimum stability margin of
+        the first attention layer over the positions the model saw (context and response; the first position has
+        none); ``margin_support_positions`` / ``margin_support_tokens`` / ``margin_support_values``, the k support
+        tokens (smallest margins, smallest first): positions in the sequence the model saw (0 = its first token),
+        their tokens (each decoded alone by ``decode``) and margins."""
+        return {
+            "margin_mean": self.mean,
+            "margin_min": self.minimum,
+            "margin_support_positions": self.positions,
+            "margin_support_tokens": tuple(decode(token) for token in self.token_ids),
+            "margin_support_values": self.values,
+        }
+
 
 def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) -> MarginSummary:
     """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence → a :class:`MarginSummary` (nan when none)."""

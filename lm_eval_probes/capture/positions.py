@@ -4,37 +4,32 @@
   that asks for ``output_hidden_states`` and a hook that keeps what the forward returned (the latest
   call's states, or only the last position of every call during ``generate``). Hooks never outlive
   the ``with`` block.
-* :func:`position_probes` — per-position probe values of one response span (all layers → a few floats
-  per position and transition), computed in chunks of positions so the logit lens holds a few
-  ``chunk · V`` buffers at a time, and only the readouts a row reads; :meth:`PositionProbes.summarize`
+* :class:`PositionProbe` — one probe's capture, named by its declaration
+  (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.capture`): the layers it reads, its per-position values and
+  their reduction to its record fields (:mod:`.tcb`, :mod:`.bte`, :mod:`.reader`, :mod:`.omega`).
+* :func:`position_probes` — every enabled probe's per-position values of one response span (all layers → a few
+  floats per position and transition), computed in chunks of positions (:class:`LensChunk`) so the logit lens holds
+  a few ``chunk · V`` buffers at a time, and only the readouts a probe reads; :meth:`PositionProbes.summarize`
   reduces a slice of them to a :class:`~lm_eval_probes.records.ResponseProbe`.
-* :func:`masked_mean_states` — the reader layers' mean states over a mask (the prompt, say).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Iterator, Sequence
+import pkgutil
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from lm_eval_probes import declarations
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.probes import (
-    central_window,
-    central_window_energy,
-    confidence_trajectory,
-    consecutive_js_divergences_of_logits,
-    depth_profile,
-    refinement_area,
-    tcb_with_baselines,
-    transition_statistics,
-)
 from lm_eval_probes.records import LayerStates, ResponseProbe
 
 
@@ -92,56 +87,139 @@ def hidden_state_tap(
             handle.remove()
 
 
-_PER_POSITION_FIELDS = (
-    "token_logprob", "log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp", "energy", "omega_mass",
-)
+class PositionProbe(Protocol):
+    """One probe's capture at the positions of a response span: the per-position half of its declaration
+    (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.capture` names the class, which is built once per call as
+    ``cls(config, num_layers)``; validating its options there).
+
+    :func:`position_probes` reads the :meth:`layers` of every enabled probe at a span's positions, a chunk of
+    positions at a time (:class:`LensChunk`: their states and, read once whoever asks first, the final layer's
+    logits and any layer's lens logits), and keeps what :meth:`at_positions` returns; :meth:`PositionProbes.summarize`
+    cuts those per-position values to a response and :meth:`reduce` makes them the probe's record fields. A probe
+    whose per-position values come from a reader of its own over the whole forward (Ω's focal-depth decoder) computes
+    nothing per chunk; they are attached with :meth:`PositionProbes.with_values`.
+
+    Attributes:
+        reads_lens: whether it reads the logit lens: skipped for a response no lens row reads (an option the model
+            did not choose), with ``position_probes(..., lens=False)``.
+        position_axis: the axis of its per-position values that indexes the positions (the others are its own:
+            layers, transitions).
+    """
+
+    reads_lens: bool
+    position_axis: int
+
+    def layers(self) -> frozenset[int]:
+        """The ``hidden_states`` indices (0 = embeddings … L) whose states it reads at the response positions."""
+        ...
+
+    def at_positions(self, chunk: LensChunk) -> dict[str, torch.Tensor]:
+        """Its per-position values at the chunk's positions (possibly none: an empty response)."""
+        ...
+
+    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, tail: int) -> dict[str, Any]:
+        """Its record fields (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.fields`) from its per-position
+        ``values`` cut to one response of ``positions`` positions (``nan`` where undefined: no positions);
+        ``tail``: a generation keeps its last ``tail`` positions' states one by one (the reader)."""
+        ...
+
+
+class LensChunk:
+    """Positions ``[lo, hi)`` of a response span and their readouts, each computed once, when first read.
+
+    ``layer_states``: the span's L+1 ``[n, H]`` states (``None`` for a layer no enabled probe reads; the last one
+    post final norm); ``readout``: the model's :class:`~lm_eval_probes.capture.readouts.LensReadout`.
+    """
+
+    def __init__(self, layer_states: Sequence[torch.Tensor | None], readout: LensReadout, lo: int, hi: int) -> None:
+        self.layer_states, self.readout, self.lo, self.hi = layer_states, readout, lo, hi
+
+    def states(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s ``[hi − lo, H]`` states (as kept: their device and dtype)."""
+        return self.layer_states[layer][self.lo : self.hi]
+
+    @functools.cached_property
+    def final_hidden(self) -> torch.Tensor:
+        """The final layer's (post-norm) states, float32 on the unembedding's device."""
+        return self.states(-1).to(self.readout.device).float()
+
+    @functools.cached_property
+    def raw_logits(self) -> torch.Tensor:
+        """The final layer's logits ``W h + b`` before the model's soft-capping (δ_TCB's input)."""
+        return self.readout.logits(self.final_hidden, normalized=True, capped=False)
+
+    @functools.cached_property
+    def final_logits(self) -> torch.Tensor:
+        """The model's own logits (soft-capped where the model caps them; otherwise :attr:`raw_logits` itself)."""
+        return self.readout.cap(self.raw_logits)
+
+    def layer_logits(self, first: int, last: int) -> Iterator[torch.Tensor]:
+        """The lens logits of layers ``first..last``, written into two alternating buffers
+        (:func:`~lm_eval_probes.probes.consecutive_js_divergences_of_logits` is done with layer l's once layer l + 1's
+        has arrived, and overwrites them); layer L's are :attr:`final_logits` (left as they are)."""
+        buffers: list[torch.Tensor] = []
+        for layer in range(first, last + 1):
+            if layer == len(self.layer_states) - 1:
+                yield self.final_logits
+                continue
+            if len(buffers) < 2:
+                buffers.append(torch.empty(self.hi - self.lo, self.readout.vocab_size, device=self.readout.device))
+            yield self.readout.logits(self.states(layer), normalized=False, out=buffers[(layer - first) % 2])
+
+
+def position_captures(config: ProbeConfig, num_layers: int, *, lens: bool = True) -> dict[str, PositionProbe]:
+    """The :class:`PositionProbe` of every enabled probe that declares one, by probe name, in declaration order
+    (``lens=False``: those that read no lens)."""
+    captures = {}
+    for probe in declarations.PROBES:
+        if probe.name in config.probes and probe.capture is not None:
+            capture = pkgutil.resolve_name(probe.capture)(config, num_layers)
+            if lens or not capture.reads_lens:
+                captures[probe.name] = capture
+    return captures
 
 
 @dataclass(frozen=True)
 class PositionProbes:
-    """Per-position probe values of one response span (float32/64 CPU tensors, positions last).
+    """Per-position probe values of one response span (CPU tensors).
 
-    ``token_logprob [n]`` (only when token ids were given), ``log10_tcb``, ``entropy``,
-    ``logit_margin``, ``v_eff_ipr``, ``v_eff_exp`` ``[n]`` (tcb), ``energy [stop - start, n]`` (bte: the
-    transitions ``bte_transitions = (start, stop)``, the central window's or all L),
-    ``reader_states [k, n, H]`` (reader: the hidden states of the reader layers, float32),
-    ``omega_mass [S, n]`` (omega: the top-K mass of the focal-depth decoding of each source layer, from
-    :meth:`~lm_eval_probes.capture.readouts.FocalDepthDecoder.confidences`; attached with :meth:`with_omega`).
+    ``token_logprob [n]``: the log-probability of each token the positions predict (only when token ids were given).
+    ``measured``: probe name → its :class:`PositionProbe` and its per-position values (positions on the probe's
+    ``position_axis``).
     """
 
     num_positions: int
-    num_layers: int
-    bte_window: tuple[int, int] | None
-    bte_transitions: tuple[int, int] | None = None
-    bte_features: bool = False
+    measured: Mapping[str, tuple[PositionProbe, Mapping[str, torch.Tensor]]] = field(default_factory=dict)
     token_logprob: torch.Tensor | None = None
-    log10_tcb: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    logit_margin: torch.Tensor | None = None
-    v_eff_ipr: torch.Tensor | None = None
-    v_eff_exp: torch.Tensor | None = None
-    energy: torch.Tensor | None = None
-    reader_layers: tuple[int, ...] = ()
-    reader_states: torch.Tensor | None = None
-    omega_mass: torch.Tensor | None = None
 
-    def with_omega(self, omega_mass: torch.Tensor) -> PositionProbes:
-        """These probes with Ω's per-position masses ``[S, n]`` attached."""
-        if omega_mass.ndim != 2 or omega_mass.shape[1] != self.num_positions:
-            raise ValueError(f"omega_mass must be [S, {self.num_positions}], got {tuple(omega_mass.shape)}")
-        return dataclasses.replace(self, omega_mass=omega_mass)
+    def of(self, probe: str) -> Mapping[str, torch.Tensor]:
+        """The per-position values of ``probe``."""
+        if probe not in self.measured:
+            raise KeyError(f"probe {probe!r} was not measured at these positions (measured: {list(self.measured)})")
+        return self.measured[probe][1]
+
+    def with_values(self, probe: str, **values: torch.Tensor) -> PositionProbes:
+        """These probes with ``probe``'s per-position values set (those of a reader of its own: Ω's masses)."""
+        if probe not in self.measured:
+            raise KeyError(f"probe {probe!r} is not enabled here (enabled: {list(self.measured)})")
+        capture = self.measured[probe][0]
+        for name, value in values.items():
+            if value.shape[capture.position_axis] != self.num_positions:
+                raise ValueError(f"{probe}'s {name} has {value.shape[capture.position_axis]} positions on axis "
+                                 f"{capture.position_axis} (shape {tuple(value.shape)}), not {self.num_positions}")
+        return dataclasses.replace(self, measured={**self.measured, probe: (capture, values)})
 
     def span(self, start: int, stop: int) -> PositionProbes:
         """The positions ``[start, stop)`` as their own :class:`PositionProbes`."""
-        cut = {
-            name: None if getattr(self, name) is None else getattr(self, name)[..., start:stop]
-            for name in _PER_POSITION_FIELDS
+        if not 0 <= start <= stop <= self.num_positions:
+            raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
+        measured = {
+            name: (capture, {key: value.narrow(capture.position_axis, start, stop - start)
+                             for key, value in values.items()})
+            for name, (capture, values) in self.measured.items()
         }
-        states = None if self.reader_states is None else self.reader_states[:, start:stop]
-        return PositionProbes(num_positions=stop - start, num_layers=self.num_layers, bte_window=self.bte_window,
-                              bte_transitions=self.bte_transitions, bte_features=self.bte_features,
-                              reader_layers=self.reader_layers,
-                              reader_states=states, **cut)
+        token_logprob = None if self.token_logprob is None else self.token_logprob[start:stop]
+        return PositionProbes(stop - start, measured, token_logprob)
 
     def summarize(
         self,
@@ -155,63 +233,32 @@ class PositionProbes:
         token_ends: Sequence[int] | None = None,
         empty: bool = False,
     ) -> ResponseProbe:
-        """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`.
+        """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`: each measured probe's record fields by its
+        :meth:`PositionProbe.reduce`.
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
-        already know their summed log-probability). Generations pass ``tail`` (keep the last ``tail``
-        positions' reader states one by one, float16, or float32 where a value exceeds float16's range) and ``token_ends`` (character end of each token
-        in the response text); they then also keep every token's log-probability. ``empty`` marks a
-        generation whose kept text is empty, summarized at the one position that chose to stop.
+        already know their summed log-probability). ``prompt_states``: the reader's states over the prompt, measured
+        by the wrapper (a record field of their own). Generations pass ``tail`` (keep the last ``tail``
+        positions' reader states one by one, float16, or float32 where a value exceeds float16's range) and
+        ``token_ends`` (character end of each token in the response text); they then also keep every token's
+        log-probability. ``empty`` marks a generation whose kept text is empty, summarized at the one position that
+        chose to stop.
         """
-        if not 0 <= start <= stop <= self.num_positions:
-            raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
-        n = stop - start
-
-        def mean(values: torch.Tensor | None) -> float | None:
-            if values is None:
-                return None
-            return float(values[..., start:stop].double().mean()) if n else math.nan
-
-        if mean_token_logprob is None:
-            mean_token_logprob = mean(self.token_logprob)
+        cut = self.span(start, stop)
+        n = cut.num_positions
+        if mean_token_logprob is None and cut.token_logprob is not None:
+            mean_token_logprob = float(cut.token_logprob.double().mean()) if n else math.nan
         values: dict[str, Any] = {}
-        if self.log10_tcb is not None:
-            span = self.log10_tcb[start:stop]
-            values.update(
-                tcb_log10_mean=mean(self.log10_tcb),
-                tcb_log10_min=float(span.min()) if n else math.nan,
-                tcb_argmin=int(span.argmin()) if n else None,
-                entropy=mean(self.entropy),
-                logit_margin=mean(self.logit_margin),
-                v_eff_ipr=mean(self.v_eff_ipr),
-                v_eff_exp=mean(self.v_eff_exp),
-            )
-        if self.energy is not None:
-            first, last = self.bte_transitions
-            profile = depth_profile(self.energy[:, start:stop].double())  # nan for an empty span
-            window_start, window_stop = central_window(self.num_layers, self.bte_window)
-            values["bte_energy"] = central_window_energy(profile, (window_start - first, window_stop - first))
-            if (first, last) == (0, self.num_layers):
-                values["bte_profile"] = tuple(float(v) for v in profile)
-                if self.bte_features and n:
-                    statistics = transition_statistics(self.energy[:, start:stop].double())  # [L, 11]
-                    values["bte_features"] = tuple(float(v) for v in statistics.reshape(-1))
-        if self.omega_mass is not None:
-            trajectory = confidence_trajectory(self.omega_mass[:, start:stop].double())  # nan for an empty span
-            values.update(omega_trajectory=tuple(float(v) for v in trajectory), omega=refinement_area(trajectory))
-        if self.reader_states is not None:
-            states = self.reader_states[:, start:stop]
-            if n:
-                values["answer_states"] = answer_mean_states(self.reader_layers, states)
-            if n and tail:
-                values["tail_states"] = compact_states(self.reader_layers, states[:, -tail:])
+        for capture, measured in cut.measured.values():
+            values.update(capture.reduce(measured, positions=n, tail=tail))
+        if prompt_states is not None:
             values["prompt_states"] = prompt_states
         if token_ends is not None:
             if len(token_ends) != n:
                 raise ValueError(f"token_ends has {len(token_ends)} offsets for {n} response tokens")
             values["token_ends"] = tuple(int(e) for e in token_ends)
-            if self.token_logprob is not None:
-                values["token_logprobs"] = tuple(float(v) for v in self.token_logprob[start:stop])
+            if cut.token_logprob is not None:
+                values["token_logprobs"] = tuple(float(v) for v in cut.token_logprob)
         return ResponseProbe(
             n_tokens=n,
             prompt_tokens=prompt_tokens,
@@ -219,28 +266,6 @@ class PositionProbes:
             empty=empty,
             **values,
         )
-
-
-def _layer_logits(
-    layer_states: Sequence[torch.Tensor],
-    readout: LensReadout,
-    lo: int,
-    hi: int,
-    first: int,
-    last: int,
-    final_logits: torch.Tensor | None,
-) -> Iterator[torch.Tensor]:
-    """The lens logits of layers ``first..last`` at positions ``[lo, hi)``, written into two alternating buffers
-    (:func:`consecutive_js_divergences_of_logits` is done with layer l's once layer l + 1's has arrived, and
-    overwrites them); layer L's are ``final_logits`` (already read out; left as they are)."""
-    buffers: list[torch.Tensor] = []
-    for layer in range(first, last + 1):
-        if layer == len(layer_states) - 1:
-            yield final_logits
-            continue
-        if len(buffers) < 2:
-            buffers.append(torch.empty(hi - lo, readout.vocab_size, device=readout.device))
-        yield readout.logits(layer_states[layer][lo:hi], normalized=False, out=buffers[(layer - first) % 2])
 
 
 def position_probes_of_spans(
@@ -279,38 +304,24 @@ def span_positions(layer_states: Sequence[torch.Tensor | None]) -> int:
 
 
 def read_layers(num_layers: int, config: ProbeConfig, *, lens: bool = True) -> frozenset[int]:
-    """The ``hidden_states`` indices :func:`position_probes` reads under ``config``: the final layer (δ_TCB), the
-    layers of BTE's transitions and the reader layers; ``lens=False``: the reader layers only."""
-    layers: set[int] = set()
-    if lens and "tcb" in config.probes:
-        layers.add(num_layers)
-    if lens and "bte" in config.probes:
-        first, last = bte_transitions(num_layers, config)
-        layers.update(range(first, last + 1))
-    if "reader" in config.probes:
-        layers.update(config.resolved_reader_layers(num_layers))
-    return frozenset(layers)
-
-
-def bte_transitions(num_layers: int, config: ProbeConfig) -> tuple[int, int]:
-    """The transitions ``[start, stop)`` BTE computes: the central window's, or all L (``probe_bte_profile=full``)."""
-    window = central_window(num_layers, config.bte_window)  # validates the window against L
-    return (0, num_layers) if config.bte_profile == "full" or config.bte_features else window
+    """The ``hidden_states`` indices :func:`position_probes` reads under ``config``: the :meth:`PositionProbe.layers`
+    of every enabled probe (``lens=False``: of those that read no lens)."""
+    captures = position_captures(config, num_layers, lens=lens)
+    return frozenset().union(*(capture.layers() for capture in captures.values()))
 
 
 @torch.no_grad()
 def position_probes(
-    layer_states: Sequence[torch.Tensor],
+    layer_states: Sequence[torch.Tensor | None],
     readout: LensReadout,
     config: ProbeConfig,
     token_ids: torch.Tensor | None = None,
     *,
     lens: bool = True,
 ) -> PositionProbes:
-    """Probe values at every position of one response span.
-
-    Only the readouts a row needs are computed: the final layer's (δ_TCB, its baselines, the tokens'
-    log-probabilities) and those of the layers BTE's transitions touch (:func:`bte_transitions`).
+    """Probe values at every position of one response span: each enabled probe's :meth:`PositionProbe.at_positions`,
+    ``config.chunk_positions`` positions at a time, so the logit lens holds a few ``chunk · V`` buffers at a time.
+    Only the readouts a probe reads are computed (:class:`LensChunk`).
 
     Args:
         layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
@@ -318,96 +329,31 @@ def position_probes(
         readout: the model's logit-lens readout.
         config: which probes and options.
         token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
-        lens: ``False`` skips every readout (δ_TCB and BTE stay ``None``): for a response whose lens
-            values no row reads (an option the model did not choose).
+        lens: ``False`` skips every probe that reads the lens (δ_TCB, BTE): for a response whose lens values no
+            row reads (an option the model did not choose).
     """
     num_layers = len(layer_states) - 1
     if num_layers != readout.num_layers:
         raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
-    needed = read_layers(num_layers, config, lens=lens) | ({num_layers} if token_ids is not None else set())
+    captures = position_captures(config, num_layers, lens=lens)
+    needed = frozenset().union(*(capture.layers() for capture in captures.values()))
+    needed |= {num_layers} if token_ids is not None else set()
     missing = sorted(layer for layer in needed if layer_states[layer] is None)
     if missing:
         raise ValueError(f"the states of layers {missing} are needed by the probes {config.probes} but were not kept")
     n = span_positions(layer_states)
-    want_tcb, want_bte = lens and "tcb" in config.probes, lens and "bte" in config.probes
-    first, last = bte_transitions(num_layers, config) if "bte" in config.probes else (0, 0)
-    want_final = token_ids is not None or want_tcb or (want_bte and last == num_layers)
-    parts: dict[str, list[torch.Tensor]] = {}
-
-    def keep(name: str, value: torch.Tensor) -> None:
-        parts.setdefault(name, []).append(value.detach().to("cpu"))
-
-    for lo in range(0, n, config.chunk_positions):
-        hi = min(n, lo + config.chunk_positions)
-        if want_final:
-            final_hidden = layer_states[-1][lo:hi].to(readout.device).float()
-            raw_logits = readout.logits(final_hidden, normalized=True, capped=False)
-            final_logits = readout.cap(raw_logits)
+    parts: dict[str, dict[str, list[torch.Tensor]]] = {name: {} for name in captures}
+    token_logprob: list[torch.Tensor] = []
+    for lo in range(0, max(n, 1), config.chunk_positions):  # an empty response: one empty chunk (its values are empty)
+        chunk = LensChunk(layer_states, readout, lo, min(n, lo + config.chunk_positions))
         if token_ids is not None:
-            ids = token_ids[lo:hi].to(readout.device).long().unsqueeze(-1)
-            keep("token_logprob", torch.log_softmax(final_logits, dim=-1).gather(-1, ids).squeeze(-1))
-        if want_tcb:
-            delta, baselines = tcb_with_baselines(
-                final_hidden,
-                readout.unembed,
-                readout.bias,
-                eps=config.tcb_eps,
-                logit_softcap=readout.logit_softcap,
-                row_sq_norms=readout.row_sq_norms,
-                logits=raw_logits,
-            )
-            keep("log10_tcb", torch.log10(delta.double()))
-            keep("entropy", baselines.entropy)
-            keep("logit_margin", baselines.logit_margin)
-            keep("v_eff_ipr", baselines.v_eff_ipr)
-            keep("v_eff_exp", baselines.v_eff_exp)
-        if want_bte:
-            keep("energy", consecutive_js_divergences_of_logits(_layer_logits(layer_states, readout, lo, hi, first, last,
-                                                                               final_logits)))
-    if n == 0:  # an empty response: enabled probes get empty values (they summarize to nan)
-        empty = torch.empty(0, dtype=torch.float64)
-        names = (["token_logprob"] if token_ids is not None else []) + (
-            ["log10_tcb", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"] if want_tcb else []
-        )
-        parts = {name: [empty] for name in names}
-        if want_bte:
-            parts["energy"] = [torch.empty(last - first, 0, dtype=torch.float64)]
-    tensors = {name: torch.cat(chunks, dim=-1) for name, chunks in parts.items()}
-    reader_layers: tuple[int, ...] = ()
-    if "reader" in config.probes:
-        reader_layers = config.resolved_reader_layers(num_layers)
-        tensors["reader_states"] = torch.stack([layer_states[layer].detach().float().cpu() for layer in reader_layers])
-    return PositionProbes(num_positions=n, num_layers=num_layers, bte_window=config.bte_window,
-                          bte_transitions=(first, last) if want_bte else None, bte_features=config.bte_features,
-                          reader_layers=reader_layers, **tensors)
-
-
-def span_mean_states(layers: Sequence[int], spans: Sequence[torch.Tensor]) -> LayerStates:
-    """The reader's states of one span: per layer of ``layers``, the float32 mean over positions of its ``[n, H]``
-    span (the prompt of a loglikelihood request, or a masked-diffusion request's context and continuation)."""
-    return LayerStates(tuple(layers), torch.stack([span.float().mean(0) for span in spans]).cpu().numpy())
-
-
-def answer_mean_states(layers: Sequence[int], states: torch.Tensor) -> LayerStates:
-    """The reader's answer states: ``[k, n, H]`` states of the response positions, averaged over positions in float64."""
-    return LayerStates(tuple(layers), states.double().mean(1).float().numpy())
-
-
-def compact_states(layers: Sequence[int], states: torch.Tensor) -> LayerStates:
-    """``[k, m, H]`` states kept one by one: float16, or float32 where a value exceeds float16's range (±65504, as in
-    Gemma's residual stream)."""
-    packed = states.half()
-    if not bool(torch.isfinite(packed).all()):
-        packed = states.float()
-    return LayerStates(tuple(layers), packed.numpy())
-
-
-def masked_mean_states(states: Sequence[torch.Tensor], mask: torch.Tensor, layers: Sequence[int]) -> list[LayerStates]:
-    """Per row: the mean over the positions where ``mask`` is true of each of ``states`` (``[B, T, H]``).
-
-    Returns one ``[k, H]`` float32 :class:`LayerStates` per row (the prompt states of a batch).
-    """
-    weights = mask.to(device=states[0].device, dtype=torch.float32)
-    weights = (weights / weights.sum(-1, keepdim=True).clamp(min=1)).unsqueeze(1)  # [B, 1, T]
-    means = torch.stack([torch.bmm(weights, h.float()).squeeze(1) for h in states], dim=1)  # [B, k, H]
-    return [LayerStates(tuple(layers), row.float().cpu().numpy()) for row in means]
+            ids = token_ids[lo : chunk.hi].to(readout.device).long().unsqueeze(-1)
+            token_logprob.append(torch.log_softmax(chunk.final_logits, dim=-1).gather(-1, ids).squeeze(-1).cpu())
+        for name, capture in captures.items():
+            for key, value in capture.at_positions(chunk).items():
+                parts[name].setdefault(key, []).append(value.detach().to("cpu"))
+    measured = {
+        name: (capture, {key: torch.cat(chunks, dim=capture.position_axis) for key, chunks in parts[name].items()})
+        for name, capture in captures.items()
+    }
+    return PositionProbes(n, measured, torch.cat(token_logprob) if token_ids is not None else None)

@@ -57,13 +57,13 @@ from lm_eval_probes.capture.loglikelihood import (
     loglikelihood_rows,
 )
 from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
-from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, masked_mean_states, position_probes_of_spans
+from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_captures, position_probes_of_spans
+from lm_eval_probes.capture.reader import masked_mean_states
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
-from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
@@ -95,8 +95,8 @@ class ProbeHFLM(HFLM):
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
-        if self.readout is not None and "bte" in self.probe_config.probes:
-            central_window(self.readout.num_layers, self.probe_config.bte_window)  # the window must fit L
+        if self.readout is not None:
+            position_captures(self.probe_config, self.readout.num_layers)  # their options must fit L (BTE's window)
         self.reader_layers: tuple[int, ...] = ()
         if self.readout is not None and "reader" in self.probe_config.probes:
             self.reader_layers = self.probe_config.resolved_reader_layers(self.readout.num_layers)
@@ -187,11 +187,7 @@ class ProbeHFLM(HFLM):
         """``probe`` with the margin fields of ``summary`` (support tokens decoded one by one)."""
         if summary is None:
             return probe
-        return dataclasses.replace(
-            probe, margin_mean=summary.mean, margin_min=summary.minimum, margin_support_positions=summary.positions,
-            margin_support_tokens=tuple(self.tok_decode([token]) for token in summary.token_ids),
-            margin_support_values=summary.values,
-        )
+        return dataclasses.replace(probe, **summary.record_fields(lambda token: self.tok_decode([token])))
 
     # ----------------------------------------------------------------------------- generation
 
@@ -278,7 +274,7 @@ class ProbeHFLM(HFLM):
         if self.focal_decoder is not None:  # the response positions of the teacher-forced forward
             omega_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
             masses = self.focal_decoder.confidences(teacher_forced, block_inputs, omega_spans)
-            rows = [probes.with_omega(mass) for probes, mass in zip(rows, masses, strict=True)]
+            rows = [probes.with_values("omega", mass=mass) for probes, mass in zip(rows, masses, strict=True)]
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )

@@ -39,7 +39,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
-from lm_eval_probes.capture.positions import answer_mean_states, compact_states, masked_mean_states, span_mean_states
+from lm_eval_probes.capture.reader import answer_mean_states, compact_states, masked_mean_states, span_mean_states
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
