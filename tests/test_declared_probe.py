@@ -1,0 +1,98 @@
+"""Adding a probe touches its declaration and its capture/math only: a toy probe declared in this file alone is
+accepted by ``probes=``, captured by ``hf-probes`` at the response positions, carried by the records (attribute,
+``to_dict``/``from_dict``, pickling) and given its rows' per-document values — by the code that runs the declared ones.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+
+from lm_eval_probes import declarations
+from lm_eval_probes.capture.positions import LensChunk, read_layers
+from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.declarations import ProbeDeclaration, Row
+from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.records import ResponseProbe
+from lm_eval_probes.tasks.probe_task import probe_metric_values
+from test_capture import LL_REQUESTS, gen_instances, ll_instances
+
+
+class TopProbability:
+    """The toy probe's capture: per position the top-1 probability of the model's own next-token distribution; per
+    response its mean."""
+
+    reads_lens = True
+    position_axis = -1
+
+    def __init__(self, config: ProbeConfig, num_layers: int) -> None:
+        self.num_layers = num_layers
+
+    def layers(self) -> frozenset[int]:
+        return frozenset({self.num_layers})
+
+    def at_positions(self, chunk: LensChunk) -> dict[str, torch.Tensor]:
+        return {"top1": torch.softmax(chunk.final_logits, dim=-1).amax(-1)}
+
+    def reduce(self, values, *, positions: int, tail: int) -> dict[str, float]:
+        return {"toy_top1_mean": float(values["top1"].double().mean()) if positions else math.nan}
+
+
+TOY = ProbeDeclaration(
+    name="toy",
+    summary="top-1 probability of the final distribution",
+    paper="(a test)",
+    formula="max_i softmax(z)_i per response position; per document the mean",
+    reads="the final layer's state at every response position",
+    per_position="torch.softmax",
+    fields=("toy_top1_mean",),
+    capture=f"{__name__}:TopProbability",
+    rows=(Row("toy_top1", "float", "mean", True, "probe", "mean over documents of the mean top-1 probability",
+              "toy_top1_mean"),),
+    ranked="toy_top1_mean",
+    ranked_text="the mean top-1 probability",
+)
+
+
+@pytest.fixture
+def toy_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What adding ``TOY`` to ``declarations.PROBES`` does (``PROBE_NAMES`` and ``PROBES_BY_NAME`` follow from it)."""
+    probes = declarations.PROBES + (TOY,)
+    monkeypatch.setattr(declarations, "PROBES", probes)
+    monkeypatch.setattr(declarations, "PROBE_NAMES", tuple(probe.name for probe in probes))
+    monkeypatch.setattr(declarations, "PROBES_BY_NAME", {probe.name: probe for probe in probes})
+
+
+def test_an_undeclared_field_is_refused():
+    with pytest.raises(TypeError, match="toy_top1_mean"):
+        ResponseProbe(n_tokens=1, mean_token_logprob=0.0, toy_top1_mean=0.5)
+    with pytest.raises(AttributeError):
+        ResponseProbe(n_tokens=1, mean_token_logprob=0.0).toy_top1_mean  # noqa: B018
+
+
+def test_a_probe_declared_here_is_captured_recorded_and_given_its_rows(toy_declared, tiny_model_dir):
+    assert ProbeConfig.from_model_args({"probes": "all"}).probes[-1] == "toy"
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2, probes="toy")
+    assert read_layers(lm.readout.num_layers, lm.probe_config) == {lm.readout.num_layers}
+    requests = ll_instances()[:3]
+    answers = lm.loglikelihood(requests)
+    for (context, continuation), answer in zip(LL_REQUESTS, answers):
+        context_ids, continuation_ids = lm._encode_pair(context, continuation)
+        with torch.no_grad():  # independent: the model's own logits at the response positions
+            logits = lm.model(torch.tensor([context_ids + continuation_ids])).logits[0]
+        start = len(context_ids) - 1
+        want = torch.softmax(logits[start : start + len(continuation_ids)].double(), -1).amax(-1).mean()
+        probe = answer.probe
+        assert probe.toy_top1_mean == pytest.approx(float(want), rel=1e-5)
+        assert probe.tcb_log10_mean is None and probe.answer_states is None  # the other probes stay off
+        assert ResponseProbe.from_dict(probe.to_dict()) == probe == pickle.loads(pickle.dumps(probe))
+        values = probe_metric_values(probe, 0.5, 2.0, declared=True)
+        assert values["toy_top1"] == probe.toy_top1_mean
+        assert values["toy_spearman"] == (probe.toy_top1_mean, 2.0)
+        assert values["toy_spearman_partial"] == (probe.toy_top1_mean, 2.0, len(continuation_ids))
+    generated = lm.generate_until(gen_instances(until=["\n"], max_gen_toks=4)[:1])[0]
+    assert 0.0 < generated.probe.toy_top1_mean <= 1.0
+    assert TOY.row("float") in declarations.probe_rows() and TOY.difficulty_rows()[0] in declarations.difficulty_rows()
