@@ -229,13 +229,19 @@ def generate_round_robin(
 
 
 def dataset_splits(
-    generator: LeveledGenerator, *, n_per_level: int, fewshot_per_level: int, seed: int
+    generator: LeveledGenerator,
+    *,
+    n_per_level: int,
+    fewshot_per_level: int,
+    seed: int,
+    fewshot_generator: LeveledGenerator | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(test, fewshot)`` documents of a synthetic task over all its levels, both round-robin.
 
     ``test`` holds ``n_per_level`` documents per level from stream :data:`TEST_STREAM`; the few-shot
     pool holds ``fewshot_per_level`` per level from stream :data:`FEWSHOT_STREAM` of the same seed,
-    none with an ``identity`` shared with ``test``.
+    none with an ``identity`` shared with ``test``, made by ``fewshot_generator`` where given (its
+    ``name`` and levels should be ``generator``'s: a few-shot pool drawn from other material).
 
     Raises:
         ValueError: ``n_per_level < 1``, ``fewshot_per_level < 0`` or ``seed`` not an int.
@@ -244,7 +250,7 @@ def dataset_splits(
     check_count("fewshot_per_level", fewshot_per_level, minimum=0)
     test = generate_round_robin(generator, n_per_level, seed=seed, levels=generator.all_levels)
     fewshot = generate_round_robin(
-        generator,
+        fewshot_generator or generator,
         fewshot_per_level,
         seed=seed,
         levels=generator.all_levels,

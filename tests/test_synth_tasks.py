@@ -52,7 +52,7 @@ def logic_docs() -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------- common
 
 
-@pytest.mark.parametrize("file_name", ["synth_arith.py", "synth_logic.py"])
+@pytest.mark.parametrize("file_name", ["synth_arith.py", "synth_logic.py", "synth_recall.py"])
 def test_modules_import_only_stdlib_and_datasets(file_name: str) -> None:
     allowed = {"__future__", "random", "collections", "typing", "datasets", "lm_eval_probes.tasks.seeded_generation"}
     tree = ast.parse((TASKS_DIR / file_name).read_text())
@@ -400,7 +400,8 @@ def test_logic_dataset_splits_and_ignored_kwargs() -> None:
 
 # ------------------------------------------------------------------------------- prompt length
 
-SYNTHETIC_TASKS = {"probes_synth_arith": "steps", "probes_synth_arith_gen": "steps", "probes_synth_logic": "depth"}
+SYNTHETIC_TASKS = {"probes_synth_arith": "steps", "probes_synth_arith_gen": "steps", "probes_synth_logic": "depth",
+                   "probes_synth_recall": "people"}
 DEMO_LIMIT = 60  # `make demo` evaluates this round-robin prefix
 
 
@@ -456,7 +457,8 @@ def test_noised_and_detector_twins_of_the_synthetic_tasks():
     from lm_eval_probes.harness.tasks import ProbeTaskManager
 
     manager = ProbeTaskManager(include_path=TASKS_DIR)
-    loaded = manager.load(["probes_synth_logic", "probes_synth_logic_noise_swap", "probes_synth_arith_detect"])["tasks"]
+    loaded = manager.load(["probes_synth_logic", "probes_synth_logic_noise_swap", "probes_synth_arith_detect",
+                           "probes_synth_recall", "probes_synth_recall_noise_swap", "probes_synth_recall_detect"])["tasks"]
     clean = list(loaded["probes_synth_logic"].eval_docs)[:20]
     noised = list(loaded["probes_synth_logic_noise_swap"].eval_docs)[:20]
     assert [d["clean_question"] for d in noised] == [d["question"] for d in clean]
@@ -465,3 +467,9 @@ def test_noised_and_detector_twins_of_the_synthetic_tasks():
     pairs = list(loaded["probes_synth_arith_detect"].eval_docs)[:10]
     assert [d["noise_pair"] for d in pairs] == [i // 2 for i in range(10)]
     assert all(d["noised"] == 0 and d["question"] == d["clean_question"] for d in pairs[::2])
+    recall = list(loaded["probes_synth_recall"].eval_docs)[:20]
+    recall_noised = list(loaded["probes_synth_recall_noise_swap"].eval_docs)[:20]
+    assert [d["clean_context"] for d in recall_noised] == [d["context"] for d in recall]
+    assert any(d["context"] != d["clean_context"] for d in recall_noised)
+    recall_pairs = list(loaded["probes_synth_recall_detect"].eval_docs)[:4]
+    assert [d["noised"] for d in recall_pairs] == [0, 1, 0, 1] and recall_pairs[0]["context"] == recall[0]["context"]
