@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,26 +35,16 @@ import numpy as np  # noqa: E402
 from lm_eval_probes.probes.calibration import reliability_diagram, risk_coverage_curve  # noqa: E402
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
+from lm_eval_probes.reports.levels import LEVEL_METRICS, LevelMean  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
 from lm_eval_probes.reports.tables import RobustnessRow, primary_metric, primary_samples  # noqa: E402
 from lm_eval_probes.declarations import (  # noqa: E402
-    CONFIDENCE,
     ECE,
-    PROBES,
     PROBES_BY_NAME,
     REVEAL_STEP,
     SELECTIVE_AUROC,
     TRAJECTORY_PERCENTS,
     TRAJECTORY_ROWS,
-)
-from lm_eval_probes.rows import ROWS  # noqa: E402
-
-DIFFICULTY_SOURCES: tuple[str, ...] = tuple(row.name for row in ROWS if row.value == "ranked")
-"""Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
-
-DIFFICULTY_METRICS: tuple[tuple[str, str], ...] = (
-    ("correct", "accuracy"), (CONFIDENCE.name, "confidence"),
-    *((probe.row("float").name, probe.label) for probe in PROBES if probe.rows),
 )
 
 BTE, OMEGA = PROBES_BY_NAME["bte"], PROBES_BY_NAME["omega"]
@@ -187,59 +178,45 @@ def robustness_figures(rows: Sequence[RobustnessRow]) -> list[Figure]:
     return figures
 
 
-def document_difficulties(samples: Sequence[Mapping[str, Any]]) -> list[float | None]:
-    """Each sample's difficulty label, from the second member of its first ``[value, difficulty]`` record
-    (:data:`DIFFICULTY_SOURCES`); ``None`` when the document has none."""
-    out: list[float | None] = []
-    for sample in samples:
-        label = None
-        for name in DIFFICULTY_SOURCES:
-            record = sample.get(name)
-            if isinstance(record, (list, tuple)) and len(record) == 2 and isinstance(record[1], (int, float)):
-                label = float(record[1])
-                break
-        out.append(label)
-    return out
-
-
-def _document_value(sample: Mapping[str, Any], metric: str, primary: str) -> float:
-    value = sample.get(primary if metric == "correct" else metric)
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else math.nan
-
-
-def difficulty_figures(models: Sequence[ModelResults]) -> list[Figure]:
-    """Per task with difficulty labels: the mean per difficulty level of accuracy, confidence, ē_M and
-    log10 δ_TCB, one line per model (levels with no defined value are skipped)."""
+def difficulty_figures(means: Sequence[LevelMean]) -> list[Figure]:
+    """Per task with difficulty labels: accuracy, confidence and each probe's headline value per difficulty level
+    (:func:`~lm_eval_probes.reports.levels.level_means`: the mean and its bootstrap interval as an error bar), one
+    line per model, one panel per metric (three panels a row)."""
     figures = []
-    for task in _tasks(models):
-        panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {m: [] for m, _ in DIFFICULTY_METRICS}
-        for model in models:
-            result = model.tasks.get(task)
-            primary = primary_metric(result) if result else None
-            if primary is None:
-                continue
-            samples = result.samples_of(primary[1])
-            levels = document_difficulties(samples)
-            for metric, _ in DIFFICULTY_METRICS:
-                pairs = [(lv, _document_value(s, metric, primary[0])) for s, lv in zip(samples, levels) if lv is not None]
-                pairs = [(lv, v) for lv, v in pairs if math.isfinite(v)]
-                if not pairs:
+    for task in sorted({m.task for m in means}):
+        of_task = [m for m in means if m.task == task]
+        shown = [(metric, label) for metric, label in LEVEL_METRICS if any(m.metric == metric for m in of_task)]
+        models = list(dict.fromkeys(m.model for m in of_task))
+        columns = min(3, len(shown))
+        rows = -(-len(shown) // columns)
+        fig, axes = plt.subplots(rows, columns, figsize=(3.7 * columns, 2.9 * rows + 0.6), squeeze=False,
+                                 layout="constrained")
+        offsets = np.linspace(-0.08, 0.08, len(models)) if len(models) > 1 else np.zeros(1)
+        for ax, (metric, label) in zip(axes.flat, shown):
+            for offset, model in zip(offsets, models):
+                points = [m for m in of_task if m.model == model and m.metric == metric]
+                if not points:
                     continue
-                xs = sorted({lv for lv, _ in pairs})
-                means = [float(np.mean([v for lv, v in pairs if lv == x])) for x in xs]
-                panels[metric].append((model.name, np.asarray(xs), np.asarray(means)))
-        shown = [(m, label) for m, label in DIFFICULTY_METRICS if panels[m]]
-        if not shown:
-            continue
-        fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 3.4), squeeze=False)
-        for ax, (metric, label) in zip(axes[0], shown):
-            for name, xs, means in panels[metric]:
-                ax.plot(xs, means, marker="o", markersize=3, label=plain_label(name))
-            ax.set(xlabel="difficulty level", ylabel=label, title=label)
-        axes[0][0].legend(fontsize=7)
+                xs = np.array([m.level for m in points]) + offset
+                ys = np.array([m.mean for m in points])
+                low = np.array([m.mean - m.low if math.isfinite(m.low) else 0.0 for m in points])
+                high = np.array([m.high - m.mean if math.isfinite(m.high) else 0.0 for m in points])
+                ax.errorbar(xs, ys, yerr=np.vstack([low, high]), marker="o", markersize=3, capsize=2, linewidth=1,
+                            label=plain_label(model))
+            ax.set_title(label, fontsize=9)
+            ax.tick_params(labelsize=8)
+            ax.set_xticks(sorted({m.level for m in of_task}))
+            ax.set_xlabel("difficulty level", fontsize=8)
+        for ax in axes.flat[len(shown):]:
+            ax.set_visible(False)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        labels = [textwrap.fill(label, 70) for label in labels]  # a plain run's name carries its model_args
+        fig.legend(handles, labels, loc="outside lower center", fontsize=8, frameon=False,
+                   ncols=1 if any("\n" in label or len(label) > 35 for label in labels) else min(4, len(labels)))
         fig.suptitle(plain_label(task), fontsize=10)
         figures.append(Figure(_file_stem("difficulty", task), f"Against difficulty — {task}",
-                              "Mean per difficulty level of the task's label (steps, depth, hops, level).", _render(fig)))
+                              "Mean per difficulty level of the task's label (steps, depth, hops, people, level); error "
+                              "bars: percentile bootstrap interval of the mean over the level's documents.", _render(fig)))
     return figures
 
 

@@ -41,6 +41,7 @@ from lm_eval_probes.reports.pairwise import (
     RowSpec,
     pairwise_comparisons,
 )
+from lm_eval_probes.reports.levels import CORRECT, LevelMean, level_markdown, level_means
 from lm_eval_probes.reports.reading import ModelResults, read_runs
 from lm_eval_probes.reports.tables import (
     BootstrapSettings,
@@ -82,6 +83,7 @@ class Report:
     notes: tuple[str, ...]
     pairwise: tuple[PairedComparison, ...] = ()
     include_auxiliary_tasks: bool = False
+    by_level: tuple[LevelMean, ...] = ()
 
 
 def _notes(models: Sequence[ModelResults], bte_profiles: bool) -> list[str]:
@@ -142,6 +144,7 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         "support_tokens": support,
         "pairwise_settings": pairwise_settings(report, settings),
         "pairwise": [c.to_json(report.overview.alpha) for c in report.pairwise],
+        "by_level": [m.to_json() for m in report.by_level],
         "notes": list(report.notes),
     }
 
@@ -199,6 +202,12 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
                   "Each task's correctness row, a − b on the documents both ran:", "",
                   pairwise_markdown(headline_comparisons(report), alpha=report.overview.alpha, level=settings.level), "",
                   "Every other row's comparisons are in summary.json (`pairwise`).", ""]
+    if any(m.metric == CORRECT for m in report.by_level):
+        parts += ["## By difficulty level", "",
+                  f"Each task's correctness per difficulty level: mean [{settings.level:.0%} percentile bootstrap interval "
+                  "over the level's documents] (documents). Confidence and each probe per level: summary.json "
+                  "(`by_level`) and the page's figures.", "",
+                  level_markdown(report.by_level, report.overview.models), ""]
     if report.robustness:
         parts += ["## Robustness to noised inputs", "", "Δ = noised − clean.", "", robustness_markdown(report.robustness), ""]
     if report.support:
@@ -250,6 +259,7 @@ def build_report(
     view = overview(models, tables, pairwise, alpha=alpha, include_auxiliary_tasks=include_auxiliary_tasks)
     robustness = tuple(robustness_rows(models, settings))
     support = tuple(support_rows(models))
+    by_level = tuple(level_means(models, settings))
     sections: list[html.FigureSection] = []
     bte_profiles = False
     if plots:
@@ -262,7 +272,7 @@ def build_report(
             ("Reliability diagrams", "", plotting.reliability_figures(models)),
             ("Risk–coverage curves", "", plotting.risk_coverage_figures(models)),
             ("Clean vs noised", "", plotting.robustness_figures(robustness)),
-            ("Against difficulty", "", plotting.difficulty_figures(models)),
+            ("Against difficulty", "", plotting.difficulty_figures(by_level)),
         ]
         plot_dir = Path(out) / "plots"
         plot_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +281,7 @@ def build_report(
                 (plot_dir / f"{figure.name}.png").write_bytes(figure.png)
             sections.append(html.figure_section(title_, note, figures))
     report = Report(Path(out), tuple(models), view, tables, robustness, support, tuple(_notes(models, bte_profiles or not plots)),
-                    pairwise, include_auxiliary_tasks)
+                    pairwise, include_auxiliary_tasks, by_level)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "leaderboard.md").write_text(markdown_page(report, settings), encoding="utf-8")
