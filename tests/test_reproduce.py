@@ -131,7 +131,7 @@ def test_the_subcommand_is_registered():
 def test_bte_end_to_end(tiny_model_dir, data_dir, tmp_path):
     claims, header = reproduce("bte", model_args=f"pretrained={tiny_model_dir('llama')}", data_dir=str(data_dir),
                                limit=10, out=tmp_path, device="cpu", batch_size="4", n_resamples=200)
-    assert header["tasks"] == ["probes_math500_ref", "probes_proofwriter", "probes_stepgame"]
+    assert header["tasks"] == ["probes_math500_ref", "probes_math500_problem", "probes_proofwriter", "probes_stepgame"]
     assert "probes=bte" in header["model_args"] and "probe_bte_features=1" in header["model_args"]
     results = json.loads(next((tmp_path / "lm_eval").rglob("results_*.json")).read_text())["results"]
     rho = PROBES_BY_NAME["bte"].difficulty_rows()[0].name
@@ -150,9 +150,11 @@ def test_bte_end_to_end(tiny_model_dir, data_dir, tmp_path):
     levels = by_text["MATH-500: mean ē_M per level 1–5 rises"]
     assert len(levels.measured.value) == 5 and levels.agrees in (True, False)
     attribution = next(c for c in claims if c.claim.startswith("benchmark attribution"))
-    assert attribution.measured.value is not None and "statistics" in attribution.measured.note  # 30 documents, 3 classes
-    problem_only = next(c for c in claims if "problem only" in c.claim)
-    assert problem_only.measured.value is None and problem_only.agrees is None
+    assert attribution.measured.value is not None and "statistics" in attribution.measured.note
+    assert attribution.measured.n_documents == 30 and "3 benchmarks" in attribution.measured.note  # not the problems
+    problem_only = by_text["MATH-500 problem statements alone: ρ(ē_M, level)"]
+    assert problem_only.measured.value == pytest.approx(results["probes_math500_problem"][f"{rho},none"])
+    assert problem_only.paper == 0.36 and problem_only.measured.n_documents == 10
     json_path, markdown_path = write(claims, header, tmp_path)
     document = json.loads(json_path.read_text())
     assert document["protocol"] == "bte" and len(document["claims"]) == len(claims) == 9

@@ -1,7 +1,8 @@
 """``reproduce bte``: Belief-Trajectory Energy tracks difficulty ("Measuring the Path to a Prediction", 2026).
 
 The paper (Llama-3.1-8B-Instruct scoring each reference solution teacher-forced after its problem): Spearman ρ of
-ē_M with difficulty on MATH-500 0.44 [0.37, 0.51] (problem only 0.36), ProofWriter depth 0.33 [0.26, 0.40],
+ē_M with difficulty on MATH-500 0.44 [0.37, 0.51] (the problem statement alone teacher-forced: 0.36,
+``probes_math500_problem``), ProofWriter depth 0.33 [0.26, 0.40],
 StepGame hops 0.65; MATH-500 level means of ē_M rising 0.161, 0.165, 0.167, 0.169, 0.173; a classifier of the
 benchmark a document came from at 86.4 % with the L-dim depth profile and 93.2 % with the 11·L transition
 statistics.
@@ -36,6 +37,8 @@ RHO, RHO_PARTIAL = BTE.difficulty_rows()[:2]
 PROFILE = BTE.row("vector")
 
 MATH500, PROOFWRITER, STEPGAME = "probes_math500_ref", "probes_proofwriter", "probes_stepgame"
+MATH500_PROBLEM = "probes_math500_problem"
+"""The problem statements alone, teacher-forced (the paper's problem-only ρ 0.36)."""
 
 PAPER_RHO: dict[str, tuple[str, float, tuple[float, float] | None]] = {
     MATH500: ("MATH-500 reference solutions: ρ(ē_M, level)", 0.44, (0.37, 0.51)),
@@ -86,11 +89,13 @@ def attribution_claim(run: Run, tasks: Sequence[str], filter_key: str, *, seed: 
 
 
 def bte_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
-    """The BTE paper's claims from a run of ``variant`` (tasks MATH-500 reference, ProofWriter, StepGame)."""
+    """The BTE paper's claims from a run of ``variant`` (tasks MATH-500 reference and problem only, ProofWriter,
+    StepGame; the attribution classifier tells the three benchmarks apart)."""
     run = runs[MAIN]
     key = variant.filter_key
     claims: list[Claim] = []
-    for task in variant.tasks:
+    benchmarks = [task for task in variant.tasks if task in PAPER_RHO]
+    for task in benchmarks:
         text, value, interval = PAPER_RHO[task]
         paper_text = f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.2f}"
         claims.append(Claim(text, value, row_measurement(run, task, RHO.name, key), PaperInInterval(), paper_text))
@@ -98,12 +103,12 @@ def bte_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
                             row_measurement(run, task, RHO_PARTIAL.name, key), IntervalAbove(0.0),
                             "— (> 0: ρ is not length)"))
         if task == MATH500:
-            claims.append(Claim("MATH-500 reference solutions: ρ(ē_M, level), problem only", 0.36,
-                                Measurement(None, note="not measured: no plugin task scores the problem alone"),
-                                PaperInInterval()))
+            problem = (row_measurement(run, MATH500_PROBLEM, RHO.name, key) if MATH500_PROBLEM in variant.tasks
+                       else Measurement(None, note=f"not measured: {MATH500_PROBLEM} was not run"))
+            claims.append(Claim("MATH-500 problem statements alone: ρ(ē_M, level)", 0.36, problem, PaperInInterval()))
             claims.append(Claim("MATH-500: mean ē_M per level 1–5 rises", PAPER_LEVEL_MEANS,
                                 level_means(run, task, RHO.name, key), StrictlyIncreasing()))
-    claims.append(attribution_claim(run, variant.tasks, key, seed=run.seed))
+    claims.append(attribution_claim(run, benchmarks, key, seed=run.seed))
     return claims
 
 
@@ -115,7 +120,8 @@ PROTOCOL = ReproductionProtocol(
     pretrained={"hf-probes": "meta-llama/Llama-3.1-8B-Instruct"},
     default_model="hf-probes",
     model_args={"probes": BTE.name, "probe_bte_profile": "full", "probe_bte_features": "1"},
-    variants=(Variant("paper", (MATH500, PROOFWRITER, STEPGAME), "none",
-                      "MATH-500 reference solutions teacher-forced, ProofWriter and StepGame multiple choice"),),
+    variants=(Variant("paper", (MATH500, MATH500_PROBLEM, PROOFWRITER, STEPGAME), "none",
+                      "MATH-500 reference solutions and problem statements teacher-forced, ProofWriter and StepGame "
+                      "multiple choice"),),
     claims=bte_claims,
 )
