@@ -93,7 +93,8 @@ PROTOCOL = ReproductionProtocol(
         Variant("math500-ref", ("probes_math500_ref",), "none", "MATH-500 reference solutions teacher-forced, level 1–5"),
         Variant("proofwriter", ("probes_proofwriter",), "none", "ProofWriter multiple choice, depth 0–5"),
         Variant("stepgame", ("probes_stepgame",), "none", "StepGame multiple choice, hops 1–10"),
-        Variant("synthetic", ("probes_synth_logic",), "none", "the synthetic logic task (offline, no data), depth 0–5"),
+        Variant("synthetic", ("probes_synth_recall",), "none",
+                "the synthetic recall task (offline, no data; the bundled models go from right to chance), people 1–5"),
     ),
     claims=omega_claims,
 )
