@@ -84,10 +84,17 @@ class LayerStates:
         return cls(data["layers"], values)
 
 
+_DECLARED: list[Any] = [None, ()]  # (the declarations.PROBES tuple they were read from, its fields)
+
+
 def declared_fields() -> tuple[str, ...]:
     """Every declared probe's record fields (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.fields`), in
-    declaration order: the names a :class:`ResponseProbe` carries in :attr:`~ResponseProbe.probe_fields`."""
-    return tuple(dict.fromkeys(name for probe in declarations.PROBES for name in probe.fields))
+    declaration order: the names a :class:`ResponseProbe` carries in :attr:`~ResponseProbe.probe_fields`. Read once
+    per ``declarations.PROBES`` tuple (every record's construction and attribute reads ask for them)."""
+    if _DECLARED[0] is not declarations.PROBES:
+        _DECLARED[:] = [declarations.PROBES,
+                        tuple(dict.fromkeys(name for probe in declarations.PROBES for name in probe.fields))]
+    return _DECLARED[1]
 
 
 @dataclass(frozen=True, init=False)
