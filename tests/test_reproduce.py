@@ -99,9 +99,17 @@ def test_model_args_are_parsed_and_merged():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["tbc"], "unknown protocol 'tbc'. Did you mean 'tcb'"),
-    (["margins"], "give --engine_output"),
-    (["bte", "--engine_output", "x.json"], "--engine_output is for margins"),
+    (["margins"], "trains its own models: give --data FILE"),
+    (["bte", "--engine_output", "x.json"], "--engine_output is for margins; 'bte' runs through lm_eval"),
+    (["calibration", "--quick", "--seeds", "0,1"], "--quick, --seeds are for margins; 'calibration' runs through lm_eval"),
+    (["omega", "--steps", "0"], "--steps is for margins; 'omega' runs through lm_eval"),
     (["margins", "--engine_output", "/no/such/repro.json"], "no engine output at"),
+    (["margins", "--engine_output", "x.json", "--steps", "5"], "--steps run the engine: give one or the other"),
+    (["margins", "--steps", "5"], "trains its own models: give --data FILE"),
+    (["margins", "--data", "/no/such/corpus.txt"], "no corpus file at /no/such/corpus.txt"),
+    (["margins", "--quick", "--sigmas", "0.1,0.5"], "sigmas must start at 0 and increase"),
+    (["margins", "--quick", "--seeds", "0,one"], "--seeds must be comma-separated ints"),
+    (["margins", "--quick", "--threads", "0"], "--threads must be >= 1"),
     (["calibration", "--variant", "gsm"], "no variant 'gsm'. Did you mean 'gsm8k'"),
     (["bte", "--model", "hf-probes-diffusion"], "runs with --model hf-probes"),
     (["bte", "--model_args", "pretrained"], "expected key=value"),
@@ -112,7 +120,7 @@ def test_model_args_are_parsed_and_merged():
 def test_bad_protocol_or_arguments_give_a_clear_error(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "lm_eval").exists()  # nothing ran
+    assert not (tmp_path / "lm_eval").exists() and not (tmp_path / "engine").exists()  # nothing ran
 
 
 def test_the_subcommand_is_registered():
@@ -225,9 +233,16 @@ def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path):
 
 
 def engine_report(degradations: dict[float, float], clean: dict[float, float]) -> dict:
-    """A report shaped as benchmarks/support_tokens_repro.py writes it (σ keys as JSON strings)."""
+    """A report shaped as the engine wrote it before it kept per-seed values (σ keys as JSON strings)."""
     return {"data": "made up", "seeds": [0, 1], "sigmas": [0.0, 0.5], "results": [
         {"weight": w, "bpc": {"0.0": clean[w], "0.5": clean[w] * degradations[w]}} for w in degradations]}
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """The 95 % Student-t interval of the mean, computed apart from the code under test."""
+    from scipy import stats
+
+    return stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
 
 
 def test_margins_claims_from_the_engines_output(tmp_path, capsys):
@@ -238,35 +253,83 @@ def test_margins_claims_from_the_engines_output(tmp_path, capsys):
     assert [c.agrees for c in paper_like] == [True, True, True]
     assert paper_like[0].measured.value == pytest.approx(2.198 / 2.168 - 1)
     assert paper_like[1].measured.value == pytest.approx(2.56 - 2.68)
+    assert not paper_like[1].measured.has_interval and "no per-seed values: no CI" in paper_like[1].measured.note
     unlike = margins_claims(engine_report({0.0: 2.5, 0.05: 2.6, 0.1: 2.7}, {0.0: 2.0, 0.05: 2.3, 0.1: 2.4}))
     assert [c.agrees for c in unlike] == [False, False, False]  # 15 % clean cost, worse degradation, best at λ = 0
     path = tmp_path / "repro.json"
     for report, message in [({"results": [{"weight": 0.0}]}, "needs a CE-only result (weight 0) and at least one"),
-                            ({"sigmas": [0.0], "results": [{"weight": 0.0}, {"weight": 0.1}]}, "is not the engine's report")]:
+                            ({"sigmas": [0.0], "results": [{"weight": 0.0}, {"weight": 0.1}]}, "is not the engine's report"),
+                            ({"seeds": [0, 1], "sigmas": [0.0], "results": [
+                                {"weight": w, "bpc": {"0.0": 2.0}, "per_seed": [{"bpc": {"0.0": 2.0}}]} for w in (0.0, 0.1)]},
+                             "1 per-seed results for 2 seeds")]:
         path.write_text(json.dumps(report))
         assert main(["margins", "--engine_output", str(path), "--out", str(tmp_path)]) == 2
         assert message in capsys.readouterr().err
 
 
-def test_margins_reads_the_engines_real_output(repo_root, tmp_path, capsys, monkeypatch):
-    import importlib.util
-    import sys
+def seeded_report(clean: dict[float, list[float]], noised: dict[float, list[float]], *, named: bool = True) -> dict:
+    """A report with per-seed BPCs (seeds 3, 5, 9), the seed named in each entry or (older reports) not."""
+    seeds = [3, 5, 9][: len(clean[0.0])]
+    results = []
+    for w in clean:
+        per_seed = [{**({"seed": s} if named else {}), "bpc": {"0.0": c, "0.5": n}}
+                    for s, c, n in zip(seeds, clean[w], noised[w])]
+        results.append({"weight": w, "bpc": {"0.0": float(np.mean(clean[w])), "0.5": float(np.mean(noised[w]))},
+                        "per_seed": per_seed})
+    return {"seeds": seeds, "sigmas": [0.0, 0.5], "results": results}
 
-    spec = importlib.util.spec_from_file_location("support_tokens_repro", repo_root / "benchmarks" / "support_tokens_repro.py")
-    script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
-    spec.loader.exec_module(script)
-    engine = tmp_path / "engine"
-    import torch
 
-    script.main(["--quick", "--steps", "2", "--lambdas", "0.05,0.1", "--sigmas", "0,0.5", "--out", str(engine),
-                 "--threads", str(torch.get_num_threads())])  # leaves the process's thread count as it was
-    capsys.readouterr()
-    assert main(["margins", "--engine_output", str(engine), "--out", str(tmp_path / "out")]) == 0
+def test_margins_intervals_over_seeds_are_t_intervals_of_the_paired_differences():
+    from lm_eval_probes.reproduce.margins import margins_claims, seed_interval
+
+    clean = {0.0: [2.50, 2.60, 2.55], 0.05: [2.60, 2.66, 2.70], 0.1: [2.70, 2.80, 2.75]}
+    noised = {0.0: [3.90, 4.00, 3.80], 0.05: [3.10, 3.30, 3.25], 0.1: [3.40, 3.60, 3.50]}
+    for named in (True, False):  # older reports list per-seed results in the order of their seeds
+        cost, gap, shape = margins_claims(seeded_report(clean, noised, named=named))
+        costs = [b / a - 1 for a, b in zip(clean[0.0], clean[0.05])]  # the same seed's barrier over CE only
+        gaps = [nb / cb - na / ca for ca, cb, na, nb in zip(clean[0.0], clean[0.05], noised[0.0], noised[0.05])]
+        assert cost.measured.value == pytest.approx(np.mean(costs))
+        assert (cost.measured.ci_low, cost.measured.ci_high) == pytest.approx(t_interval(costs))
+        assert gap.measured.value == pytest.approx(np.mean(gaps))
+        assert (gap.measured.ci_low, gap.measured.ci_high) == pytest.approx(t_interval(gaps))
+        assert "3 seeds" in cost.measured.note and "the rule reads the estimate" in cost.measured.note
+        assert cost.measured.ci_high > 0.05 and cost.agrees is True  # decided on the estimate, 0.041
+        assert t_interval(gaps)[1] < 0 and gap.agrees is True
+        assert shape.measured.value == pytest.approx(
+            [np.mean([n / c for c, n in zip(clean[w], noised[w])]) for w in (0.0, 0.05, 0.1)])
+        assert shape.agrees is True and "mean over its 3 seeds" in shape.measured.note
+    one = margins_claims(seeded_report({w: v[:1] for w, v in clean.items()}, {w: v[:1] for w, v in noised.items()}))
+    assert [c.measured.ci_low for c in one[:2]] == [None, None] and "1 seed: no CI" in one[1].measured.note
+    assert one[0].measured.value == pytest.approx(2.60 / 2.50 - 1)
+    assert seed_interval([0.2, 0.2]) == (0.2, 0.2) and seed_interval([0.1]) is None
+    with pytest.raises(ValueError, match="must be finite"):
+        seed_interval([0.1, float("nan")])
+
+
+def test_margins_runs_its_engine_end_to_end(tmp_path, capsys, caplog):
+    out = tmp_path / "out"
+    argv = ["margins", "--quick", "--steps", "3", "--lambdas", "0.05,0.1", "--sigmas", "0,0.5", "--seeds", "0,1"]
+    assert main([*argv, "--out", str(out)]) == 0
     assert "clean BPC cost of the barrier (λ = 0.05)" in capsys.readouterr().out
-    document = json.loads((tmp_path / "out" / "claims.json").read_text())
-    assert document["engine"] == "benchmarks/support_tokens_repro.py" and len(document["claims"]) == 3
+    assert "λ=0.1 seed 1: trained in" in caplog.text  # the engine's progress
+    assert {path.name for path in (out / "engine").iterdir()} == {"repro.json", "repro.md", "repro.png"}
+    document = json.loads((out / "claims.json").read_text())
+    assert document["engine"] == "lm_eval_probes.reproduce.margins_engine" and document["seeds"] == [0, 1]
+    assert document["engine_output"] == str(out / "engine" / "repro.json") and len(document["claims"]) == 3
     assert all(CLAIM_KEYS <= set(entry) for entry in document["claims"])
+    report = json.loads((out / "engine" / "repro.json").read_text())
+    ce, barrier = ({s["seed"]: s["bpc"] for s in r["per_seed"]} for r in report["results"][:2])
+    costs = [barrier[s]["0.0"] / ce[s]["0.0"] - 1 for s in (0, 1)]
+    gaps = [barrier[s]["0.5"] / barrier[s]["0.0"] - ce[s]["0.5"] / ce[s]["0.0"] for s in (0, 1)]
+    cost, gap, _ = document["claims"]
+    assert cost["measured"] == pytest.approx(np.mean(costs)) and gap["measured"] == pytest.approx(np.mean(gaps))
+    assert (cost["ci_low"], cost["ci_high"]) == pytest.approx(t_interval(costs))
+    assert (gap["ci_low"], gap["ci_high"]) == pytest.approx(t_interval(gaps))
+    assert "2 seeds" in cost["note"] and "t-interval" in gap["note"]
+    # the same report read back through --engine_output gives the same claims
+    assert main(["margins", "--engine_output", str(out / "engine"), "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "claims.json").read_text())
+    assert again["claims"] == document["claims"]
 
 
 def test_tcb_end_to_end_with_its_stand_in_prompt_sets(tiny_model_dir, data_dir, tmp_path):

@@ -5,8 +5,8 @@ read from the run; :mod:`.runner` evaluates the tasks once through ``lm_eval`` w
 samples a user gets), :mod:`.statistics` reads each claim's number and its bootstrap CI from them (the report's
 helpers), :mod:`.claims` decides agreement by the rule each claim states, :mod:`.tables` writes the table
 (Markdown, JSON) and :mod:`.cli` is the command. Protocols: :mod:`.bte`, :mod:`.calibration`, :mod:`.omega`, :mod:`.tcb`
-(:data:`.registry.PROTOCOLS`); :mod:`.margins` reads the output of its training engine
-(:data:`.registry.ENGINE_PROTOCOLS`). docs/reproduce.md.
+(:data:`.registry.PROTOCOLS`); :mod:`.margins` runs its training engine (:mod:`.margins_engine`, torch) or reads an
+earlier run's report (:data:`.registry.ENGINE_PROTOCOLS`). docs/reproduce.md.
 """
 
 from __future__ import annotations

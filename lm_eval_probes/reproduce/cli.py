@@ -3,22 +3,26 @@
     lm-eval-probes reproduce bte --model_args pretrained=meta-llama/Llama-3.1-8B-Instruct,dtype=bfloat16
     lm-eval-probes reproduce calibration [--model hf-probes-diffusion] [--variant gsm8k] --limit 400
     lm-eval-probes reproduce bte --model_args pretrained=DIR,gguf_file=F --data_dir DATA --limit 40 --out results/r
+    lm-eval-probes reproduce margins --data wiki.test.raw --seeds 0,1,2 --out results/m   # trains its own models
 
 Runs the protocol's tasks once through ``lm_eval`` with the plugin (the rows a user gets), prints one table —
 claim | paper | this run [95 % CI] | agrees? — and writes it to ``OUT/claims.json`` and ``OUT/claims.md``, with
 lm_eval's results and samples under ``OUT/lm_eval``. Without ``pretrained`` the paper's model (a hub name) is
-used; without ``--data_dir`` the hub datasets. docs/reproduce.md: each protocol's tasks, statistics and rules.
+used; without ``--data_dir`` the hub datasets. ``margins`` runs its training engine instead of lm_eval (its report
+under ``OUT/engine``), or reads an earlier run's report (``--engine_output``). docs/reproduce.md: each protocol's
+tasks, statistics and rules.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +95,38 @@ def reproduce(name: str, *, variant: str | None = None, **kwargs: Any) -> tuple[
     return claims, header
 
 
-def from_engine(name: str, engine_output: str | None) -> tuple[list[Claim], dict[str, Any]]:
-    """The claims of an engine protocol (``margins``) from its engine's output file.
+ENGINE_RUN_OPTIONS = ("data", "quick", "lambdas", "sigmas", "seeds", "steps", "threads")
+"""The command's options that run the ``margins`` engine (argparse destinations)."""
+
+
+def from_engine(name: str, engine_output: str | Path | None = None, *, out: str | Path = "results/reproduce",
+                **engine_options: Any) -> tuple[list[Claim], dict[str, Any]]:
+    """The claims of an engine protocol (``margins``): its engine run here when ``engine_options`` say how
+    (``data`` or ``quick``, and :func:`lm_eval_probes.reproduce.margins.run_engine`'s other options; the report
+    goes to ``OUT/engine``), or an earlier run's report (``engine_output``: ``repro.json`` or its folder).
 
     Raises:
-        ReproduceError: an lm_eval protocol given ``--engine_output``, or an engine protocol without it.
+        ReproduceError: an lm_eval protocol, both a report and a run or neither, options the engine rejects, or a
+            report that is not the engine's.
     """
+    given = sorted(f"--{key}" for key, value in engine_options.items() if value is not None and value is not False)
     if name not in ENGINE_PROTOCOLS:
         protocol(name)  # an unknown name says so
-        raise ReproduceError(f"--engine_output is for {', '.join(ENGINE_PROTOCOLS)}; {name!r} runs through lm_eval")
-    if engine_output is None:
-        raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
+        options = ", ".join(given + (["--engine_output"] if engine_output is not None else []))
+        raise ReproduceError(f"{options} {'is' if ',' not in options else 'are'} for {', '.join(ENGINE_PROTOCOLS)}; "
+                             f"{name!r} runs through lm_eval")
+    runs = engine_options.get("data") is not None or bool(engine_options.get("quick"))
+    if engine_output is not None and given:
+        raise ReproduceError(f"--engine_output reads an earlier run's report, {', '.join(given)} run the engine: "
+                             "give one or the other")
+    if engine_output is None and not runs:
+        raise ReproduceError(f"protocol {name!r} trains its own models: give --data FILE (plain text, e.g. "
+                             "wikitext2/wiki.test.raw) or --quick (a tiny offline run) to run its engine, or "
+                             "--engine_output DIR to read an earlier run's repro.json")
     from lm_eval_probes.reproduce import margins
 
+    if engine_output is None:
+        engine_output = margins.run_engine(Path(out) / "engine", **engine_options)
     report = margins.read_engine_output(engine_output)
     try:
         return margins.margins_claims(report), margins.engine_header(report, engine_output)
@@ -130,17 +153,34 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--data_dir", default=None, help="local benchmark files (gsm8k/, math500/, proofwriter/, "
                                                          "stepgame/); default: the Hugging Face hub")
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
-    parser.add_argument("--out", default="results/reproduce", help="claims.json, claims.md and lm_eval/ go here")
+    parser.add_argument("--out", default="results/reproduce",
+                        help="claims.json, claims.md and lm_eval/ (margins: engine/, the engine's report) go here")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--batch_size", default="auto")
     parser.add_argument("--num_fewshot", type=int, default=None, help="default: each task's own")
     parser.add_argument("--gen_kwargs", default=None, help="lm_eval's, e.g. max_gen_toks=128")
     parser.add_argument("--apply_chat_template", action="store_true", help="lm_eval's (instruct models' chat format)")
     parser.add_argument("--metadata", default=None, help="more task metadata as JSON, e.g. '{\"noise_eta\": 0.3}'")
-    parser.add_argument("--engine_output", default=None,
-                        help="margins: the repro.json (or its folder) written by benchmarks/support_tokens_repro.py")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    engine = parser.add_argument_group(
+        "margins (trains its own models: --data FILE or --quick runs its engine, --engine_output reads a report)")
+    engine.add_argument("--data", default=None,
+                        help="a plain-text corpus (UTF-8), e.g. wikitext2/wiki.test.raw: its last 10 %% is held out "
+                             "(about 11 min per seed on 2 cores at the default size)")
+    engine.add_argument("--quick", action="store_true",
+                        help="the tiny size (150 steps), on the offline synthetic corpus unless --data is given")
+    engine.add_argument("--lambdas", default=None, help="barrier weights λ trained besides CE only (default 0.02,0.05,0.1)")
+    engine.add_argument("--sigmas", default=None,
+                        help="noise levels on the embeddings, 0 first, increasing (default 0,0.1,0.2,0.3,0.4,0.5)")
+    engine.add_argument("--seeds", default=None,
+                        help="training seeds (default 0); with two or more, the barrier − CE-only differences get a "
+                             "95 %% t-interval over seeds")
+    engine.add_argument("--steps", type=int, default=None, help="training steps per model (default 1000; --quick 150)")
+    engine.add_argument("--threads", type=int, default=None, help="torch CPU threads for the engine (default: torch's)")
+    engine.add_argument("--engine_output", default=None,
+                        help="read this repro.json (or its folder) of an earlier engine run instead of training "
+                             "(written by reproduce margins under OUT/engine, or by benchmarks/support_tokens_repro.py)")
     return parser
 
 
@@ -156,12 +196,27 @@ def _metadata(text: str | None) -> dict[str, Any]:
     return value
 
 
+@contextlib.contextmanager
+def _engine_progress() -> Iterator[None]:
+    """The engine's progress lines (INFO) on stderr while it runs, its logger's level restored afterwards."""
+    engine_logger = logging.getLogger("lm_eval_probes.reproduce.margins_engine")
+    before = engine_logger.level
+    engine_logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        engine_logger.setLevel(before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    engine_options = {key: getattr(args, key) for key in ENGINE_RUN_OPTIONS}
+    engine_asked = any(value is not None and value is not False for value in engine_options.values())
     try:
-        if args.protocol in ENGINE_PROTOCOLS or args.engine_output is not None:
-            claims, header = from_engine(args.protocol, args.engine_output)
+        if args.protocol in ENGINE_PROTOCOLS or args.engine_output is not None or engine_asked:
+            with _engine_progress():
+                claims, header = from_engine(args.protocol, args.engine_output, out=args.out, **engine_options)
         else:
             claims, header = reproduce(
                 args.protocol, variant=args.variant, model=args.model, model_args=args.model_args, out=args.out,

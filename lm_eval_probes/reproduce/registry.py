@@ -12,22 +12,25 @@ PROTOCOLS: dict[str, ReproductionProtocol] = {protocol.name: protocol for protoc
 """Implemented protocols by name."""
 
 ENGINE_PROTOCOLS: dict[str, str] = {
-    "margins": "the log-barrier experiment of the support-token paper, read from the output of its engine "
-               "benchmarks/support_tokens_repro.py (--engine_output DIR/repro.json)",
+    "margins": "the log-barrier experiment of the support-token paper: trains character-level GPTs with its engine "
+               "(--data FILE or --quick; --lambdas, --sigmas, --seeds, --steps) or reads an earlier run's report "
+               "(--engine_output DIR)",
 }
-"""Protocols whose numbers come from an engine other than lm_eval (they train models); read from its output."""
+"""Protocols whose numbers come from an engine other than lm_eval (they train models): run here or read from a
+report the engine wrote."""
 
 
 def protocol(name: str) -> ReproductionProtocol:
     """The protocol called ``name``.
 
     Raises:
-        ReproduceError: an engine protocol (it reads its engine's output) or an unknown name, with the valid ones.
+        ReproduceError: an engine protocol (it runs its own engine, not lm_eval) or an unknown name, with the valid
+            ones.
     """
     if name in PROTOCOLS:
         return PROTOCOLS[name]
     if name in ENGINE_PROTOCOLS:
-        raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: give --engine_output")
+        raise ReproduceError(f"protocol {name!r} is {ENGINE_PROTOCOLS[name]}: it does not run through lm_eval")
     close = difflib.get_close_matches(name, list(PROTOCOLS) + list(ENGINE_PROTOCOLS), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ReproduceError(f"unknown protocol {name!r}.{hint} Available: {', '.join([*PROTOCOLS, *ENGINE_PROTOCOLS])}")
