@@ -44,6 +44,11 @@ class ProbeConfig:
         probes: enabled probes, a subset of the declared :data:`~lm_eval_probes.declarations.PROBE_NAMES` (empty:
             the wrapper behaves like ``hf``).
         tcb_eps: tolerance ε of δ_TCB = ε / ‖J‖_F (``probe_tcb_eps``).
+        tcb_ablation: the paper's cluster/disperse ablation (``probe_tcb_ablation=0.5``): at every response position
+            δ_TCB is also recomputed with the competing tokens' rows of the unembedding moved toward their
+            probability-weighted centre by this factor α (0 < α < 1: cluster) and away from it by 1/α (disperse), the
+            distribution held fixed (:func:`lm_eval_probes.probes.tcb.tcb_competitor_moves`); ``None`` (default):
+            not computed. Needs the tcb probe.
         bte_window: central window [start, stop) of transitions for the BTE difficulty scalar
             (``probe_bte_window=12:20``); ``None`` = [⌊3L/8⌋, ⌊5L/8⌋).
         bte_profile: which transitions BTE computes (``probe_bte_profile``): ``window`` (default: only the
@@ -87,6 +92,7 @@ class ProbeConfig:
 
     probes: tuple[str, ...] = DEFAULT_PROBES
     tcb_eps: float = 1.0
+    tcb_ablation: float | None = None
     bte_window: tuple[int, int] | None = None
     bte_profile: str = "window"
     bte_features: bool = False
@@ -111,6 +117,13 @@ class ProbeConfig:
             raise ValueError(f"probes lists a probe twice: {self.probes}")
         if not (math.isfinite(self.tcb_eps) and self.tcb_eps > 0):
             raise ValueError(f"probe_tcb_eps must be finite and > 0, got {self.tcb_eps!r}")
+        if self.tcb_ablation is not None:
+            if not (isinstance(self.tcb_ablation, float) and 0.0 < self.tcb_ablation < 1.0):
+                raise ValueError(f"probe_tcb_ablation must be a factor 0 < α < 1 (cluster by α, disperse by 1/α), "
+                                 f"got {self.tcb_ablation!r}")
+            if "tcb" not in self.probes:
+                raise ValueError(f"probe_tcb_ablation recomputes δ_TCB: add tcb to probes (got probes="
+                                 f"{'+'.join(self.probes) or 'none'})")
         if self.gen_capture not in GEN_CAPTURE_MODES:
             raise ValueError(unknown_message("probe_gen_capture", self.gen_capture, GEN_CAPTURE_MODES))
         if self.bte_profile not in BTE_PROFILE_MODES:
@@ -197,6 +210,10 @@ class ProbeConfig:
                 raise ValueError(unknown_message("hf-probes option", key, ("probes", *options)))
         if "tcb_eps" in values:
             values["tcb_eps"] = _as_float("probe_tcb_eps", values["tcb_eps"])
+        if "tcb_ablation" in values:
+            factor = values["tcb_ablation"]
+            unset = factor is None or (isinstance(factor, str) and factor.strip().lower() in ("", "none", "0", "off"))
+            values["tcb_ablation"] = None if unset else _as_float("probe_tcb_ablation", factor)
         if "chunk_positions" in values:
             values["chunk_positions"] = _as_int("probe_chunk_positions", values["chunk_positions"])
         if "bte_window" in values:

@@ -173,13 +173,24 @@ PROBES: tuple[ProbeDeclaration, ...] = (
                 "position; per document the mean and the minimum of log10 δ_TCB",
         reads="the final layer's state at every response position (its logits: the harness's own readout)",
         per_position="lm_eval_probes.probes.tcb.tcb_with_baselines",
-        fields=("tcb_log10_mean", "tcb_log10_min", "tcb_argmin", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp"),
+        fields=("tcb_log10_mean", "tcb_log10_min", "tcb_argmin", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp",
+                "tcb_cluster_log10_mean", "tcb_disperse_log10_mean", "tcb_ablation_ordered"),
         capture="lm_eval_probes.capture.tcb:TcbPositions",
         rows=(
             Row("tcb_log10", "float", "mean", True, "probe",
                 "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean"),
             Row("tcb_log10_min", "float", "mean", True, "probe",
                 "mean over documents of the smallest log10 δ_TCB of the response", "tcb_log10_min"),
+            Row("tcb_ablation_ordered", "float", "mean", True, "probe",
+                "probe_tcb_ablation=α: mean over documents of the fraction of response positions where δ_TCB with "
+                "the competing tokens' unembedding rows clustered (×α) > δ_TCB > dispersed (×1/α), o held fixed",
+                "tcb_ablation_ordered", scored=False),
+            Row("tcb_cluster_log10", "float", "mean", True, "probe",
+                "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
+                "clustered toward their probability-weighted centre by α", "tcb_cluster_log10_mean", scored=False),
+            Row("tcb_disperse_log10", "float", "mean", True, "probe",
+                "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
+                "dispersed from their probability-weighted centre by 1/α", "tcb_disperse_log10_mean", scored=False),
         ),
         ranked="tcb_log10_mean",
         ranked_text="the document's mean log10 δ_TCB",

@@ -402,8 +402,8 @@ def probe_metric_values(
     for declaration in declarations.PROBES:
         value = None if declaration.ranked is None else getattr(probe, declaration.ranked)
         if value is not None and math.isfinite(value):
-            values.update({row.name: getattr(probe, row.field) for row in declaration.rows
-                           if row.value == "float"})
+            values.update({row.name: field for row in declaration.rows
+                           if row.value == "float" and (field := getattr(probe, row.field)) is not None})
             if declared:
                 spearman, partial, partial_prompt = declaration.difficulty_rows()
                 values[spearman.name] = (value, difficulty)

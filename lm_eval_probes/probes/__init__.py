@@ -62,9 +62,13 @@ _SOURCES: dict[str, str] = {
     "confidence_trajectory": "omega",
     "refinement_area": "omega",
     "top_k_mass": "omega",
+    "JacobianTerms": "tcb",
     "PredictionBaselines": "tcb",
+    "TcbReadout": "tcb",
     "distribution_baselines": "tcb",
     "squared_row_norms": "tcb",
+    "tcb_competitor_moves": "tcb",
+    "tcb_readout": "tcb",
     "tcb_with_baselines": "tcb",
     "token_constraint_bound": "tcb",
 }

@@ -9,7 +9,9 @@ prediction.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -17,9 +19,13 @@ from torch import Tensor
 from ._softmax import log_softmax_
 
 __all__ = [
+    "JacobianTerms",
     "PredictionBaselines",
+    "TcbReadout",
     "distribution_baselines",
     "squared_row_norms",
+    "tcb_competitor_moves",
+    "tcb_readout",
     "tcb_with_baselines",
     "token_constraint_bound",
 ]
@@ -118,6 +124,72 @@ def token_constraint_bound(
     return _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits, baselines=False)[0]
 
 
+def tcb_competitor_moves(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None = None,
+    *,
+    scales: Sequence[float],
+    eps: float = 1.0,
+    logit_softcap: float | None = None,
+    row_sq_norms: Tensor | None = None,
+    logits: Tensor | None = None,
+) -> Tensor:
+    """δ_TCB after the competing tokens' rows are clustered or dispersed with the distribution held fixed (the
+    paper's ablation: δ_cluster > δ_orig > δ_disperse in 90 % of cases).
+
+    For each ``scale`` every row ŵ_i but the top-1 token's is replaced by c + scale · (ŵ_i − c), c = Σ_{i≠k} o_i ŵ_i /
+    Σ_{i≠k} o_i the competitors' probability-weighted centre (``scale`` < 1 clusters them, > 1 disperses them), and
+    δ = ε / ‖(diag(o) − o oᵀ) Ŵ'‖_F is recomputed with the model's o. INFERRED: the paper holds o fixed and moves
+    "the competing tokens' embeddings" toward or away from their centre; which rows compete (here: every token but
+    the top-1) and how far they move are not stated. No extra V × d product: the move is exact on the terms δ itself
+    is made of (:meth:`JacobianTerms.squared_norm`).
+
+    Args:
+        scales: the factors, each finite and ≥ 0 (1 gives δ itself).
+        Everything else: as :func:`token_constraint_bound`.
+
+    Returns:
+        ``[len(scales), ...]``: δ after each move, dtype as :func:`token_constraint_bound`'s.
+    """
+    return tcb_readout(hidden, unembed, bias, eps=eps, logit_softcap=logit_softcap, row_sq_norms=row_sq_norms,
+                       logits=logits, scales=scales, baselines=False).moved
+
+
+class TcbReadout(NamedTuple):
+    """δ_TCB of a batch of predictions, their baselines (``None`` when not asked for) and δ after each competitor
+    move (``[len(scales), ...]``)."""
+
+    delta: Tensor
+    baselines: PredictionBaselines | None
+    moved: Tensor
+
+
+def tcb_readout(
+    hidden: Tensor,
+    unembed: Tensor,
+    bias: Tensor | None = None,
+    *,
+    eps: float = 1.0,
+    logit_softcap: float | None = None,
+    row_sq_norms: Tensor | None = None,
+    logits: Tensor | None = None,
+    scales: Sequence[float] = (),
+    baselines: bool = True,
+) -> TcbReadout:
+    """:func:`token_constraint_bound`, :func:`distribution_baselines` (when ``baselines``) and
+    :func:`tcb_competitor_moves` at ``scales`` of the same predictions, from one float64 softmax."""
+    for scale in scales:
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scales must be finite and >= 0, got {list(scales)!r}")
+    delta, summary, terms = _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits,
+                                               baselines=baselines)
+    moved = [float(eps) / terms.squared_norm(float(scale)).clamp_min(0.0).sqrt() for scale in scales]
+    shape = (len(scales), *delta.shape)
+    moved_tensor = torch.stack(moved).reshape(shape).to(delta.dtype) if moved else delta.new_empty(shape)
+    return TcbReadout(delta, summary, moved_tensor)
+
+
 def tcb_with_baselines(
     hidden: Tensor,
     unembed: Tensor,
@@ -130,7 +202,8 @@ def tcb_with_baselines(
 ) -> tuple[Tensor, PredictionBaselines]:
     """:func:`token_constraint_bound` and :func:`distribution_baselines` of the same prediction softmax(g(W h + b)),
     from one float64 softmax (the same arguments as :func:`token_constraint_bound`)."""
-    delta, baselines = _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits, baselines=True)
+    delta, baselines, _ = _tcb_and_baselines(hidden, unembed, bias, eps, logit_softcap, row_sq_norms, logits,
+                                             baselines=True)
     assert baselines is not None
     return delta, baselines
 
@@ -145,7 +218,7 @@ def _tcb_and_baselines(
     logits: Tensor | None,
     *,
     baselines: bool,
-) -> tuple[Tensor, PredictionBaselines | None]:
+) -> tuple[Tensor, PredictionBaselines | None, JacobianTerms]:
     _validate_tcb_inputs(hidden, unembed, bias, eps, logit_softcap, row_sq_norms)
     out_dtype = _output_dtype(hidden, unembed)
     batch_shape = hidden.shape[:-1]
@@ -172,8 +245,8 @@ def _tcb_and_baselines(
     if baselines:
         summary = _baselines_of(log_o.reshape(*batch_shape, vocab), o.reshape(*batch_shape, vocab), margin, out_dtype)
     top1 = top_index[..., :1] if baselines else None  # the top-1 token, from the margin's top 2 (no argmax pass)
-    delta = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps, top1)
-    return delta.reshape(batch_shape).to(out_dtype), summary
+    delta, terms = _tcb_of_probabilities(o, log_o, scale, w, mm, row_sq_norms, eps, top1)
+    return delta.reshape(batch_shape).to(out_dtype), summary, terms
 
 
 def _capped(z: Tensor, logit_softcap: float | None) -> tuple[Tensor, Tensor | None]:
@@ -219,11 +292,11 @@ def _tcb_of_probabilities(
     row_sq_norms: Tensor | None,
     eps: float,
     top1: Tensor | None = None,
-) -> Tensor:
+) -> tuple[Tensor, JacobianTerms]:
     """δ of each row of ``[N, V]`` float64 probabilities ``o`` = softmax(``capped``); both are overwritten. ``capped``
     may be shifted per row (it gives the top-1 token k, unless ``top1 [N, 1]`` gives it). Every V-reduction is
     a per-row float64 sum (no float32 matrix-vector product over the batch), so a row's δ moves with the rows
-    beside it only by float64 rounding."""
+    beside it only by float64 rounding. Also returns the :class:`JacobianTerms` δ was made of."""
     f64 = torch.float64
     n = o.shape[0]
     row_sq = squared_row_norms(w) if row_sq_norms is None else row_sq_norms.to(f64)
@@ -259,8 +332,49 @@ def _tcb_of_probabilities(
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
     # Σ_{i≠k} o_i² ‖ŵ_i − ŵ_k‖², expanded: the second moment gives the cross term (no [N, V] dot products)
     spread = spread_rows - 2.0 * (w_hat_k * moments[n:]).sum(-1) + s2.squeeze(-1) * (w_hat_k * w_hat_k).sum(-1)
-    j_sq = spread - 2.0 * (m2 * nu).sum(-1) + (o_k * o_k + s2.squeeze(-1)) * (nu * nu).sum(-1)
-    return float(eps) / j_sq.clamp_min(0.0).sqrt()
+    terms = JacobianTerms(spread=spread, cross=(m2 * nu).sum(-1), nu_sq=(nu * nu).sum(-1), o_k=o_k,
+                          s=s.squeeze(-1), s2=s2.squeeze(-1))
+    return float(eps) / terms.squared_norm().clamp_min(0.0).sqrt(), terms
+
+
+@dataclass(frozen=True)
+class JacobianTerms:
+    """‖J‖_F² of a batch of predictions, expanded around each one's top-1 row k (float64 ``[N]`` tensors): with
+    u_i = ŵ_i − ŵ_k and ν = μ − ŵ_k = Σ_{i≠k} o_i u_i (see :func:`token_constraint_bound`),
+
+    Attributes:
+        spread: Σ_{i≠k} o_i² ‖u_i‖².
+        cross: (Σ_{i≠k} o_i² u_i)·ν.
+        nu_sq: ‖ν‖².
+        o_k: the top-1 probability.
+        s: Σ_{i≠k} o_i (the competitors' mass).
+        s2: Σ_{i≠k} o_i².
+    """
+
+    spread: Tensor
+    cross: Tensor
+    nu_sq: Tensor
+    o_k: Tensor
+    s: Tensor
+    s2: Tensor
+
+    def squared_norm(self, scale: float = 1.0) -> Tensor:
+        """‖J‖_F² after every competitor's row (i ≠ k) is moved toward (``scale`` < 1: cluster) or away from
+        (``scale`` > 1: disperse) the competitors' probability-weighted centre c = Σ_{i≠k} o_i ŵ_i / s, with o held
+        fixed: ŵ_i ← c + scale · (ŵ_i − c). The move keeps μ (Σ_{i≠k} o_i (ŵ_i − c) = 0), so with
+        β = (1 − scale) / s (u_i ← scale · u_i + β ν):
+        ‖J‖² = scale² · spread + 2 · scale · (β − 1) · cross + (S2' (β − 1)² + o_k²) · ‖ν‖²;
+        ``scale`` = 1 is the model's own ‖J‖² = spread − 2 cross + (o_k² + S2') ‖ν‖². A prediction without
+        competitors' mass (s = 0: one-hot in float64) keeps its own value.
+        """
+        if scale == 1.0:
+            return self.spread - 2.0 * self.cross + (self.o_k * self.o_k + self.s2) * self.nu_sq
+        if not (math.isfinite(scale) and scale >= 0.0):
+            raise ValueError(f"scale must be finite and >= 0, got {scale!r}")
+        beta_minus_1 = torch.where(self.s > 0, (1.0 - scale) / self.s, torch.zeros_like(self.s)) - 1.0
+        moved = (scale * scale * self.spread + 2.0 * scale * beta_minus_1 * self.cross
+                 + (self.s2 * beta_minus_1 * beta_minus_1 + self.o_k * self.o_k) * self.nu_sq)
+        return torch.where(self.s > 0, moved, self.squared_norm())
 
 
 @dataclass(frozen=True)
