@@ -332,15 +332,36 @@ def test_margins_runs_its_engine_end_to_end(tmp_path, capsys, caplog):
     assert again["claims"] == document["claims"]
 
 
-def test_tcb_end_to_end_with_its_stand_in_prompt_sets(tiny_model_dir, data_dir, tmp_path):
-    from lm_eval_probes.reproduce.statistics import Run
-    from lm_eval_probes.reproduce.tcb import document_values
+def test_tcb_end_to_end_on_next_token_prompts(tiny_model_dir, data_dir, tmp_path, monkeypatch):
+    """Every claim equals its statistic recomputed here from the documents' records and the samples files."""
+    import lm_eval_probes.reproduce.tcb as tcb
 
+    monkeypatch.setattr(tcb, "LOW_VEFF", 1e9)  # a tiny random model is never confident: every document is "low"
     claims, header = reproduce("tcb", model_args=f"pretrained={tiny_model_dir('llama')}", data_dir=str(data_dir),
-                               limit=9, out=tmp_path, device="cpu", batch_size="8", n_resamples=100)
-    assert "probes=tcb" in header["model_args"] and len(header["tasks"]) == 4
-    diverse_veff, diverse_margin, low_veff, low_margin, ablation = claims
-    assert diverse_veff.measured.n_documents == 36 and low_veff.measured.n_documents == 12
-    for made in (diverse_veff, diverse_margin, low_veff, low_margin):
-        assert -1.0 <= made.measured.value <= 1.0 and made.measured.ci_low <= made.measured.ci_high
-    assert ablation.measured.value is None and ablation.agrees is None
+                               limit=14, out=tmp_path, device="cpu", batch_size="8", n_resamples=100)
+    assert header["tasks"] == ["probes_next_token"] and "probe_tcb_ablation=0.5" in header["model_args"]
+    assert len(claims) == 6
+    (samples_file,) = (tmp_path / "lm_eval").rglob("samples_probes_next_token_*.jsonl")
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    assert len(samples) == 14 and all(sample["response_tokens"] == 1 for sample in samples)  # one prediction each
+    ordered = np.array([sample["tcb_ablation_ordered"] for sample in samples])
+    assert set(ordered) <= {0.0, 1.0}
+    for offset in (0, 3):  # the diverse set and the (here: the same) low-V_eff set
+        veff, margin, ablation = claims[offset : offset + 3]
+        assert veff.measured.n_documents == 14 and ablation.measured.n_documents == 14
+        assert ablation.measured.value == pytest.approx(ordered.mean())
+        assert ablation.measured.ci_low <= ablation.measured.value <= ablation.measured.ci_high
+        for made in (veff, margin):
+            assert -1.0 <= made.measured.value <= 1.0 and made.measured.ci_low <= made.measured.ci_high
+
+
+def test_tcb_stand_in_variant_reads_the_multiple_choice_tasks(tiny_model_dir, data_dir, tmp_path):
+    claims, header = reproduce("tcb", variant="stand-in", model_args=f"pretrained={tiny_model_dir('llama')}",
+                               data_dir=str(data_dir), limit=6, out=tmp_path, device="cpu", batch_size="8",
+                               n_resamples=100)
+    assert len(header["tasks"]) == 4
+    diverse_veff, _, diverse_ablation, low_veff, _, low_ablation = claims
+    assert diverse_veff.measured.n_documents == 24 and diverse_ablation.measured.n_documents == 24
+    assert 0.0 <= diverse_ablation.measured.value <= 1.0
+    assert low_veff.measured.value is None and low_ablation.measured.value is None  # no document with V_eff < 20
+    assert "fewer than 3 documents" in low_veff.measured.note
