@@ -103,14 +103,17 @@ def _default(field: dataclasses.Field) -> Any:
 
 def option_table(cls: type, prefix: str, *, skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """``(key=default, summary)`` for every field of ``cls`` (a config dataclass), from its declaration and
-    docstring; a ``None`` default (resolved per model) shows as ``key=auto``."""
+    docstring; a ``None`` default (resolved per model) shows as ``key=auto``, unless the field's metadata says how
+    it shows (``shown``: ``none`` for an option that is off unless set)."""
     docs = attribute_docs(cls)
     rows = []
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
         default = _default(field)
-        if default is None:
+        if "shown" in field.metadata:  # a default that reads otherwise (None = off)
+            shown = field.metadata["shown"]
+        elif default is None:
             shown = "auto"
         elif isinstance(default, bool):
             shown = str(int(default))

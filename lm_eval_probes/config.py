@@ -92,7 +92,7 @@ class ProbeConfig:
 
     probes: tuple[str, ...] = DEFAULT_PROBES
     tcb_eps: float = 1.0
-    tcb_ablation: float | None = None
+    tcb_ablation: float | None = field(default=None, metadata={"shown": "none"})
     bte_window: tuple[int, int] | None = None
     bte_profile: str = "window"
     bte_features: bool = False
@@ -107,7 +107,7 @@ class ProbeConfig:
     omega_chunk_tokens: int = 16384
     margin_support: int = 5
     margin_heads: str = "mean"
-    save_states: str | None = field(default=None, compare=False, repr=False)
+    save_states: str | None = field(default=None, compare=False, repr=False, metadata={"shown": "none"})
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.probes if p not in declarations.PROBE_NAMES]
