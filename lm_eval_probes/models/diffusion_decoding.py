@@ -395,19 +395,31 @@ def mc_loglikelihood(
         raise ValueError("the Monte-Carlo log-likelihood needs a continuation of at least one token")
     if samples % batch_size:
         raise ValueError(f"samples ({samples}) must be a multiple of batch_size ({batch_size})")
+    return _masked_estimate(forward, context, continuation, mask_token_id=mask_token_id, cfg_scale=cfg_scale,
+                            rounds=samples // batch_size, batch_size=batch_size, seed=seed,
+                            draw=lambda length, generator, _prompt_len: mc_masks(length, batch_size, generator))
+
+
+MaskDraw = Callable[[int, torch.Generator, int], tuple[torch.Tensor, torch.Tensor]]
+"""(continuation length, generator, prompt length) → one batch's ``(mask [batch, length] bool, weight [batch])``."""
+
+
+def _masked_estimate(forward: Forward, context: torch.Tensor, continuation: torch.Tensor, *, mask_token_id: int,
+                     cfg_scale: float, rounds: int, batch_size: int, seed: int, draw: MaskDraw) -> float:
+    """The mean over ``rounds`` batches of maskings (``draw``, from a CPU generator seeded with ``seed``) of
+    Σ_masked ln p(token | the rest) / weight: the Monte-Carlo likelihoods of LLaDA and Dream."""
     generator = torch.Generator().manual_seed(seed)
     target = continuation.reshape(-1)
     full = torch.cat([context.reshape(-1), target]).reshape(1, -1)
     prompt_len, target_len = context.numel(), target.numel()
     forward = guided_forward(forward, prompt_len, mask_token_id, cfg_scale)
     totals = []
-    for _ in range(samples // batch_size):
-        mask, ratio = mc_masks(target_len, batch_size, generator)
+    for _ in range(rounds):
+        mask, weight = draw(target_len, generator, prompt_len)
         ids = full.repeat(batch_size, 1)
         ids[:, prompt_len:] = torch.where(mask.to(full.device), torch.full_like(target, mask_token_id), target)
         token_logprobs = _masked_token_logprobs(forward, ids, prompt_len, target)
-        weighted = (token_logprobs * mask).sum(-1) / ratio
-        totals.append(float(weighted.sum()) / batch_size)
+        totals.append(float(((token_logprobs * mask).sum(-1) / weight).sum()) / batch_size)
     return sum(totals) / len(totals)
 
 
@@ -449,19 +461,11 @@ def dream_mc_loglikelihood(
     """
     if continuation.numel() < 2:
         raise ValueError("Dream's log-likelihood needs the continuation and its appended EOS (>= 2 tokens)")
-    generator = torch.Generator().manual_seed(seed)
-    target = continuation.reshape(-1)
-    full = torch.cat([context.reshape(-1), target]).reshape(1, -1)
-    prompt_len, target_len = context.numel(), target.numel()
-    forward = guided_forward(forward, prompt_len, mask_token_id, cfg_scale)
-    totals = []
-    for _ in range(max(samples // batch_size, 1)):
-        mask, p = dream_masks(target_len, batch_size, eps, generator, first_fixed=prompt_len == 0)
-        ids = full.repeat(batch_size, 1)
-        ids[:, prompt_len:] = torch.where(mask.to(full.device), torch.full_like(target, mask_token_id), target)
-        token_logprobs = _masked_token_logprobs(forward, ids, prompt_len, target)
-        totals.append(float(((token_logprobs * mask).sum(-1) / p).sum()) / batch_size)
-    return sum(totals) / len(totals)
+    return _masked_estimate(
+        forward, context, continuation, mask_token_id=mask_token_id, cfg_scale=cfg_scale,
+        rounds=max(samples // batch_size, 1), batch_size=batch_size, seed=seed,
+        draw=lambda length, generator, prompt_len: dream_masks(length, batch_size, eps, generator,
+                                                               first_fixed=prompt_len == 0))
 
 
 def trajectory_steps(steps: int, fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0)) -> tuple[int, ...]:
