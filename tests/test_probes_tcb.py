@@ -76,18 +76,22 @@ def test_jacobian_identity_against_direct_fp64():
     assert float(token_constraint_bound(h, w, b)) == pytest.approx(1.0 / math.sqrt(identity), rel=1e-10)
 
 
+def materialised_readout(h, w, b, softcap) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, Ŵ): the distribution softmax(g(W h + b)) and the rows ŵ_i = g'(z_i) w_i its Jacobian is made of, with
+    the matrix itself (in the inputs' dtype)."""
+    z = w @ h + (0.0 if b is None else b)
+    slope = torch.ones_like(z)
+    if softcap is not None:
+        t = torch.tanh(z / softcap)
+        z, slope = softcap * t, 1.0 - t * t
+    return torch.softmax(z, dim=-1), slope[:, None] * w
+
+
 def _scale_for_delta(h, w, b, softcap, target: float) -> torch.Tensor:
     """h·α with δ(h·α) = target, by bisection on log δ in float64 (reference, materialised form)."""
 
     def log_delta(alpha: float) -> float:
-        x = h * alpha
-        z = w @ x + (0.0 if b is None else b)
-        scale = torch.ones_like(z)
-        if softcap is not None:
-            t = torch.tanh(z / softcap)
-            z, scale = softcap * t, 1.0 - t * t
-        o = torch.softmax(z, dim=-1)
-        w_hat = scale[:, None] * w
+        o, w_hat = materialised_readout(h * alpha, w, b, softcap)
         return -0.5 * math.log(float((o**2 * ((w_hat - w_hat.T @ o) ** 2).sum(-1)).sum()))
 
     lo, hi = 0.0, 1.0
@@ -331,14 +335,7 @@ def moved_reference(h, w, b=None, *, scale: float, softcap=None, eps=1.0) -> flo
     """δ after the competitors' rows move, from the moved matrix itself (float64, independent of the expansion):
     Ŵ = diag(g'(z)) W, every row but the top-1's replaced by c + scale · (ŵ_i − c) with c the competitors'
     probability-weighted centre, and ‖(diag(o) − o oᵀ) Ŵ'‖_F with the model's own o."""
-    h, w = h.double(), w.double()
-    z = w @ h + (0.0 if b is None else b.double())
-    slope = torch.ones_like(z)
-    if softcap is not None:
-        t = torch.tanh(z / softcap)
-        z, slope = softcap * t, 1.0 - t * t
-    o = torch.softmax(z, dim=-1)
-    w_hat = slope[:, None] * w
+    o, w_hat = materialised_readout(h.double(), w.double(), None if b is None else b.double(), softcap)
     k = int(o.argmax())
     others = torch.arange(len(o)) != k
     centre = (o[others, None] * w_hat[others]).sum(0) / o[others].sum()
