@@ -176,7 +176,6 @@ def engine_header(report: Mapping[str, Any], path: str | Path) -> dict[str, Any]
             "weights": [r.get("weight") for r in report.get("results", ())]}
 
 
-
 def run_engine(out: str | Path, *, data: str | Path | None = None, quick: bool = False, lambdas: str | None = None,
                sigmas: str | None = None, seeds: str | None = None, steps: int | None = None,
                threads: int | None = None) -> Path:
