@@ -20,7 +20,6 @@ import textwrap
 from typing import Any
 
 from lm_eval_probes.config import join_probe_names
-from lm_eval_probes.declarations import PROBE_NAMES
 
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
@@ -140,12 +139,14 @@ def plugin_help(tasks_dir: str) -> str:
     """The plugin's part of ``lm-eval-probes --help`` (printed before lm_eval's own): its subcommands, the two
     models, the probe ``model_args`` (generated from :class:`~lm_eval_probes.config.ProbeConfig`) and where the
     tasks are. Imports neither torch nor lm_eval."""
-    from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
-    from lm_eval_probes.declarations import PROBES
+    from lm_eval_probes import registry
+    from lm_eval_probes.config import ProbeConfig, default_probes
     from lm_eval_probes.models.diffusion_config import PREFIX, DiffusionConfig
 
-    probes = [(f"probes={'+'.join(DEFAULT_PROBES)}",
-               f"which probes: {', '.join(PROBE_NAMES)}, all or none; join several with + (or [a,b])")]
+    probes = [(f"probes={'+'.join(default_probes())}",
+               f"which probes: {', '.join(registry.names())}, all or none; join several with + (or [a,b])")]
+    options = [(f"{key}={shown}", f"{'' if probe is None else probe + ': '}{text}")
+               for key, shown, text, probe in ProbeConfig.option_help()]
     diffusion = ", ".join(f"{PREFIX}{f.name}" for f in dataclasses.fields(DiffusionConfig))
     sections = [
         "lm-eval-probes: lm_eval with hidden-state probes (δ_TCB, BTE, a latent correctness reader, Ω, stability\n"
@@ -169,13 +170,14 @@ def plugin_help(tasks_dir: str) -> str:
                           "plus the probes below"),
             ("hf-probes-diffusion", f"masked-diffusion LMs (LLaDA, Dream): probes=reader and {PREFIX}* options"),
         ]),
-        "probes (lm_eval_probes/declarations.py; each adds its rows to every task):\n" + _table([
+        "probes (built-in and installed plugins, entry-point group lm_eval_probes.probes; each adds its rows to every "
+        "task):\n" + _table([
             (probe.name, f"{probe.summary}. Rows: "
                          f"{', '.join(row.name for row in probe.rows + probe.difficulty_rows() + probe.feeds)}")
-            for probe in sorted(PROBES, key=lambda probe: PROBE_NAMES.index(probe.name))
+            for probe in registry.probes()
         ]),
         "probe model_args (--model_args pretrained=MODEL,probes=tcb+bte,probe_tcb_eps=0.5; key=default):\n"
-        + _table(probes + option_table(ProbeConfig, "probe_", skip=("probes",))),
+        + _table(probes + options),
         "hf-probes-diffusion model_args (docs/diffusion.md):\n"
         + textwrap.fill(diffusion, 100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False),
         f"tasks: the plugin's task YAMLs (probes_*) are in lm_eval_probes.TASKS_DIR = {tasks_dir}\n"

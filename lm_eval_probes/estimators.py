@@ -73,15 +73,20 @@ def answer_reveal_step(probe: ResponseProbe, *, whole: bool = False) -> float | 
     return float(sum(chosen) / len(chosen))
 
 
+ANSWER_STATES = "answer_states"
+"""The record field of the mean states over a response (the reader probe's), whose generation records may also keep
+the last positions' states one by one (``tail_states``): :func:`answer_states` then averages over the answer span."""
+
+
 def answer_states(probe: ResponseProbe) -> LayerStates | None:
     """The reader layers' mean states over the answer span (from the kept tail of per-position states);
     the whole response's mean when there is no span or the answer begins before the tail."""
-    span, tail = probe.answer_span, probe.tail_states
+    span, tail = probe.answer_span, probe.get("tail_states")
     if span is None or tail is None:
-        return probe.answer_states
+        return probe.get("answer_states")
     start, stop = span
     offset = probe.n_tokens - tail.values.shape[1]  # response index of the tail's first position
-    return tail.mean_positions(start - offset, stop - offset) if start >= offset else probe.answer_states
+    return tail.mean_positions(start - offset, stop - offset) if start >= offset else probe.get("answer_states")
 
 
 def chosen_option(option_logliks: Sequence[float], option_lengths: Sequence[float] | None = None) -> tuple[int, float]:

@@ -10,85 +10,21 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 
 from __future__ import annotations
 
-import base64
 import difflib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
 from lm_eval_probes import declarations
-
-
-class LayerStates:
-    """Hidden-state vectors of a few layers, reduced at capture time (read by the correctness reader).
-
-    ``values`` is ``[len(layers), H]`` (a mean over positions) or ``[len(layers), n, H]`` (one vector
-    per position, e.g. the last positions of a generation). ``layers`` index HF ``hidden_states``
-    (0 = embeddings, L = the final layer). Pickles in full (lm_eval's cross-rank gather); ``str`` is
-    one short line, which is what ``--log_samples`` files get (they stringify unknown objects);
-    :meth:`to_dict` / :meth:`from_dict` are a lossless JSON form (base64 of the raw bytes).
-    """
-
-    __slots__ = ("layers", "values")
-
-    def __init__(self, layers: tuple[int, ...] | list[int], values: Any) -> None:
-        array = np.asarray(values)
-        if array.ndim not in (2, 3) or array.shape[0] != len(layers):
-            raise ValueError(f"LayerStates values must be [{len(layers)}, H] or [{len(layers)}, n, H], got {array.shape}")
-        if array.dtype not in (np.float16, np.float32, np.float64):
-            raise ValueError(f"LayerStates values must be float16/32/64, got {array.dtype}")
-        self.layers = tuple(int(layer) for layer in layers)
-        self.values = array
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (LayerStates, (self.layers, self.values))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, LayerStates)
-            and self.layers == other.layers
-            and self.values.dtype == other.values.dtype
-            and np.array_equal(self.values, other.values, equal_nan=True)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        shape = "x".join(str(n) for n in self.values.shape)
-        return f"LayerStates(layers={list(self.layers)}, {shape} {self.values.dtype})"
-
-    __str__ = __repr__
-
-    def mean_positions(self, start: int, stop: int) -> LayerStates:
-        """Mean over positions ``[start, stop)`` of a per-position ``[k, n, H]`` record → ``[k, H]`` float32."""
-        if self.values.ndim != 3 or not 0 <= start < stop <= self.values.shape[1]:
-            raise ValueError(f"cannot average positions [{start}, {stop}) of {self!r}")
-        return LayerStates(self.layers, self.values[:, start:stop].astype(np.float64).mean(axis=1).astype(np.float32))
-
-    def to_dict(self) -> dict[str, Any]:
-        data = np.ascontiguousarray(self.values)
-        return {
-            "layers": list(self.layers),
-            "shape": list(data.shape),
-            "dtype": str(data.dtype),
-            "data": base64.b64encode(data.tobytes()).decode("ascii"),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LayerStates:
-        raw = base64.b64decode(data["data"])
-        values = np.frombuffer(raw, dtype=np.dtype(data["dtype"])).reshape(data["shape"]).copy()
-        return cls(data["layers"], values)
+from lm_eval_probes.api import LayerStates
 
 
 _DECLARED: list[Any] = [None, ()]  # (the declarations.PROBES tuple they were read from, its fields)
 
 
 def declared_fields() -> tuple[str, ...]:
-    """Every declared probe's record fields (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.fields`), in
+    """Every registered probe's record fields (:attr:`~lm_eval_probes.api.Probe.fields`), in
     declaration order: the names a :class:`ResponseProbe` carries in :attr:`~ResponseProbe.probe_fields`. Read once
     per ``declarations.PROBES`` tuple (every record's construction and attribute reads ask for them)."""
     if _DECLARED[0] is not declarations.PROBES:
@@ -107,9 +43,8 @@ class ResponseProbe:
     Each probe's own values are its declared record fields (:attr:`ProbeDeclaration.fields
     <lm_eval_probes.declarations.ProbeDeclaration.fields>`), held in :attr:`probe_fields` and read as attributes
     (``probe.tcb_log10_mean``): ``None`` when their probe is disabled, ``nan`` when undefined (empty response).
-    Their meaning is documented where they are computed, the ``reduce`` of each probe's capture
-    (:mod:`lm_eval_probes.capture.tcb`, :mod:`~lm_eval_probes.capture.bte`, :mod:`~lm_eval_probes.capture.reader`,
-    :mod:`~lm_eval_probes.capture.omega`; the margins: :mod:`~lm_eval_probes.capture.margins`). They are given as
+    Their meaning is documented where they are computed, the ``reduce`` of each probe's capture (the modules of
+    :mod:`lm_eval_probes.plugins`; the margins: :mod:`~lm_eval_probes.capture.margins`). They are given as
     keyword arguments like the attributes below (``ResponseProbe(n_tokens=3, mean_token_logprob=-0.5,
     tcb_log10_mean=2.5)``, ``dataclasses.replace(probe, margin_mean=0.1)``), or as one ``probe_fields`` mapping; a
     name no probe declares raises.
@@ -176,11 +111,13 @@ class ResponseProbe:
             value = values[name] if name in values else f.default_factory() if f.default_factory is not MISSING else f.default
             object.__setattr__(self, name, value)
 
-    def __getattr__(self, name: str) -> Any:
-        """A declared probe field: its value, or ``None`` (its probe was disabled)."""
-        if not name.startswith("__") and name != "probe_fields" and name in declared_fields():
-            return self.probe_fields.get(name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def get(self, name: str) -> Any:
+        """The value of the declared probe field ``name``, or ``None`` (its probe was disabled, or filled nothing)."""
+        if name not in declared_fields():
+            close = difflib.get_close_matches(name, declared_fields(), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"no registered probe declares the record field {name!r}.{hint}")
+        return self.probe_fields.get(name)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickling; a record pickled before :attr:`probe_fields` existed (one attribute per probe field, as in an

@@ -14,35 +14,43 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lm_eval_probes.declarations import (
-    CONFIDENCE_ROWS,
-    DETECTOR_ROWS,
-    FAMILIES,
-    READER_ROWS,
-    RESPONSE_ROWS,
-    TRAJECTORY_PERCENTS,
-    TRAJECTORY_ROWS,
-    Row,
-    difficulty_rows,
-    probe_rows,
-)
+from lm_eval_probes import declarations
+from lm_eval_probes.api import FAMILIES, Row
+from lm_eval_probes.declarations import CONFIDENCE_ROWS, RESPONSE_ROWS, TRAJECTORY_PERCENTS, TRAJECTORY_ROWS
 from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOptions
 from lm_eval_probes.probes.correlation import count, partial_spearman_score, spearman_score
 
-__all__ = ["AGGREGATIONS", "DIFFUSION_ROWS", "ROWS", "ROWS_BY_NAME", "Row", "TRAJECTORY_PERCENTS", "bound_aggregation",
-           "names", "rows_for"]
+__all__ = ["AGGREGATIONS", "DIFFUSION_ROWS", "ROWS", "ROWS_BY_NAME", "Row", "TRAJECTORY_PERCENTS", "all_rows",
+           "bound_aggregation", "names", "rows_for"]
 
-ROWS: tuple[Row, ...] = (
-    probe_rows() + RESPONSE_ROWS + difficulty_rows() + CONFIDENCE_ROWS + READER_ROWS + DETECTOR_ROWS + TRAJECTORY_ROWS
-)
-"""Every row the plugin can add to a task's results, in the report's order: each probe's rows (declaration order),
-the response's, the difficulty rows (each probe's ρ, then the baselines), calibration, the reader, the detector and
-the denoising trajectory."""
+_TABLE: list[Any] = [None, ()]  # (the registry's probes tuple the table was made from, the table)
 
-ROWS_BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
 
-DIFFUSION_ROWS: tuple[str, ...] = tuple(row.name for row in ROWS if row.diffusion_only)
-"""Rows that only ``hf-probes-diffusion`` (records with reveal steps) fills."""
+def all_rows() -> tuple[Row, ...]:
+    """Every row the plugin can add to a task's results, in the report's order: each probe's rows (registry order),
+    the response's, the difficulty rows (each probe's ρ, then the baselines), calibration, the reader, the detector
+    and the denoising trajectory. Made once per set of registered probes."""
+    from lm_eval_probes.registry import probes
+
+    found = probes()
+    if _TABLE[0] is not found:
+        table = (declarations.probe_rows() + RESPONSE_ROWS + declarations.difficulty_rows() + CONFIDENCE_ROWS
+                 + declarations.READER_ROWS + declarations.DETECTOR_ROWS + TRAJECTORY_ROWS)
+        _check_table(table)
+        _TABLE[:] = [found, table]
+    return _TABLE[1]
+
+
+def __getattr__(name: str) -> Any:
+    """``ROWS`` (:func:`all_rows`), ``ROWS_BY_NAME`` and ``DIFFUSION_ROWS`` (rows only ``hf-probes-diffusion``
+    fills), read from the registered probes when asked for."""
+    if name == "ROWS":
+        return all_rows()
+    if name == "ROWS_BY_NAME":
+        return {row.name: row for row in all_rows()}
+    if name == "DIFFUSION_ROWS":
+        return tuple(row.name for row in all_rows() if row.diffusion_only)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names(*families: str) -> tuple[str, ...]:
@@ -50,7 +58,7 @@ def names(*families: str) -> tuple[str, ...]:
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown row families {sorted(unknown)}; valid: {FAMILIES}")
-    return tuple(row.name for row in ROWS if row.family in families)
+    return tuple(row.name for row in all_rows() if row.family in families)
 
 
 def rows_for(*, difficulty: bool, correctness: bool, detector: bool) -> tuple[Row, ...]:
@@ -59,7 +67,7 @@ def rows_for(*, difficulty: bool, correctness: bool, detector: bool) -> tuple[Ro
     wanted = {"probe"} | ({"difficulty"} if difficulty else set())
     wanted |= {"confidence", "reader", "trajectory"} if correctness else set()
     wanted |= {"detector"} if detector else set()
-    return tuple(row for row in ROWS if row.family in wanted)
+    return tuple(row for row in all_rows() if row.family in wanted)
 
 
 def undefined_as_none(fn: Callable[..., float]) -> Callable[..., float | None]:
@@ -112,10 +120,9 @@ def bound_aggregation(row: Row, options: CalibrationOptions) -> Callable[..., An
     return AGGREGATIONS[row.aggregation]
 
 
-def _check_table() -> None:
-    unknown = [row.name for row in ROWS if row.aggregation != "mean" and row.aggregation not in AGGREGATIONS]
-    if unknown or len(ROWS_BY_NAME) != len(ROWS):
-        raise RuntimeError(f"rows without a known aggregation or declared twice: {unknown}")
-
-
-_check_table()
+def _check_table(table: tuple[Row, ...]) -> None:
+    unknown = [row.name for row in table if row.aggregation != "mean" and row.aggregation not in AGGREGATIONS]
+    names = [row.name for row in table]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if unknown or twice:
+        raise RuntimeError(f"rows without a known aggregation {unknown} or declared twice {twice}")

@@ -31,17 +31,16 @@ from typing import Any
 import datasets
 from lm_eval.api.task import ConfigurableTask, Task
 
-from lm_eval_probes import declarations, estimators, rows
+from lm_eval_probes import estimators, registry, rows
 from lm_eval_probes.declarations import (
     ANSWER_UNLOCATED,
     CONFIDENCE,
     CONFIDENCE_ROWS,
-    DETECTOR_ROWS,
+    CORRUPTION_CONFIDENCE_AUROC,
     DIFFICULTY_MISSING,
     EMPTY_RESPONSES,
     LENGTH_SPEARMAN,
     PROMPT_LENGTH_SPEARMAN,
-    READER_ROWS,
     RESPONSE_TOKENS,
     REVEAL_STEP,
     TRAJECTORY_PERCENTS,
@@ -205,7 +204,7 @@ class ProbeResults(Task):
         response = self._response(doc, results)
         if response is None:
             return values
-        probe, confidence, features, chosen = response
+        probe, confidence, answer_span, chosen = response
         declared = self.difficulty_source is not None
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
         if probe.token_ends is not None and self.confidence_source == "answer" and not probe.empty:
@@ -225,17 +224,16 @@ class ProbeResults(Task):
                 at_step = at_steps[row.at_percent]
                 if at_step is not None and math.isfinite(at_step):
                     values[row.name] = (at_step, correct)
-        if correct is not None and features is not None:
-            record = ReaderRecord(features, correct, document=probe.document)
-            values.update({row.name: record for row in READER_ROWS})
-        if self.is_detector_task:  # the reader's rows on the prompt states, and confidence's, of clean vs noised
-            noised = int(doc.get("noised", 0))
-            for row in DETECTOR_ROWS:
-                if row.value == "reader":
-                    values[row.name] = ReaderRecord(probe.prompt_states, noised, group=doc.get("noise_pair"),
-                                                    document=probe.document)
-                elif math.isfinite(confidence):
-                    values[row.name] = (1.0 - confidence, noised)
+        noised = int(doc.get("noised", 0)) if self.is_detector_task else None
+        for feeding in registry.probes():  # the readers' rows, fitted on a probe's states
+            for row in feeding.feeds:
+                states = fed_states(probe, row.field, answer_span=answer_span)
+                if row.family == "reader" and correct is not None and states is not None:
+                    values[row.name] = ReaderRecord(states, correct, document=probe.document)
+                elif row.family == "detector" and noised is not None:
+                    values[row.name] = ReaderRecord(states, noised, group=doc.get("noise_pair"), document=probe.document)
+        if noised is not None and math.isfinite(confidence):  # confidence as the detector's baseline
+            values[CORRUPTION_CONFIDENCE_AUROC.name] = (1.0 - confidence, noised)
         return values
 
     def option_count(self, doc: dict[str, Any]) -> int:
@@ -254,14 +252,15 @@ class ProbeResults(Task):
 
     def _response(
         self, doc: dict[str, Any], results: list[Any]
-    ) -> tuple[ResponseProbe, float, LayerStates | None, int | None] | None:
-        """The probe of the response this document is judged on, its confidence, its reader features and
-        (multiple choice) the chosen option."""
+    ) -> tuple[ResponseProbe, float, bool, int | None] | None:
+        """The probe of the response this document is judged on, its confidence, whether a reader reads the
+        located answer span of it (generations whose confidence reads the answer) and (multiple choice) the chosen
+        option."""
         if self.OUTPUT_TYPE == "multiple_choice":
             options = results[: self.option_count(doc)]  # acc_mutual_info appends unconditional requests
             chosen, confidence = estimators.chosen_option([r[0] for r in options], self._option_lengths(doc))
             probe = probe_of(options[chosen])
-            return None if probe is None else (probe, confidence, probe.answer_states, chosen)
+            return None if probe is None else (probe, confidence, False, chosen)
         first = results[0] if results else None
         if isinstance(first, list):  # repeats > 1 without take_first
             first = first[0] if first else None
@@ -269,8 +268,8 @@ class ProbeResults(Task):
         if probe is None:
             return None
         if self.OUTPUT_TYPE != "generate_until" or probe.token_ends is None or self.confidence_source == "generation":
-            return probe, estimators.response_confidence(probe), probe.answer_states, None
-        return probe, estimators.answer_confidence(probe), estimators.answer_states(probe), None
+            return probe, estimators.response_confidence(probe), False, None
+        return probe, estimators.answer_confidence(probe), True, None
 
 
 class ProbeTask(ProbeResults, ConfigurableTask):
@@ -399,23 +398,40 @@ def probe_metric_values(
         values[LENGTH_SPEARMAN.name] = (probe.n_tokens, difficulty)
         if probe.prompt_tokens is not None:
             values[PROMPT_LENGTH_SPEARMAN.name] = (probe.prompt_tokens, difficulty)
-    for declaration in declarations.PROBES:
-        value = None if declaration.ranked is None else getattr(probe, declaration.ranked)
-        if value is not None and math.isfinite(value):
-            values.update({row.name: field for row in declaration.rows
-                           if row.value == "float" and (field := getattr(probe, row.field)) is not None})
-            if declared:
-                spearman, partial, partial_prompt = declaration.difficulty_rows()
-                values[spearman.name] = (value, difficulty)
-                values[partial.name] = (value, difficulty, probe.n_tokens)
-                if probe.prompt_tokens is not None:
-                    values[partial_prompt.name] = (value, difficulty, probe.prompt_tokens)
+    for declaration in registry.probes():
+        ranked = None if declaration.ranked is None else probe.get(declaration.ranked)
+        unranked = declaration.ranked is None
+        if unranked or (ranked is not None and math.isfinite(ranked)):
+            for row in declaration.rows:
+                value = probe.get(row.field) if row.value == "float" else None
+                if value is not None and (not unranked or _finite(value)):
+                    values[row.name] = value
+        if declared and ranked is not None and math.isfinite(ranked):
+            spearman, partial, partial_prompt = declaration.difficulty_rows()
+            values[spearman.name] = (ranked, difficulty)
+            values[partial.name] = (ranked, difficulty, probe.n_tokens)
+            if probe.prompt_tokens is not None:
+                values[partial_prompt.name] = (ranked, difficulty, probe.prompt_tokens)
         for row in declaration.rows:
-            if row.value == "vector" and getattr(probe, row.field) is not None:
-                values[row.name] = [float(v) if math.isfinite(v) else None for v in getattr(probe, row.field)]
-            elif row.value == "support" and getattr(probe, f"{row.field}_values") is not None:
+            if row.value == "vector" and probe.get(row.field) is not None:
+                values[row.name] = [float(v) if math.isfinite(v) else None for v in probe.get(row.field)]
+            elif row.value == "support" and probe.get(f"{row.field}_values") is not None:
                 values[row.name] = {
-                    "positions": list(getattr(probe, f"{row.field}_positions") or ()),
-                    "tokens": list(getattr(probe, f"{row.field}_tokens") or ()),
-                    "margins": [float(v) if math.isfinite(v) else None for v in getattr(probe, f"{row.field}_values")]}
+                    "positions": list(probe.get(f"{row.field}_positions") or ()),
+                    "tokens": list(probe.get(f"{row.field}_tokens") or ()),
+                    "margins": [float(v) if math.isfinite(v) else None for v in probe.get(f"{row.field}_values")]}
     return values
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def fed_states(probe: ResponseProbe, field: str, *, answer_span: bool = False) -> LayerStates | None:
+    """The states a reader row reads from ``probe``: its record field ``field``; with ``answer_span`` (generations
+    whose confidence reads the located answer) the mean over that span where the record kept the positions' states
+    one by one (:func:`~lm_eval_probes.estimators.answer_states`)."""
+    if answer_span and field == estimators.ANSWER_STATES:
+        return estimators.answer_states(probe)
+    value = probe.get(field)
+    return value if isinstance(value, LayerStates) else None

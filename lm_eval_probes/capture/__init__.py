@@ -3,10 +3,10 @@
 * :mod:`.readouts` — the one place that knows each architecture's final norm, unembedding and logit transform
   (:class:`~lm_eval_probes.capture.readouts.LensReadout`) and re-runs its last blocks for Ω
   (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`);
-* :mod:`.positions` — the hidden-state hooks, the :class:`~lm_eval_probes.capture.positions.PositionProbe` interface a
-  probe's declaration names, and the per-position probe values of a response span and their reduction to a record;
-* :mod:`.tcb`, :mod:`.bte`, :mod:`.reader`, :mod:`.omega` — each probe's ``PositionProbe``: the layers it reads, its
-  per-position values, its record fields (the reader module also holds the prompt means the wrappers take);
+* :mod:`.positions` — the hidden-state hooks, every enabled probe's :class:`~lm_eval_probes.api.PositionProbe` at
+  a response span's positions (the probes themselves: :mod:`lm_eval_probes.plugins` and the entry points), and their
+  reduction to a record;
+* :mod:`.reader` — the prompt means the wrappers take;
 * :mod:`.loglikelihood` — the bookkeeping of one ``loglikelihood`` call (which answers need the lens, each answered
   request's states out of the batch);
 * :mod:`.margins` — the first attention layer's inputs and the stability margins of ``probes=margin``.

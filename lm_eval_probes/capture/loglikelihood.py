@@ -305,7 +305,7 @@ class LoglikelihoodRows:
         last ``reader_prompt_tail``)."""
         if not self.reader_layers:
             return None
-        tail = self.config.reader_prompt_tail
+        tail = self.config.options_of("reader").prompt_tail
         start = max(0, prompt_tokens - tail) if tail else 0
         return span_mean_states(self.reader_layers, [states[layer][row, start:prompt_tokens] for layer in self.reader_layers])
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from lm_eval_probes.capture.readouts import UnsupportedModelError
-from lm_eval_probes.config import MARGIN_HEAD_REDUCTIONS
+from lm_eval_probes.plugins.margin import HEAD_REDUCTIONS as MARGIN_HEAD_REDUCTIONS
 from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, rotate_half, support_tokens
 
 MARGIN_FAMILIES: tuple[str, ...] = ("gemma", "gemma3_text", "llama", "mistral", "qwen2")

@@ -4,9 +4,9 @@
   that asks for ``output_hidden_states`` and a hook that keeps what the forward returned (the latest
   call's states, or only the last position of every call during ``generate``). Hooks never outlive
   the ``with`` block.
-* :class:`PositionProbe` — one probe's capture, named by its declaration
-  (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.capture`): the layers it reads, its per-position values and
-  their reduction to its record fields (:mod:`.tcb`, :mod:`.bte`, :mod:`.reader`, :mod:`.omega`).
+* :class:`~lm_eval_probes.api.PositionProbe` — one probe's capture, built from its
+  :attr:`~lm_eval_probes.api.Probe.position_probe`: the layers it reads, its per-position values and their reduction
+  to its record fields.
 * :func:`position_probes` — every enabled probe's per-position values of one response span (all layers → a few
   floats per position and transition), computed in chunks of positions (:class:`LensChunk`) so the logit lens holds
   a few ``chunk · V`` buffers at a time, and only the readouts a probe reads; :meth:`PositionProbes.summarize`
@@ -18,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import pkgutil
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from lm_eval_probes import declarations
+from lm_eval_probes import registry
+from lm_eval_probes.api import PositionProbe
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -87,43 +87,6 @@ def hidden_state_tap(
             handle.remove()
 
 
-class PositionProbe(Protocol):
-    """One probe's capture at the positions of a response span: the per-position half of its declaration
-    (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.capture` names the class, which is built once per call as
-    ``cls(config, num_layers)``; validating its options there).
-
-    :func:`position_probes` reads the :meth:`layers` of every enabled probe at a span's positions, a chunk of
-    positions at a time (:class:`LensChunk`: their states and, read once whoever asks first, the final layer's
-    logits and any layer's lens logits), and keeps what :meth:`at_positions` returns; :meth:`PositionProbes.summarize`
-    cuts those per-position values to a response and :meth:`reduce` makes them the probe's record fields. A probe
-    whose per-position values come from a reader of its own over the whole forward (Ω's focal-depth decoder) computes
-    nothing per chunk; they are attached with :meth:`PositionProbes.with_values`.
-
-    Attributes:
-        reads_lens: whether it reads the logit lens: skipped for a response no lens row reads (an option the model
-            did not choose), with ``position_probes(..., lens=False)``.
-        position_axis: the axis of its per-position values that indexes the positions (the others are its own:
-            layers, transitions).
-    """
-
-    reads_lens: bool
-    position_axis: int
-
-    def layers(self) -> frozenset[int]:
-        """The ``hidden_states`` indices (0 = embeddings … L) whose states it reads at the response positions."""
-        ...
-
-    def at_positions(self, chunk: LensChunk) -> dict[str, torch.Tensor]:
-        """Its per-position values at the chunk's positions (possibly none: an empty response)."""
-        ...
-
-    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, tail: int) -> dict[str, Any]:
-        """Its record fields (:attr:`~lm_eval_probes.declarations.ProbeDeclaration.fields`) from its per-position
-        ``values`` cut to one response of ``positions`` positions (``nan`` where undefined: no positions);
-        ``tail``: a generation keeps its last ``tail`` positions' states one by one (the reader)."""
-        ...
-
-
 class LensChunk:
     """Positions ``[lo, hi)`` of a response span and their readouts, each computed once, when first read.
 
@@ -168,12 +131,12 @@ class LensChunk:
 
 
 def position_captures(config: ProbeConfig, num_layers: int, *, lens: bool = True) -> dict[str, PositionProbe]:
-    """The :class:`PositionProbe` of every enabled probe that declares one, by probe name, in declaration order
-    (``lens=False``: those that read no lens)."""
+    """The :class:`~lm_eval_probes.api.PositionProbe` of every enabled probe that has one, by probe name, in registry
+    order (``lens=False``: those that read no lens), each built from the probe's options."""
     captures = {}
-    for probe in declarations.PROBES:
-        if probe.name in config.probes and probe.capture is not None:
-            capture = pkgutil.resolve_name(probe.capture)(config, num_layers)
+    for probe in registry.probes():
+        if probe.name in config.probes and probe.position_probe is not None:
+            capture = probe.position_probe(config.options_of(probe.name), num_layers)
             if lens or not capture.reads_lens:
                 captures[probe.name] = capture
     return captures

@@ -97,21 +97,24 @@ class ProbeHFLM(HFLM):
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
         if self.readout is not None:
             position_captures(self.probe_config, self.readout.num_layers)  # their options must fit L (BTE's window)
+        config = self.probe_config
+        self._reader = config.options_of("reader")
+        self._margin = config.options_of("margin")
         self.reader_layers: tuple[int, ...] = ()
-        if self.readout is not None and "reader" in self.probe_config.probes:
-            self.reader_layers = self.probe_config.resolved_reader_layers(self.readout.num_layers)
+        if self.readout is not None and "reader" in config.probes:
+            self.reader_layers = self._reader.resolved_layers(self.readout.num_layers)
         self.focal_decoder: FocalDepthDecoder | None = None
-        if self.readout is not None and "omega" in self.probe_config.probes:
-            config, num_layers = self.probe_config, self.readout.num_layers
+        if self.readout is not None and "omega" in config.probes:
+            omega, num_layers = config.options_of("omega"), self.readout.num_layers
             self.focal_decoder = FocalDepthDecoder(
-                self.model, self.readout, depth=config.resolved_omega_depth(num_layers),
-                source_layers=config.resolved_omega_layers(num_layers), top_k=config.omega_topk,
-                chunk_tokens=config.omega_chunk_tokens, chunk_positions=config.chunk_positions,
+                self.model, self.readout, depth=omega.resolved_depth(num_layers),
+                source_layers=omega.resolved_layers(num_layers), top_k=omega.topk,
+                chunk_tokens=omega.chunk_tokens, chunk_positions=config.chunk_positions,
             )
         self.margin_reader: FirstLayerMargins | None = None
-        if self.readout is not None and "margin" in self.probe_config.probes:
-            self.margin_reader = FirstLayerMargins(self.model, heads=self.probe_config.margin_heads)
-        self.states_writer = states_writer(self.probe_config.save_states, self.rank)
+        if self.readout is not None and "margin" in config.probes:
+            self.margin_reader = FirstLayerMargins(self.model, heads=self._margin.heads)
+        self.states_writer = states_writer(self._reader.save_states, self.rank)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -144,7 +147,7 @@ class ProbeHFLM(HFLM):
                                 plan, keep_logits_argument=keep_logits) as rows, \
                 self._margin_capture() as first_layer:
             margin_rows = None if first_layer is None else MarginRows(
-                self.margin_reader, first_layer, support=self.probe_config.margin_support, locate=rows.locate)
+                self.margin_reader, first_layer, support=self._margin.support, locate=rows.locate)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
@@ -211,11 +214,11 @@ class ProbeHFLM(HFLM):
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
                 probe = rows.summarize(
                     0, 1 if empty else kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
-                    tail=self.probe_config.reader_tail, empty=empty,
+                    tail=self._reader.tail, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                 )
                 if call.margins is not None:
-                    margins = call.margins.popleft().summary(kept, self.probe_config.margin_support)
+                    margins = call.margins.popleft().summary(kept, self._margin.support)
                     probe = self._with_margins(probe, margins)
                 probes[(req[0], text)].append(probe)
 
@@ -241,9 +244,9 @@ class ProbeHFLM(HFLM):
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
-        if self.probe_config.reader_prompt_tail:  # left padding: the prompt's last tokens are the last columns
+        if self._reader.prompt_tail:  # left padding: the prompt's last tokens are the last columns
             prompt_mask = prompt_mask.clone()
-            prompt_mask[:, : max(0, prompt_len - self.probe_config.reader_prompt_tail)] = 0
+            prompt_mask[:, : max(0, prompt_len - self._reader.prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)

@@ -39,7 +39,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
-from lm_eval_probes.capture.reader import answer_mean_states, compact_states, masked_mean_states, span_mean_states
+from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
+from lm_eval_probes.plugins.reader import answer_mean_states, compact_states
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
@@ -143,10 +144,11 @@ class DiffusionProbeHFLM(HFLM):
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
         self.reader_layers: tuple[int, ...] = ()
+        self._reader = self.probe_config.options_of("reader")
         if "reader" in self.probe_config.probes:
-            self.reader_layers = self.probe_config.resolved_reader_layers(self._num_layers())
+            self.reader_layers = self._reader.resolved_layers(self._num_layers())
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
-        self.states_writer = states_writer(self.probe_config.save_states, self.rank)
+        self.states_writer = states_writer(self._reader.save_states, self.rank)
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
@@ -356,7 +358,7 @@ class DiffusionProbeHFLM(HFLM):
         mask = prompt_mask[row : row + 1] if prompt_mask is not None else torch.ones_like(prompt[row : row + 1])
         if self.reader_layers:
             states = torch.stack([h[row, prompt_len:].float().cpu() for h in decoded.final_states])
-            tail = self.probe_config.reader_prompt_tail
+            tail = self._reader.prompt_tail
             if tail:  # left padding: the prompt's last tokens are the last columns
                 mask = mask.clone()
                 mask[:, : max(0, prompt_len - tail)] = 0
@@ -385,8 +387,8 @@ class DiffusionProbeHFLM(HFLM):
         if generation.states is not None:
             positions = generation.states[:, index]
             values["answer_states"] = answer_mean_states(self.reader_layers, positions)
-            if self.probe_config.reader_tail:
-                values["tail_states"] = compact_states(self.reader_layers, positions[:, -self.probe_config.reader_tail :])
+            if self._reader.tail:
+                values["tail_states"] = compact_states(self.reader_layers, positions[:, -self._reader.tail :])
             values["prompt_states"] = generation.prompt_states
         return ResponseProbe(
             n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
@@ -470,7 +472,7 @@ class DiffusionProbeHFLM(HFLM):
             _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
             picked = [states[layer][0] for layer in self.reader_layers]
             values["answer_states"] = span_mean_states(self.reader_layers, [h[p:] for h in picked])
-            tail = self.probe_config.reader_prompt_tail
+            tail = self._reader.prompt_tail
             start = max(0, p - tail) if tail else 0
             if p > start:
                 values["prompt_states"] = span_mean_states(self.reader_layers, [h[start:p] for h in picked])

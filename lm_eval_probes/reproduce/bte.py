@@ -55,8 +55,8 @@ def _record_features(sample: Mapping[str, Any]) -> tuple[float, ...] | None:
     the only one that went through the lens)."""
     for response in sample.get("filtered_resps") or ():
         probe = getattr(response, "probe", None)
-        if probe is not None and probe.bte_features is not None:
-            return tuple(probe.bte_features)
+        if probe is not None and probe.get("bte_features") is not None:
+            return tuple(probe.get("bte_features"))
     return None
 
 

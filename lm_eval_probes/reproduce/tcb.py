@@ -47,11 +47,11 @@ def _values(sample: Mapping[str, Any]) -> tuple[float, float, float, float] | No
     read, or ``None`` when the record lacks the first three."""
     for response in sample.get("filtered_resps") or ():
         probe = getattr(response, "probe", None)
-        if probe is None or probe.tcb_log10_mean is None or probe.v_eff_ipr is None or probe.logit_margin is None:
+        if probe is None or probe.get("tcb_log10_mean") is None or probe.get("v_eff_ipr") is None or probe.get("logit_margin") is None:
             continue
-        values = (10.0 ** probe.tcb_log10_mean, math.sqrt(probe.v_eff_ipr), probe.logit_margin)
+        values = (10.0 ** probe.get("tcb_log10_mean"), math.sqrt(probe.get("v_eff_ipr")), probe.get("logit_margin"))
         if all(math.isfinite(v) for v in values):
-            ordered = probe.tcb_ablation_ordered
+            ordered = probe.get("tcb_ablation_ordered")
             return (*values, math.nan if ordered is None else float(ordered))
     return None
 

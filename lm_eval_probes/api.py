@@ -1,0 +1,541 @@
+"""The public probe API: what a probe is, so that the built-in probes and anyone's own are written the same way.
+
+A probe is one :class:`Probe` object exported by one module and registered by name (the built-ins by
+:mod:`lm_eval_probes.registry`, others through the entry-point group ``lm_eval_probes.probes``; ``docs/design.md``,
+"Writing a probe"). It says:
+
+* its name (``probes=<name>``) and one line of help (``--help``, the report's glossary);
+* its options, a frozen :class:`ProbeOptions` dataclass whose fields are made with :func:`option` (default, parser,
+  help): ``probe_<name>_<field>`` in ``model_args``, parsed and validated once, before any model loads;
+* what it reads: a :class:`PositionProbe` built per model (``position_probe(options, num_layers)``): the layers whose
+  states it reads at a response's positions, its per-position values over a :class:`LensChunk` and their reduction to
+  its record fields;
+* its rows (:class:`Row`, typed: per-document value kind, aggregation, direction) and the record field each reads;
+* its extra memory as a function of the shapes (:class:`Shapes`; ``batch_size=auto`` reserves it).
+
+Everything here is torch-free and lm_eval-free: ``--help``, option validation and the reports read probes without
+loading a model. A probe's per-position code imports torch inside its methods (or its own module may, at the cost of
+the import when options are validated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import base64
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from lm_eval_probes.capture.positions import LensChunk
+
+__all__ = [
+    "FAMILIES", "VALUE_KINDS", "LayerStates", "NoOptions", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
+    "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
+]
+
+VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
+FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector", "trajectory")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One results row.
+
+    Per-document value kinds (what ``process_results`` returns for the row, and what ``--log_samples`` files hold):
+    ``float`` a number (``None`` when undefined; aggregated by ``mean``); ``flag`` 0/1 (``probe_count``); ``ranked``
+    ``(value, difficulty)``; ``partial`` ``(value, difficulty, length)``; ``confidence`` ``(confidence, correct)``;
+    ``confidence_keyed`` ``(confidence, correct, document)``; ``reader`` a
+    :class:`~lm_eval_probes.records.ReaderRecord`; ``vector`` a list of floats (``probe_vector_mean``); ``support``
+    ``{"positions", "tokens", "margins"}`` (``probe_support_mean``).
+
+    Attributes:
+        name: the metric name in lm_eval's results (``<name>,<filter>``).
+        value: the per-document value kind.
+        aggregation: the registered aggregation name (``mean`` or ``probe_*``).
+        higher_is_better: the direction lm_eval shows as an arrow.
+        family: ``probe`` (a probe value), ``difficulty`` (ρ with difficulty and its baselines), ``confidence``
+            (calibration and selective prediction), ``reader`` (the latent correctness reader), ``detector`` (paired
+            clean/noised tasks), ``trajectory`` (calibration along the denoising trajectory).
+        description: what the row measures (one line; the report's column title and glossary).
+        field: the record field its per-document value is read from (``support``: the prefix of the three support
+            fields ``<field>_positions``, ``<field>_tokens``, ``<field>_values``); ``None`` for rows made otherwise.
+        at_percent: a trajectory row: the point of the denoising trajectory it reads, in percent of the steps.
+        diffusion_only: filled only by ``hf-probes-diffusion``.
+        scored: whether higher (or lower) is better, so that a report shows its direction and may count it as a win;
+            ``False`` for baselines and bookkeeping.
+    """
+
+    name: str
+    value: str
+    aggregation: str
+    higher_is_better: bool
+    family: str
+    description: str
+    field: str | None = None
+    at_percent: int | None = None
+    diffusion_only: bool = False
+    scored: bool = True
+
+    def __post_init__(self) -> None:
+        if self.value not in VALUE_KINDS:
+            raise ValueError(f"row {self.name!r}: unknown value kind {self.value!r}; valid: {VALUE_KINDS}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"row {self.name!r}: unknown family {self.family!r}; valid: {FAMILIES}")
+
+    def fields(self) -> tuple[str, ...]:
+        """The record fields the row reads (a support row: its three)."""
+        if self.field is None:
+            return ()
+        if self.value == "support":
+            return tuple(f"{self.field}_{part}" for part in ("positions", "tokens", "values"))
+        return (self.field,)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def unknown_message(what: str, given: str, valid: Iterable[str]) -> str:
+    """``unknown <what> '<given>'. Did you mean '<close>'? Valid: a, b, c.``"""
+    valid = list(valid)
+    close = difflib.get_close_matches(str(given), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {given!r}.{hint} Valid: {', '.join(valid)}."
+
+
+_UNSET_WORDS = ("", "none", "auto")
+
+
+def _unset(value: Any, words: Iterable[str] = _UNSET_WORDS) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in tuple(words))
+
+
+def as_int(key: str, value: Any) -> int:
+    """An integer (``"8"``, ``8``, ``8.0``); raises ``ValueError`` naming ``key`` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if number != int(number):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    return int(number)
+
+
+def as_float(key: str, value: Any) -> float:
+    """A number; raises ``ValueError`` naming ``key`` otherwise."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number, got {value!r}") from None
+
+
+def as_flag(key: str, value: Any) -> bool:
+    """``1/0``, ``true/false``, ``yes/no``, ``on/off``."""
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", "none", ""):
+        return False
+    raise ValueError(f"{key} must be 1/0 (true/false), got {value!r}")
+
+
+def as_choice(*choices: str) -> Callable[[str, Any], str]:
+    """A parser of one of ``choices`` (case-insensitive), with a did-you-mean."""
+
+    def parse(key: str, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(unknown_message(key, text, choices))
+        return text
+
+    return parse
+
+
+def as_range(key: str, value: Any) -> tuple[int, int] | None:
+    """``"12:20"`` (or ``12-20``, a pair) → ``(12, 20)``; ``None``/``auto``/``none`` → ``None``."""
+    if _unset(value):
+        return None
+    if isinstance(value, str):
+        parts: list[Any] = value.replace("-", ":").split(":")
+    elif isinstance(value, Iterable):
+        parts = list(value)
+    else:
+        parts = []
+    if len(parts) != 2:
+        raise ValueError(f"{key} must look like '12:20' (a range [start, stop)), got {value!r}")
+    return (as_int(key, parts[0]), as_int(key, parts[1]))
+
+
+LIST_SEPARATORS = (",", "+", ";", "|", " ")
+
+
+def as_int_list(key: str, value: Any) -> tuple[int, ...] | None:
+    """``"12+16+20"`` (``,``/``+``/``;``/``|``/space, brackets allowed), a number or a list → a tuple of integers;
+    ``None``/``auto``/``none`` → ``None``."""
+    if _unset(value):
+        return None
+    if isinstance(value, (int, float)):
+        return (as_int(key, value),)
+    if isinstance(value, str):
+        text = value.strip().strip("[](){}")
+        for sep in LIST_SEPARATORS[1:]:
+            text = text.replace(sep, ",")
+        value = [t for t in text.split(",") if t.strip()]
+    if not isinstance(value, Iterable):
+        raise ValueError(f"{key} must be integers like '12+16+20', got {value!r}")
+    return tuple(as_int(key, item) for item in value)
+
+
+def or_none(parse: Callable[[str, Any], Any], *words: str) -> Callable[[str, Any], Any]:
+    """``parse``, with ``None`` for an unset value or one of ``words`` (default: empty, ``none``, ``auto``)."""
+    unset_words = words or _UNSET_WORDS
+
+    def parse_or_none(key: str, value: Any) -> Any:
+        return None if _unset(value, unset_words) else parse(key, value)
+
+    return parse_or_none
+
+
+_PARSERS: dict[Any, Callable[[str, Any], Any]] = {int: as_int, float: as_float, bool: as_flag, str: lambda _k, v: str(v).strip()}
+
+
+def option(default: Any, help: str, *, parse: Callable[[str, Any], Any] | None = None, shown: str | None = None,
+           key: str | None = None, requires_probe: bool = False, identity: bool = True) -> Any:
+    """A field of a :class:`ProbeOptions` dataclass.
+
+    Args:
+        default: its value when ``model_args`` does not set it.
+        help: one line for ``--help`` and the docs.
+        parse: ``(key, raw value) -> value`` (raises ``ValueError`` naming ``key``); default: by the type of
+            ``default`` (int, float, bool, str).
+        shown: how ``--help`` shows the default (e.g. ``none`` for an option that is off unless set).
+        key: its ``model_args`` key when it is not ``probe_<probe>_<field>`` (kept for an established spelling).
+        requires_probe: setting it (to anything but its default) without its probe in ``probes`` is an error (an
+            option that asks the probe for extra work); other options of a disabled probe are validated and unused.
+        identity: ``False`` for an option that changes no value (where files are written): left out of the
+            configuration's identity (``--use_cache`` tables) and its ``repr``.
+    """
+    if parse is None:
+        if type(default) not in _PARSERS:
+            raise TypeError(f"option default {default!r}: give parse= for a {type(default).__name__} option")
+        parse = _PARSERS[type(default)]
+    return field(default=default, compare=identity, repr=identity, metadata={"help": help, "parse": parse, "shown": shown, "key": key,
+                                                "requires_probe": requires_probe})
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """A probe's options: subclass as a frozen dataclass whose fields are :func:`option` s, and validate in
+    ``__post_init__`` (raise ``ValueError`` with the ``model_args`` key and the value)."""
+
+    @classmethod
+    def keys(cls, probe: str) -> dict[str, str]:
+        """``model_args`` key → field name."""
+        return {(f.metadata.get("key") or f"probe_{probe}_{f.name}"): f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def parse(cls, probe: str, values: Mapping[str, Any]) -> ProbeOptions:
+        """From ``model_args`` items of this probe (keys as in :meth:`keys`)."""
+        keys = cls.keys(probe)
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        parsed = {}
+        for key, raw in values.items():
+            if key not in keys:
+                raise ValueError(unknown_message(f"option of probe {probe!r}", key, keys))
+            name = keys[key]
+            parsed[name] = by_name[name].metadata["parse"](key, raw)
+        return cls(**parsed)
+
+    def requiring_probe(self, probe: str) -> list[str]:
+        """The ``model_args`` keys of the options set here that need their probe enabled."""
+        return [f.metadata.get("key") or f"probe_{probe}_{f.name}" for f in dataclasses.fields(self)
+                if f.metadata.get("requires_probe") and getattr(self, f.name) != f.default]
+
+    @classmethod
+    def help(cls, probe: str) -> list[tuple[str, str, str]]:
+        """``(model_args key, default as shown, help)`` of each option."""
+        out = []
+        for f in dataclasses.fields(cls):
+            key = f.metadata.get("key") or f"probe_{probe}_{f.name}"
+            default = f.metadata.get("shown") or ("auto" if f.default is None else _shown(f.default))
+            out.append((key, default, f.metadata.get("help", "")))
+        return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, tuple):
+        return "+".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class NoOptions(ProbeOptions):
+    """A probe without options."""
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+class LayerStates:
+    """Hidden-state vectors of a few layers, reduced at capture time (read by the correctness reader).
+
+    ``values`` is ``[len(layers), H]`` (a mean over positions) or ``[len(layers), n, H]`` (one vector
+    per position, e.g. the last positions of a generation). ``layers`` index HF ``hidden_states``
+    (0 = embeddings, L = the final layer). Pickles in full (lm_eval's cross-rank gather); ``str`` is
+    one short line, which is what ``--log_samples`` files get (they stringify unknown objects);
+    :meth:`to_dict` / :meth:`from_dict` are a lossless JSON form (base64 of the raw bytes).
+    """
+
+    __slots__ = ("layers", "values")
+
+    def __init__(self, layers: tuple[int, ...] | list[int], values: Any) -> None:
+        array = np.asarray(values)
+        if array.ndim not in (2, 3) or array.shape[0] != len(layers):
+            raise ValueError(f"LayerStates values must be [{len(layers)}, H] or [{len(layers)}, n, H], got {array.shape}")
+        if array.dtype not in (np.float16, np.float32, np.float64):
+            raise ValueError(f"LayerStates values must be float16/32/64, got {array.dtype}")
+        self.layers = tuple(int(layer) for layer in layers)
+        self.values = array
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LayerStates, (self.layers, self.values))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, LayerStates)
+            and self.layers == other.layers
+            and self.values.dtype == other.values.dtype
+            and np.array_equal(self.values, other.values, equal_nan=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shape = "x".join(str(n) for n in self.values.shape)
+        return f"LayerStates(layers={list(self.layers)}, {shape} {self.values.dtype})"
+
+    __str__ = __repr__
+
+    def mean_positions(self, start: int, stop: int) -> LayerStates:
+        """Mean over positions ``[start, stop)`` of a per-position ``[k, n, H]`` record → ``[k, H]`` float32."""
+        if self.values.ndim != 3 or not 0 <= start < stop <= self.values.shape[1]:
+            raise ValueError(f"cannot average positions [{start}, {stop}) of {self!r}")
+        return LayerStates(self.layers, self.values[:, start:stop].astype(np.float64).mean(axis=1).astype(np.float32))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = np.ascontiguousarray(self.values)
+        return {
+            "layers": list(self.layers),
+            "shape": list(data.shape),
+            "dtype": str(data.dtype),
+            "data": base64.b64encode(data.tobytes()).decode("ascii"),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerStates:
+        raw = base64.b64decode(data["data"])
+        values = np.frombuffer(raw, dtype=np.dtype(data["dtype"])).reshape(data["shape"]).copy()
+        return cls(data["layers"], values)
+
+
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes a probe's extra memory depends on (one forward of the wrapper).
+
+    Attributes:
+        batch: sequences in the forward.
+        tokens: positions per sequence (the longest, padded).
+        response_tokens: response positions per sequence that the probes read.
+        layers: the model's blocks L (``hidden_states`` has L + 1 entries).
+        width: the hidden size d.
+        vocab: the unembedding's rows V.
+        heads: attention heads of a block.
+        head_dim: the width of a head.
+        dtype_bytes: bytes of one element of the model's states (2 for bfloat16).
+        chunk_positions: positions read out through the lens at once (``probe_chunk_positions``).
+    """
+
+    batch: int
+    tokens: int
+    response_tokens: int
+    layers: int
+    width: int
+    vocab: int
+    heads: int
+    head_dim: int
+    dtype_bytes: int = 4
+    chunk_positions: int = 64
+
+    @property
+    def lens_positions(self) -> int:
+        """Positions of one lens chunk (at most :attr:`chunk_positions`)."""
+        return max(1, min(self.chunk_positions, self.batch * self.response_tokens))
+
+
+@runtime_checkable
+class PositionProbe(Protocol):
+    """A probe's capture at the positions of a response span (built once per model as
+    ``probe.position_probe(options, num_layers)``, which validates its options against the model).
+
+    The wrapper reads the :meth:`layers` of every enabled probe at a span's positions, a chunk of positions at a time
+    (:class:`~lm_eval_probes.capture.positions.LensChunk`: their states and, read once whoever asks first, the final
+    layer's logits and any layer's lens logits), keeps what :meth:`at_positions` returns, cuts those per-position values
+    to a response and makes them the probe's record fields with :meth:`reduce`.
+
+    Attributes:
+        reads_lens: whether it reads the logit lens: skipped for a response no row reads (an option the model did not
+            choose).
+        position_axis: the axis of its per-position values that indexes the positions.
+    """
+
+    reads_lens: bool
+    position_axis: int
+
+    def layers(self) -> frozenset[int]:
+        """The ``hidden_states`` indices (0 = embeddings … L, L after the final norm) whose states it reads."""
+        ...
+
+    def at_positions(self, chunk: LensChunk) -> Mapping[str, torch.Tensor]:
+        """Its per-position values at the chunk's positions (possibly none: an empty response)."""
+        ...
+
+    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, tail: int) -> dict[str, Any]:
+        """Its record fields from its per-position ``values`` cut to one response of ``positions`` positions (``nan``
+        where undefined: no positions); ``tail``: a generation's last positions kept one by one (if it keeps any)."""
+        ...
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+FORWARD_CAPTURES = ("focal_depth", "first_attention")
+"""The whole-forward captures the wrappers offer besides the positions of a response (:attr:`Probe.forward_capture`)."""
+
+
+class ProbeRegistrationError(ValueError):
+    """A probe that cannot produce what it declares (named with the probe and the row or field)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe (see the module docstring).
+
+    Attributes:
+        name: its name in ``probes=`` (lower case letters, digits and ``_``).
+        summary: one line for ``--help`` and the report's glossary.
+        fields: the record fields its capture fills (names unique across all probes).
+        rows: its own rows (family ``probe``), each reading one of :attr:`fields`.
+        position_probe: ``(options, num_layers) -> PositionProbe``: its capture at a response's positions (a class
+            that takes those two arguments serves); ``None`` only for a built-in with a whole-forward capture of the
+            wrappers' (:attr:`forward_capture`).
+        options: its :class:`ProbeOptions` dataclass.
+        memory: ``(options, shapes) -> bytes``: the extra peak memory the probe adds to a forward of those shapes.
+        ranked: the record field ranked against the document's difficulty (adds ``<name>_spearman`` and its
+            length-partialled twins), or ``None``.
+        ranked_text: how the ρ rows' descriptions name that value.
+        label: the value's name on a figure axis.
+        feeds: rows of other families made from its record fields (each row's ``field``).
+        paper, formula, reads: its source, its formula and what it reads, for the docs and the glossary.
+        forward_capture: the wrappers' whole-forward capture the probe needs (``focal_depth``: the last blocks run
+            again on every source layer; ``first_attention``: the first attention layer's inputs), for the built-ins
+            whose values need whole sequences.
+        default_enabled: whether ``hf-probes`` computes it when ``probes=`` is not given (the cheap ones: they read
+            the states the harness's own forward already computes).
+    """
+
+    name: str
+    summary: str
+    fields: tuple[str, ...]
+    rows: tuple[Row, ...] = ()
+    position_probe: Callable[[Any, int], PositionProbe] | None = None
+    options: type[ProbeOptions] = NoOptions
+    memory: Callable[[Any, Shapes], int] | None = None
+    ranked: str | None = None
+    ranked_text: str = ""
+    label: str = ""
+    feeds: tuple[Row, ...] = ()
+    paper: str = ""
+    formula: str = ""
+    reads: str = ""
+    forward_capture: str | None = None
+    default_enabled: bool = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raises :class:`ProbeRegistrationError` for a probe that cannot produce a row it declares."""
+        name = self.name
+        if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
+            raise ProbeRegistrationError(f"probe name {name!r}: use lower-case letters, digits and '_'")
+        if name in ("all", "none"):
+            raise ProbeRegistrationError(f"probe name {name!r} is reserved (probes=all, probes=none)")
+        if len(set(self.fields)) != len(self.fields):
+            raise ProbeRegistrationError(f"probe {name!r} declares a record field twice: {self.fields}")
+        if not (isinstance(self.options, type) and issubclass(self.options, ProbeOptions)
+                and dataclasses.is_dataclass(self.options)):
+            raise ProbeRegistrationError(f"probe {name!r}: options must be a ProbeOptions dataclass, got {self.options!r}")
+        for row in (*self.rows, *self.feeds):
+            if not isinstance(row, Row):
+                raise ProbeRegistrationError(f"probe {name!r}: row {row!r} is not an lm_eval_probes.api.Row")
+            missing = [f for f in row.fields() if f not in self.fields]
+            if row.field is None or missing:
+                raise ProbeRegistrationError(
+                    f"probe {name!r}, row {row.name!r}: reads record field {row.field!r}, which the probe does not "
+                    f"declare in fields {self.fields}")
+        for row in self.rows:
+            if row.family != "probe":
+                raise ProbeRegistrationError(f"probe {name!r}, row {row.name!r}: a probe's own rows are of family "
+                                             f"'probe' (got {row.family!r}; rows of other families go in feeds)")
+        if self.ranked is not None and self.ranked not in self.fields:
+            raise ProbeRegistrationError(f"probe {name!r}: ranked field {self.ranked!r} is not in its fields {self.fields}")
+        if (self.rows or self.feeds) and self.position_probe is None and self.forward_capture is None:
+            raise ProbeRegistrationError(
+                f"probe {name!r}: rows {[row.name for row in self.rows + self.feeds]} read fields that no capture fills "
+                "(give position_probe)")
+        if self.forward_capture is not None and self.forward_capture not in FORWARD_CAPTURES:
+            raise ProbeRegistrationError(f"probe {name!r}: forward_capture {self.forward_capture!r} is not one of "
+                                         f"{FORWARD_CAPTURES}")
+        if self.position_probe is not None and not callable(self.position_probe):
+            raise ProbeRegistrationError(f"probe {name!r}: position_probe must be callable (options, num_layers)")
+
+    def row(self, value: str) -> Row:
+        """Its first row of per-document value kind ``value`` (``float``: its headline row; ``vector``, ``support``)."""
+        found = next((row for row in self.rows if row.value == value), None)
+        if found is None:
+            raise KeyError(f"probe {self.name!r} has no {value!r} row")
+        return found
+
+    def difficulty_rows(self) -> tuple[Row, ...]:
+        """The ρ rows of :attr:`ranked`: with difficulty, and with the response's and the prompt's length
+        partialled out."""
+        if self.ranked is None:
+            return ()
+        return (
+            Row(f"{self.name}_spearman", "ranked", "probe_spearman", True, "difficulty",
+                f"Spearman ρ of {self.ranked_text or self.ranked} with the document's difficulty label", self.ranked),
+            Row(f"{self.name}_spearman_partial", "partial", "probe_partial_spearman", True, "difficulty",
+                f"{self.name}_spearman with response length partialled out", self.ranked),
+            Row(f"{self.name}_spearman_partial_prompt", "partial", "probe_partial_spearman", True, "difficulty",
+                f"{self.name}_spearman with prompt length partialled out", self.ranked),
+        )
+
+    def default_options(self) -> ProbeOptions:
+        return self.options()
+
+    def memory_bytes(self, options: ProbeOptions, shapes: Shapes) -> int:
+        """Its extra peak memory for a forward of ``shapes`` (0 when it declares none)."""
+        return 0 if self.memory is None else int(math.ceil(self.memory(options, shapes)))

@@ -1,0 +1,64 @@
+"""Stability margins and support tokens (``probes=margin``): log|det(I − Σ_t A)| of the first attention layer at every
+position the model saw (the math: :mod:`lm_eval_probes.probes.margin`).
+
+Its values need the first attention layer's inputs over whole sequences: the wrappers' whole-forward capture
+``first_attention`` (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`, built from :class:`MarginOptions`)
+hooks that layer in the same forwards and fills the record fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_choice, option
+
+HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
+
+
+@dataclass(frozen=True)
+class MarginOptions(ProbeOptions):
+    """The margins' options."""
+
+    support: int = option(5, "k, the number of support tokens (smallest margins) kept per response (k >= 0)")
+    heads: str = option("mean", "how the first layer's per-head margins combine per position: mean or min",
+                        parse=as_choice(*HEAD_REDUCTIONS))
+
+    def __post_init__(self) -> None:
+        if self.support < 0:
+            raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.support}")
+
+
+def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
+    """The determinants of one sequence at a time: per head, ``(T + chunk) · p²`` float64 for the covariances of a chunk
+    of 64 query positions, and the layer's captured inputs (``[B, T, d]``)."""
+    per_head = (shapes.tokens + 64) * shapes.head_dim ** 2 * 8
+    return shapes.heads * per_head + shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+
+
+PROBE = Probe(
+    name="margin",
+    summary="stability margins log|det(I − Σ_t A)| of the first attention layer and the support tokens",
+    paper="Stability margins: \"Support Tokens, Stability Margins, and a New Foundation for Robust LLMs\" "
+          "(arXiv 2602.22271)",
+    formula="m_t = log|det(I − Σ_t A)|, A = W_Kᵀ W_Q / √p, Σ_t the attention-weighted covariance of the inputs, "
+            "per head of the first attention layer (mean over heads); per document the mean and the minimum; "
+            "support tokens: the k smallest",
+    reads="the first attention layer's inputs at every position the model saw",
+    fields=("margin_mean", "margin_min", "margin_support_positions", "margin_support_tokens", "margin_support_values"),
+    options=MarginOptions,
+    memory=margin_memory,
+    forward_capture="first_attention",
+    rows=(
+        Row("margin", "float", "mean", True, "probe",
+            "mean over documents of the mean stability margin log|det(I − Σ_t A)| of the first attention layer "
+            "over the positions the model saw (probes=margin)", "margin_mean"),
+        Row("margin_min", "float", "mean", True, "probe",
+            "mean over documents of the smallest margin (the first support token's)", "margin_min"),
+        Row("margin_support", "support", "probe_support_mean", True, "probe",
+            "probes=margin: mean over documents of the mean margin of the k support tokens; per document their "
+            "positions, tokens and margins are in --log_samples", "margin_support"),
+    ),
+    ranked="margin_mean",
+    ranked_text="the document's mean margin",
+    label="mean stability margin",
+)

@@ -1,0 +1,133 @@
+"""HyperLens Ω (``probes=omega``): the refinement area of the focal-depth confidence trajectory (the math:
+:mod:`lm_eval_probes.probes.omega`).
+
+Its per-position values, the top-K masses of the focal-depth decodings of every source layer, need the whole sequence
+of each source layer (the model's last m blocks run on it): the wrappers' whole-forward capture ``focal_depth``
+(:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`, built from :class:`OmegaOptions`) reads them from the
+wrapper's own forward and attaches them as ``mass``; here they become the record fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_int, as_range, option, or_none
+
+DEFAULT_DEPTH = 5
+"""Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
+
+
+@dataclass(frozen=True)
+class OmegaOptions(ProbeOptions):
+    """Ω's options."""
+
+    depth: int | None = option(None, "focal depth m: the source layers' states go through the model's last m blocks "
+                                     "(0 = the logit lens); auto = min(5, L)", parse=or_none(as_int))
+    topk: int = option(1, "K of the confidence, the top-K probability mass (K >= 1)")
+    layers: tuple[int, int] | None = option(
+        None, "source layers [start, stop) as hidden_states indices 0..L (e.g. 0:33); auto/all = every layer",
+        parse=or_none(as_range, "", "none", "auto", "all"))
+    chunk_tokens: int = option(16384, "memory budget: at most this many tokens (sequences × length, at least one "
+                                      "sequence) go through the last m blocks at once")
+
+    def __post_init__(self) -> None:
+        if self.depth is not None and self.depth < 0:
+            raise ValueError(f"probe_omega_depth must be an integer 0 <= m <= L (the model's blocks), got {self.depth}")
+        if self.topk < 1:
+            raise ValueError(f"probe_omega_topk must be an integer K >= 1, got {self.topk}")
+        if self.layers is not None:
+            start, stop = self.layers
+            if not 0 <= start < stop:
+                raise ValueError(
+                    f"probe_omega_layers must be 'start:stop' with 0 <= start < stop <= L + 1 (hidden_states indices), "
+                    f"got {start}:{stop}")
+        if self.chunk_tokens < 1:
+            raise ValueError(f"probe_omega_chunk_tokens must be >= 1, got {self.chunk_tokens}")
+
+    def resolved_depth(self, num_layers: int) -> int:
+        """The focal depth m for a model with ``num_layers`` blocks: the option, or min(5, L); 0 <= m <= L."""
+        if self.depth is None:
+            return min(DEFAULT_DEPTH, num_layers)
+        if not 0 <= self.depth <= num_layers:
+            raise ValueError(
+                f"probe_omega_depth={self.depth} is outside 0..{num_layers} (this model has {num_layers} blocks)")
+        return self.depth
+
+    def resolved_layers(self, num_layers: int) -> tuple[int, int]:
+        """The source layers ``[start, stop)`` for a model with ``num_layers`` blocks (``hidden_states`` 0..L)."""
+        if self.layers is None:
+            return 0, num_layers + 1
+        start, stop = self.layers
+        if stop > num_layers + 1:
+            raise ValueError(
+                f"probe_omega_layers={start}:{stop} exceeds this model's hidden_states 0..{num_layers}: "
+                f"valid ranges are start:stop with 0 <= start < stop <= {num_layers + 1}")
+        return start, stop
+
+
+class OmegaPositions:
+    """Ω's :class:`~lm_eval_probes.api.PositionProbe`: per position ``mass [S, n]`` (attached from the focal-depth
+    capture); per response the confidence trajectory and its refinement area."""
+
+    reads_lens = False  # the focal-depth decoder reads every answered request, an option not chosen too
+    position_axis = -1
+
+    def __init__(self, options: OmegaOptions, num_layers: int) -> None:
+        """Ω's options (focal depth, source layers, K) are the focal-depth capture's."""
+
+    def layers(self) -> frozenset[int]:
+        return frozenset()  # read by the focal-depth decoder from the whole forward, not at the span's positions
+
+    def at_positions(self, chunk: Any) -> dict[str, Any]:
+        return {}
+
+    def reduce(self, values: Mapping[str, Any], *, positions: int, tail: int) -> dict[str, Any]:
+        """``omega_trajectory``: the confidence trajectory C_i over the source layers (default i = 0..L: L+1 floats),
+        the mean over the response positions of the top-K mass of the focal-depth decoding of layer i; ``omega``: its
+        refinement area Ω = Σ_i (1 − C_i). Nothing before the masses are attached."""
+        from lm_eval_probes.probes.omega import confidence_trajectory, refinement_area
+
+        if "mass" not in values:
+            return {}
+        trajectory = confidence_trajectory(values["mass"].double())  # nan for an empty span
+        return {"omega_trajectory": tuple(float(v) for v in trajectory), "omega": refinement_area(trajectory)}
+
+
+def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
+    """The last m blocks' activations on a chunk of at most ``chunk_tokens`` tokens (about 4 × FFN-sized float32 rows
+    per token, bounded here by 16 · d per token), the source layers' captured states (bf16, L + 1 layers of the batch)
+    and the lens of a chunk of positions (about four ``[chunk, V]`` float32 buffers)."""
+    tokens = min(options.chunk_tokens, max(shapes.tokens, shapes.batch * shapes.tokens))
+    blocks = tokens * 16 * shapes.width * 4
+    states = (shapes.layers + 1) * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+    return blocks + states + 4 * shapes.lens_positions * shapes.vocab * 4
+
+
+PROBE = Probe(
+    name="omega",
+    summary="Ω: HyperLens refinement area of the focal-depth confidence trajectory (runs the model's last m "
+            "blocks again on every source layer's states)",
+    paper="HyperLens refinement area: \"HyperLens: Quantifying Cognitive Effort …\" (arXiv 2605.05741)",
+    formula="C_i = mean over response positions of the top-K mass of D_m(H_i) = softmax(W_U norm(f_N ∘ … ∘ "
+            "f_N−m+1(H_i))); Ω = Σ_i (1 − C_i)",
+    reads="every source layer's states at the response positions, and the last m blocks' inputs",
+    fields=("omega", "omega_trajectory"),
+    position_probe=OmegaPositions,
+    options=OmegaOptions,
+    memory=omega_memory,
+    forward_capture="focal_depth",
+    rows=(
+        Row("omega", "float", "mean", False, "probe",
+            "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth "
+            "confidence trajectory (probes=omega)", "omega"),
+        Row("omega_trajectory", "vector", "probe_vector_mean", True, "probe",
+            "probes=omega: mean over documents and source layers of the focal-depth confidence C_i "
+            "(= 1 − Ω / number of source layers); per document the trajectory C_i is in --log_samples",
+            "omega_trajectory"),
+    ),
+    ranked="omega",
+    ranked_text="Ω",
+    label="HyperLens Ω",
+)
