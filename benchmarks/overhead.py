@@ -235,7 +235,6 @@ def lens(args: argparse.Namespace) -> None:
     import transformers
 
     from lm_eval_probes.capture.readouts import LensReadout
-    from lm_eval_probes.capture.bte import bte_transitions
     from lm_eval_probes.capture.positions import position_probes
     from lm_eval_probes.config import ProbeConfig
     from lm_eval_probes.probes import token_constraint_bound
@@ -252,7 +251,7 @@ def lens(args: argparse.Namespace) -> None:
     readout = LensReadout(model)
     n, (vocab, d) = states[0].shape[0], readout.unembed.shape
     config = ProbeConfig(probes=("tcb", "bte"), chunk_positions=n)  # one chunk: the matmuls' shapes below
-    first, last = bte_transitions(readout.num_layers, config)
+    first, last = config.options_of("bte").transitions(readout.num_layers)
     # final readout + the window's (last - first + 1 layers, the last one shared when it is L), each [n, d] @ [d, V];
     # δ_TCB's two moments of the final distribution over the rows: one [2n, V] @ [V, d] product
     readouts = 1 + (last - first + 1) - (last == readout.num_layers)

@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
     if name == "TASKS_DIR":
         return tasks_dir()
     if name == "ProbeTaskManager":
-        from lm_eval_probes.harness.tasks import ProbeTaskManager
+        from lm_eval_probes.tasks.manager import ProbeTaskManager
 
         return ProbeTaskManager
     raise AttributeError(f"module 'lm_eval_probes' has no attribute {name!r}")

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import lm_eval_probes
     from lm_eval_probes.harness.registry import register_model_placeholder, register_rows
-    from lm_eval_probes.harness.tasks import every_task_probed
+    from lm_eval_probes.tasks.manager import every_task_probed
 
     register_model_placeholder()
     register_rows()  # before any task is built

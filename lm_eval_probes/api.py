@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -34,10 +34,8 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from lm_eval_probes.capture.positions import LensChunk
-
 __all__ = [
-    "FAMILIES", "VALUE_KINDS", "LayerStates", "NoOptions", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
+    "FAMILIES", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
     "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
 ]
 
@@ -385,15 +383,55 @@ class Shapes:
         return max(1, min(self.chunk_positions, self.batch * self.response_tokens))
 
 
+class LensChunk(Protocol):
+    """What a :class:`PositionProbe` reads at a chunk of a response span's positions ``[lo, hi)`` (the wrappers'
+    :class:`~lm_eval_probes.capture.positions.LensChunk`): their states and, each computed once whoever asks first,
+    the final layer's logits and any layer's lens logits."""
+
+    lo: int
+    hi: int
+
+    def states(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s ``[hi − lo, H]`` states (``hidden_states`` index; L after the final norm)."""
+        ...
+
+    @property
+    def final_hidden(self) -> torch.Tensor:
+        """The final layer's (post-norm) states, float32 on the unembedding's device."""
+        ...
+
+    @property
+    def raw_logits(self) -> torch.Tensor:
+        """The final layer's logits ``W h + b`` before the model's soft-capping."""
+        ...
+
+    @property
+    def final_logits(self) -> torch.Tensor:
+        """The model's own logits (soft-capped where the model caps them)."""
+        ...
+
+    def layer_logits(self, first: int, last: int) -> Iterator[torch.Tensor]:
+        """The lens logits of layers ``first..last`` in turn (each buffer reused once the next has arrived)."""
+        ...
+
+
 @runtime_checkable
 class PositionProbe(Protocol):
     """A probe's capture at the positions of a response span (built once per model as
     ``probe.position_probe(options, num_layers)``, which validates its options against the model).
 
     The wrapper reads the :meth:`layers` of every enabled probe at a span's positions, a chunk of positions at a time
-    (:class:`~lm_eval_probes.capture.positions.LensChunk`: their states and, read once whoever asks first, the final
-    layer's logits and any layer's lens logits), keeps what :meth:`at_positions` returns, cuts those per-position values
+    (:class:`LensChunk`: their states and, read once whoever asks first, the final layer's logits and any layer's
+    lens logits), keeps what :meth:`at_positions` returns, cuts those per-position values
     to a response and makes them the probe's record fields with :meth:`reduce`.
+
+    A probe whose values need more than the states at a response's positions asks the wrappers for a whole-forward
+    capture with an optional attribute (``None`` or absent: not asked): ``prompt_means`` (:class:`PromptMeans`: the
+    mean states over the prompt, set as a record field), ``focal_depth`` (:class:`FocalDepth`: top-K masses of the
+    model's last blocks re-run on every source layer, given to :meth:`reduce` as the value ``mass [S, n]``),
+    ``first_attention`` (:class:`FirstAttention`: the stability margins of the first attention layer over every
+    position the model saw, set as record fields) and ``states_folder`` (a folder where the wrappers write the
+    prompt-means probe's states of every answered request). At most one enabled probe asks for each.
 
     Attributes:
         reads_lens: whether it reads the logit lens: skipped for a response no row reads (an option the model did not
@@ -412,17 +450,65 @@ class PositionProbe(Protocol):
         """Its per-position values at the chunk's positions (possibly none: an empty response)."""
         ...
 
-    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, tail: int) -> dict[str, Any]:
+    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, generation: bool) -> dict[str, Any]:
         """Its record fields from its per-position ``values`` cut to one response of ``positions`` positions (``nan``
-        where undefined: no positions); ``tail``: a generation's last positions kept one by one (if it keeps any)."""
+        where undefined: no positions); ``generation``: the response is a generation (a probe may keep more of it,
+        e.g. its last positions' states one by one, for the answer span a task's filter extracts later)."""
         ...
 
 
 # ----------------------------------------------------------------------------- the probe
 
 
-FORWARD_CAPTURES = ("focal_depth", "first_attention")
-"""The whole-forward captures the wrappers offer besides the positions of a response (:attr:`Probe.forward_capture`)."""
+@dataclass(frozen=True)
+class PromptMeans:
+    """A request for the mean hidden states over each request's prompt (the positions before the response).
+
+    Attributes:
+        layers: the ``hidden_states`` indices averaged.
+        field: the record field the :class:`LayerStates` ``[k, H]`` goes to.
+        tail: average the last this-many prompt positions (0 = the whole prompt).
+    """
+
+    layers: tuple[int, ...]
+    field: str
+    tail: int = 0
+
+
+@dataclass(frozen=True)
+class FocalDepth:
+    """A request for HyperLens focal-depth decodings (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`):
+    each source layer's states go through the model's last ``depth`` blocks, then the final norm and unembedding; the
+    top-``top_k`` mass at every response position is given to the probe as ``mass [S, n]``.
+
+    Attributes:
+        depth: blocks re-run (0 = the logit lens).
+        source_layers: ``[start, stop)`` ``hidden_states`` indices.
+        top_k: K of the mass.
+        chunk_tokens: at most this many tokens go through the blocks at once.
+    """
+
+    depth: int
+    source_layers: tuple[int, int]
+    top_k: int = 1
+    chunk_tokens: int = 16384
+
+
+@dataclass(frozen=True)
+class FirstAttention:
+    """A request for the stability margins of the first attention layer
+    (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`) over every position the model saw.
+
+    Attributes:
+        heads: how the per-head margins combine per position (``mean`` or ``min``).
+        support: k, the support tokens (smallest margins) kept.
+        prefix: the record fields set: ``<prefix>_mean``, ``<prefix>_min``, ``<prefix>_support_positions``,
+            ``<prefix>_support_tokens``, ``<prefix>_support_values``.
+    """
+
+    heads: str
+    support: int
+    prefix: str
 
 
 class ProbeRegistrationError(ValueError):
@@ -439,8 +525,8 @@ class Probe:
         fields: the record fields its capture fills (names unique across all probes).
         rows: its own rows (family ``probe``), each reading one of :attr:`fields`.
         position_probe: ``(options, num_layers) -> PositionProbe``: its capture at a response's positions (a class
-            that takes those two arguments serves); ``None`` only for a built-in with a whole-forward capture of the
-            wrappers' (:attr:`forward_capture`).
+            that takes those two arguments serves; it may also ask for a whole-forward capture, see
+            :class:`PositionProbe`); required for a probe with rows.
         options: its :class:`ProbeOptions` dataclass.
         memory: ``(options, shapes) -> bytes``: the extra peak memory the probe adds to a forward of those shapes.
         ranked: the record field ranked against the document's difficulty (adds ``<name>_spearman`` and its
@@ -449,11 +535,11 @@ class Probe:
         label: the value's name on a figure axis.
         feeds: rows of other families made from its record fields (each row's ``field``).
         paper, formula, reads: its source, its formula and what it reads, for the docs and the glossary.
-        forward_capture: the wrappers' whole-forward capture the probe needs (``focal_depth``: the last blocks run
-            again on every source layer; ``first_attention``: the first attention layer's inputs), for the built-ins
-            whose values need whole sequences.
         default_enabled: whether ``hf-probes`` computes it when ``probes=`` is not given (the cheap ones: they read
             the states the harness's own forward already computes).
+        feed_states: ``(record, field, *, answer_span) -> LayerStates | None``: the states a row of :attr:`feeds` reads
+            from a document's record (``answer_span``: the generation's confidence reads its located answer span);
+            default: the :class:`LayerStates` in the record's field.
     """
 
     name: str
@@ -470,8 +556,8 @@ class Probe:
     paper: str = ""
     formula: str = ""
     reads: str = ""
-    forward_capture: str | None = None
     default_enabled: bool = False
+    feed_states: Callable[..., LayerStates | None] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -502,13 +588,10 @@ class Probe:
                                              f"'probe' (got {row.family!r}; rows of other families go in feeds)")
         if self.ranked is not None and self.ranked not in self.fields:
             raise ProbeRegistrationError(f"probe {name!r}: ranked field {self.ranked!r} is not in its fields {self.fields}")
-        if (self.rows or self.feeds) and self.position_probe is None and self.forward_capture is None:
+        if (self.rows or self.feeds) and self.position_probe is None:
             raise ProbeRegistrationError(
                 f"probe {name!r}: rows {[row.name for row in self.rows + self.feeds]} read fields that no capture fills "
                 "(give position_probe)")
-        if self.forward_capture is not None and self.forward_capture not in FORWARD_CAPTURES:
-            raise ProbeRegistrationError(f"probe {name!r}: forward_capture {self.forward_capture!r} is not one of "
-                                         f"{FORWARD_CAPTURES}")
         if self.position_probe is not None and not callable(self.position_probe):
             raise ProbeRegistrationError(f"probe {name!r}: position_probe must be callable (options, num_layers)")
 
@@ -535,6 +618,13 @@ class Probe:
 
     def default_options(self) -> ProbeOptions:
         return self.options()
+
+    def fed(self, record: Any, row: Row, *, answer_span: bool = False) -> LayerStates | None:
+        """The states ``row`` (one of :attr:`feeds`) reads from a document's ``record``."""
+        if self.feed_states is not None:
+            return self.feed_states(record, row.field, answer_span=answer_span)
+        value = record.get(row.field)
+        return value if isinstance(value, LayerStates) else None
 
     def memory_bytes(self, options: ProbeOptions, shapes: Shapes) -> int:
         """Its extra peak memory for a forward of ``shapes`` (0 when it declares none)."""

@@ -8,7 +8,6 @@ valid values (and a did-you-mean) *before* any model is loaded.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any

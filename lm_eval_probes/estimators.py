@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from lm_eval_probes.probes.confidence import chosen_option_confidence, geometric_mean_probability
-from lm_eval_probes.records import LayerStates, ResponseProbe
+from lm_eval_probes.records import ResponseProbe
 
 __all__ = [
-    "answer_confidence", "answer_reveal_step", "answer_states", "binary_correctness", "chosen_option", "locate_answer",
+    "answer_confidence", "answer_reveal_step", "binary_correctness", "chosen_option", "locate_answer",
     "option_correctness", "response_confidence",
 ]
 
@@ -71,22 +71,6 @@ def answer_reveal_step(probe: ResponseProbe, *, whole: bool = False) -> float | 
     start, stop = (0, len(steps)) if whole or probe.answer_span is None else probe.answer_span
     chosen = steps[start:stop] or steps
     return float(sum(chosen) / len(chosen))
-
-
-ANSWER_STATES = "answer_states"
-"""The record field of the mean states over a response (the reader probe's), whose generation records may also keep
-the last positions' states one by one (``tail_states``): :func:`answer_states` then averages over the answer span."""
-
-
-def answer_states(probe: ResponseProbe) -> LayerStates | None:
-    """The reader layers' mean states over the answer span (from the kept tail of per-position states);
-    the whole response's mean when there is no span or the answer begins before the tail."""
-    span, tail = probe.answer_span, probe.get("tail_states")
-    if span is None or tail is None:
-        return probe.get("answer_states")
-    start, stop = span
-    offset = probe.n_tokens - tail.values.shape[1]  # response index of the tail's first position
-    return tail.mean_positions(start - offset, stop - offset) if start >= offset else probe.get("answer_states")
 
 
 def chosen_option(option_logliks: Sequence[float], option_lengths: Sequence[float] | None = None) -> tuple[int, float]:

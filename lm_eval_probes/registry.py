@@ -7,7 +7,8 @@ A third-party package registers its probe in its ``pyproject.toml``::
 
 (``examples/probe-plugin/``). Each entry point's object is a :class:`~lm_eval_probes.api.Probe`; it is validated
 when it registers (:class:`~lm_eval_probes.api.ProbeRegistrationError` names the probe and the row or field): its
-name must be new, its record fields unique across probes, its rows' names unique across every row of the plugin.
+name must be new, its record fields unique across probes, its rows' names unique across probes (and, when the rows
+are assembled, :func:`lm_eval_probes.rows.all_rows`, across the plugin's own rows and lm_eval's metrics).
 ``probes=all``, ``--help``, the rows registered with lm_eval, each document's values and the report's columns and
 glossary all come from :func:`probes`.
 
@@ -71,8 +72,6 @@ def validated(found: Iterable[object], *, reserved_rows: Iterable[str] = ()) -> 
 @functools.cache
 def probes() -> tuple[Probe, ...]:
     """Every registered probe: the built-ins, then the entry points of ``lm_eval_probes.probes`` (sorted by name)."""
-    from lm_eval_probes.declarations import NON_PROBE_ROWS
-
     found: list[object] = [_load(target) for target in BUILTIN]
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         try:
@@ -84,7 +83,7 @@ def probes() -> tuple[Probe, ...]:
             raise ProbeRegistrationError(f"entry point {point.name!r} ({point.value}) holds probe {item.name!r}: "
                                          "name the entry point as the probe")
         found.append(item)
-    return validated(found, reserved_rows=(row.name for row in NON_PROBE_ROWS))
+    return validated(found)
 
 
 def names() -> tuple[str, ...]:

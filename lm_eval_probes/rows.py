@@ -30,10 +30,11 @@ def all_rows() -> tuple[Row, ...]:
     """Every row the plugin can add to a task's results, in the report's order: each probe's rows (registry order),
     the response's, the difficulty rows (each probe's ρ, then the baselines), calibration, the reader, the detector
     and the denoising trajectory. Made once per set of registered probes."""
-    from lm_eval_probes.registry import probes
+    from lm_eval_probes.registry import probes, validated
 
     found = probes()
     if _TABLE[0] is not found:
+        validated(found, reserved_rows=(row.name for row in declarations.NON_PROBE_ROWS))
         table = (declarations.probe_rows() + RESPONSE_ROWS + declarations.difficulty_rows() + CONFIDENCE_ROWS
                  + declarations.READER_ROWS + declarations.DETECTOR_ROWS + TRAJECTORY_ROWS)
         _check_table(table)

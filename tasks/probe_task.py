@@ -2,7 +2,7 @@
 
 Use it from a task YAML with ``class: !function lm_eval_probes.tasks.probe_task.ProbeTask``
 (``NoisedProbeTask`` for noised-input variants), or give a built stock task the same rows with
-:func:`~lm_eval_probes.harness.tasks.with_probe_metrics` (the ``lm-eval-probes`` command does it for every
+:func:`~lm_eval_probes.tasks.manager.with_probe_metrics` (the ``lm-eval-probes`` command does it for every
 task). The rows are those of :func:`lm_eval_probes.rows.rows_for`; each document's values come from
 :mod:`lm_eval_probes.estimators`. Rows appear only when the model is ``hf-probes``; with plain ``hf``
 the task is the stock task.
@@ -49,7 +49,7 @@ from lm_eval_probes.declarations import (
 from lm_eval_probes.harness.registry import task_aggregation
 from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.probes.confidence import geometric_mean_probability
-from lm_eval_probes.records import PROBE_REQUEST, LayerStates, ProbeRequest, ReaderRecord, ResponseProbe, probe_of, with_probe
+from lm_eval_probes.records import PROBE_REQUEST, ProbeRequest, ReaderRecord, ResponseProbe, probe_of, with_probe
 
 __all__ = [
     "CONFIDENCE_SOURCES", "NoisedPairProbeTask", "NoisedProbeTask", "ProbeResults", "ProbeTask", "probe_metric_values",
@@ -227,7 +227,7 @@ class ProbeResults(Task):
         noised = int(doc.get("noised", 0)) if self.is_detector_task else None
         for feeding in registry.probes():  # the readers' rows, fitted on a probe's states
             for row in feeding.feeds:
-                states = fed_states(probe, row.field, answer_span=answer_span)
+                states = feeding.fed(probe, row, answer_span=answer_span)
                 if row.family == "reader" and correct is not None and states is not None:
                     values[row.name] = ReaderRecord(states, correct, document=probe.document)
                 elif row.family == "detector" and noised is not None:
@@ -425,13 +425,3 @@ def probe_metric_values(
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def fed_states(probe: ResponseProbe, field: str, *, answer_span: bool = False) -> LayerStates | None:
-    """The states a reader row reads from ``probe``: its record field ``field``; with ``answer_span`` (generations
-    whose confidence reads the located answer) the mean over that span where the record kept the positions' states
-    one by one (:func:`~lm_eval_probes.estimators.answer_states`)."""
-    if answer_span and field == estimators.ANSWER_STATES:
-        return estimators.answer_states(probe)
-    value = probe.get(field)
-    return value if isinstance(value, LayerStates) else None

@@ -15,16 +15,18 @@ import torch
 
 from loader_fixtures import write_data_dir
 from lm_eval_probes import TASKS_DIR, rows
-from lm_eval_probes.estimators import answer_confidence, answer_states, locate_answer, response_confidence
+from lm_eval_probes.estimators import answer_confidence, locate_answer, response_confidence
 from lm_eval_probes.metrics import CalibrationOptions
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.probes.calibration import expected_calibration_error, out_of_fold_temperature_scale
 from lm_eval_probes.records import LayerStates, ResponseProbe
-from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.tasks.manager import ProbeTaskManager
 
 
 def answer_confidence_and_states(probe: ResponseProbe):
-    return answer_confidence(probe), answer_states(probe)
+    from lm_eval_probes.plugins.reader import reader_states
+
+    return answer_confidence(probe), reader_states(probe, "answer_states", answer_span=True)
 
 ROWS = rows.names("confidence", "reader")
 
@@ -56,9 +58,9 @@ def test_answer_confidence_uses_the_answer_tokens_and_their_states():
     np.testing.assert_allclose(states.values, per_position[:, 3:5].astype(np.float64).mean(1), rtol=1e-6)
     # an answer beginning before the kept tail: whole-generation states; no span: whole-generation confidence
     early = answer_confidence_and_states(ResponseProbe(**{**probe.__dict__, "answer_span": (1, 3)}))
-    assert early[0] == pytest.approx(math.exp((-2.0 - 0.5) / 2)) and early[1] is probe.answer_states
+    assert early[0] == pytest.approx(math.exp((-2.0 - 0.5) / 2)) and early[1] is probe.get("answer_states")
     unlocated = answer_confidence_and_states(ResponseProbe(**{**probe.__dict__, "answer_span": None}))
-    assert unlocated == (response_confidence(probe), probe.answer_states)
+    assert unlocated == (response_confidence(probe), probe.get("answer_states"))
 
 
 def test_calibration_options_from_metadata():

@@ -17,6 +17,7 @@ from lm_eval_probes.capture.positions import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.estimators import response_confidence
 from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.plugins.bte import BteOptions
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates
 
@@ -48,10 +49,10 @@ def recompute(lm: ProbeHFLM, context_ids: list[int], response_ids: list[int], co
     start = len(context_ids) - 1
     states = [h[0, start : start + len(response_ids)] for h in out.hidden_states]
     readout = LensReadout(lm.model)
-    layers = config.resolved_reader_layers(readout.num_layers)
+    layers = config.options_of("reader").resolved_layers(readout.num_layers)
     prompt = torch.stack([out.hidden_states[layer][0, : len(context_ids)].mean(0) for layer in layers])
     probes = position_probes(states, readout, config, torch.tensor(response_ids))
-    return probes.summarize(0, len(response_ids), prompt_states=LayerStates(layers, prompt.numpy()))
+    return probes.summarize(0, len(response_ids), fields={"prompt_states": LayerStates(layers, prompt.numpy())})
 
 
 def assert_same_states(got, want, rtol: float) -> None:
@@ -71,17 +72,17 @@ def assert_same_probe(got, want, rel: float = 1e-4) -> None:
     assert got is not None
     assert got.n_tokens == want.n_tokens
     if want.n_tokens == 0:
-        assert math.isnan(got.tcb_log10_mean) and math.isnan(got.bte_energy)
+        assert math.isnan(got.get("tcb_log10_mean")) and math.isnan(got.get("bte_energy"))
         return
     for name in ("tcb_log10_mean", "tcb_log10_min", "entropy", "bte_energy", "mean_token_logprob"):
-        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel, abs=1e-6), name
-    assert got.tcb_argmin == want.tcb_argmin
-    if want.bte_profile is None:
-        assert got.bte_profile is None
+        assert got.get(name) == pytest.approx(want.get(name), rel=rel, abs=1e-6), name
+    assert got.get("tcb_argmin") == want.get("tcb_argmin")
+    if want.get("bte_profile") is None:
+        assert got.get("bte_profile") is None
     else:
-        assert got.bte_profile == pytest.approx(want.bte_profile, rel=rel, abs=1e-7)
-    assert_same_states(got.answer_states, want.answer_states, rtol=max(rel, 1e-4))
-    assert_same_states(got.prompt_states, want.prompt_states, rtol=max(rel, 1e-4))
+        assert got.get("bte_profile") == pytest.approx(want.get("bte_profile"), rel=rel, abs=1e-7)
+    assert_same_states(got.get("answer_states"), want.get("answer_states"), rtol=max(rel, 1e-4))
+    assert_same_states(got.get("prompt_states"), want.get("prompt_states"), rtol=max(rel, 1e-4))
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -178,10 +179,10 @@ def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode,
             assert len(probe.token_logprobs) == len(probe.token_ends) == n
             assert np.mean(probe.token_logprobs) == pytest.approx(probe.mean_token_logprob, rel=1e-6)
             assert list(probe.token_ends) == sorted(probe.token_ends) and probe.token_ends[-1] == len(text)
-            tail = probe.tail_states.values
-            assert tail.shape[:2] == (len(probe.answer_states.layers), min(n, lm.probe_config.reader_tail))
+            tail = probe.get("tail_states").values
+            assert tail.shape[:2] == (len(probe.get("answer_states").layers), min(n, lm.probe_config.reader_tail))
             if n <= lm.probe_config.reader_tail:  # the tail is the whole response: its mean is answer_states
-                assert_same_states(probe.tail_states.mean_positions(0, n), probe.answer_states, rtol=2e-3)
+                assert_same_states(probe.get("tail_states").mean_positions(0, n), probe.get("answer_states"), rtol=2e-3)
     assert any(t.probe.n_tokens < 10 for t in texts), "the stop strings should have cut some rows"
 
 
@@ -228,7 +229,7 @@ def test_empty_generation_is_probed_at_the_position_that_chose_to_stop(tiny_mode
         logits = lm.model(torch.tensor([_prompt_ids(lm, PROMPTS[0])])).logits[0, -1].double()
     p_stop = float(torch.softmax(logits, -1)[first_token[0]])
     assert response_confidence(probe) == pytest.approx(p_stop, rel=1e-5)
-    assert math.isfinite(probe.tcb_log10_mean) and math.isfinite(probe.bte_energy)
+    assert math.isfinite(probe.get("tcb_log10_mean")) and math.isfinite(probe.get("bte_energy"))
 
 
 def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
@@ -283,20 +284,20 @@ def test_half_precision_models_probe_every_signal(tiny_model_dir, dtype):
     worst = 0.0
     for low, full in zip(answers, fp32.loglikelihood(ll_instances())):
         for name in _PROBE_VALUES:
-            value, reference = getattr(low.probe, name), getattr(full.probe, name)
+            value, reference = low.probe.get(name), full.probe.get(name)
             assert value is not None and math.isfinite(value), (name, value)
             worst = max(worst, _relative(value, reference))
-        assert np.isfinite(low.probe.answer_states.values).all()
+        assert np.isfinite(low.probe.get("answer_states").values).all()
     texts = lm.generate_until(gen_instances(["\n"], max_gen_toks=6))
     references = fp32.generate_until(gen_instances(["\n"], max_gen_toks=6))
     compared = 0
     for text, reference in zip(texts, references):
         for name in _PROBE_VALUES:
-            assert getattr(text.probe, name) is None or math.isfinite(getattr(text.probe, name)), name
+            assert text.probe.get(name) is None or math.isfinite(text.probe.get(name)), name
         if str(text) == str(reference):  # the same tokens: comparable values
             compared += 1
-            worst = max(worst, *(_relative(getattr(text.probe, n), getattr(reference.probe, n)) for n in _PROBE_VALUES
-                                 if getattr(reference.probe, n) is not None))
+            worst = max(worst, *(_relative(text.probe.get(n), reference.probe.get(n)) for n in _PROBE_VALUES
+                                 if reference.probe.get(n) is not None))
     assert compared >= 1
     assert worst <= HALF_PRECISION_CLASS[dtype], worst
 
@@ -314,7 +315,7 @@ def test_prompt_token_counts(tiny_model_dir):
 def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3, probe_reader_prompt_tail=3,
                    probe_gen_capture=mode)
-    layers = lm.reader_layers
+    layers = lm.whole.prompt_layers
 
     def want(context_ids: list[int]) -> np.ndarray:
         with torch.no_grad():
@@ -323,11 +324,11 @@ def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
 
     for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances())):
         ctx_ids, _ = lm._encode_pair(context, continuation)
-        np.testing.assert_allclose(answer.probe.prompt_states.values, want(ctx_ids), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(answer.probe.get("prompt_states").values, want(ctx_ids), rtol=1e-4, atol=1e-5)
     for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(until=["\n"]))):  # left-padded batch of 3
-        np.testing.assert_allclose(text.probe.prompt_states.values, want(_prompt_ids(lm, prompt)), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(text.probe.get("prompt_states").values, want(_prompt_ids(lm, prompt)), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="probe_reader_prompt_tail must be >= 0"):
-        ProbeConfig(reader_prompt_tail=-1)
+        ProbeConfig.from_model_args({"probe_reader_prompt_tail": -1})
 
 
 @pytest.mark.parametrize("chunk", [1, 64])
@@ -342,7 +343,7 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
-    layers = config.resolved_reader_layers(readout.num_layers)
+    layers = config.options_of("reader").resolved_layers(readout.num_layers)
     rows_in = [torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 0]]), torch.tensor([[20, 21, 22, 23, 24]])]
     with hidden_state_tap(lm.model) as tap:
         rows = LoglikelihoodRows(tap, readout, config, layers)
@@ -373,14 +374,14 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
     want = position_probes([h[0, 3:5] for h in first], readout, config).summarize(0, 2)
     got = rows.probes[("a", " x y")]
     assert got.n_tokens == 2 and got.mean_token_logprob == -1.5 and got.prompt_tokens == 4
-    assert got.tcb_log10_mean == pytest.approx(want.tcb_log10_mean, rel=1e-6)
-    assert got.bte_energy == pytest.approx(want.bte_energy, rel=1e-6)
+    assert got.get("tcb_log10_mean") == pytest.approx(want.get("tcb_log10_mean"), rel=1e-6)
+    assert got.get("bte_energy") == pytest.approx(want.get("bte_energy"), rel=1e-6)
     suffix = rows.probes[("a", " y")]  # the trailing slice: only the last position
     want_suffix = position_probes([h[0, 4:5] for h in first], readout, config).summarize(0, 1)
     assert suffix.n_tokens == 1 and suffix.prompt_tokens == 5
-    assert suffix.tcb_log10_mean == pytest.approx(want_suffix.tcb_log10_mean, rel=1e-6)
+    assert suffix.get("tcb_log10_mean") == pytest.approx(want_suffix.get("tcb_log10_mean"), rel=1e-6)
     assert rows.probes[("b", " q r s")].n_tokens == 3 and rows.probes[("c", " t")].n_tokens == 1
-    np.testing.assert_allclose(got.prompt_states.values,
+    np.testing.assert_allclose(got.get("prompt_states").values,
                                torch.stack([first[layer][0, :4].mean(0) for layer in layers]).numpy(), rtol=1e-5)
 
 
@@ -394,16 +395,16 @@ def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
     with torch.no_grad():
         states = [h[0, 2:6] for h in lm.model(torch.tensor([[5, 6, 7, 8, 9, 10]]), output_hidden_states=True).hidden_states]
     layers = read_layers(num_layers, config)
-    first, last = central_window(num_layers, config.bte_window)
-    assert layers == {num_layers, *range(first, last + 1), *config.resolved_reader_layers(num_layers)}
+    first, last = central_window(num_layers, config.options_of("bte").window)
+    assert layers == {num_layers, *range(first, last + 1), *config.options_of("reader").resolved_layers(num_layers)}
     assert 0 not in layers  # the embeddings are read by no default probe
     want = position_probes(states, readout, config).summarize(0, 4)
     got = position_probes([h if layer in layers else None for layer, h in enumerate(states)], readout, config)
     got = got.summarize(0, 4)
-    assert (got.tcb_log10_mean, got.bte_energy) == (want.tcb_log10_mean, want.bte_energy)
-    np.testing.assert_array_equal(got.answer_states.values, want.answer_states.values)
+    assert (got.get("tcb_log10_mean"), got.get("bte_energy")) == (want.get("tcb_log10_mean"), want.get("bte_energy"))
+    np.testing.assert_array_equal(got.get("answer_states").values, want.get("answer_states").values)
     readers = [h if layer in read_layers(num_layers, config, lens=False) else None for layer, h in enumerate(states)]
-    assert position_probes(readers, readout, config, lens=False).summarize(0, 4).tcb_log10_mean is None
+    assert position_probes(readers, readout, config, lens=False).summarize(0, 4).get("tcb_log10_mean") is None
     missing = sorted(layers - read_layers(num_layers, config, lens=False))
     with pytest.raises(ValueError, match=rf"layers {re.escape(str(missing))} are needed .* not kept"):
         position_probes(readers, readout, config)
@@ -446,12 +447,13 @@ def test_window_readout_gives_the_full_profile_values(tiny_model_dir):
         states = [h[0] for h in lm.model(ids, output_hidden_states=True).hidden_states]
     config = lm.probe_config
     window = position_probes(states, lm.readout, config).summarize(0, ids.shape[1])
-    full = position_probes(states, lm.readout, dataclasses.replace(config, bte_profile="full")).summarize(0, ids.shape[1])
-    assert window.bte_profile is None and len(full.bte_profile) == lm.readout.num_layers
+    full_config = dataclasses.replace(config, options={**config.options, "bte": BteOptions(profile="full")})
+    full = position_probes(states, lm.readout, full_config).summarize(0, ids.shape[1])
+    assert window.get("bte_profile") is None and len(full.get("bte_profile")) == lm.readout.num_layers
     start, stop = central_window(lm.readout.num_layers)
-    assert window.bte_energy == pytest.approx(float(np.mean(full.bte_profile[start:stop])), rel=1e-6)
+    assert window.get("bte_energy") == pytest.approx(float(np.mean(full.get("bte_profile")[start:stop])), rel=1e-6)
     for name in ("bte_energy", "tcb_log10_mean", "entropy", "logit_margin", "v_eff_ipr"):
-        assert getattr(window, name) == pytest.approx(getattr(full, name), rel=1e-6), name
+        assert window.get(name) == pytest.approx(full.get(name), rel=1e-6), name
 
 
 def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_model_dir):
@@ -460,17 +462,17 @@ def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_mo
     from lm_eval_probes.probes import transition_statistics
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1, probe_bte_features=1)
-    assert lm.probe_config.bte_features
+    assert lm.probe_config.options_of("bte").features
     ids = torch.tensor([_prompt_ids(lm, PROMPTS[2])])
     with torch.no_grad():
         states = [h[0] for h in lm.model(ids, output_hidden_states=True).hidden_states]
     n, num_layers = ids.shape[1], lm.readout.num_layers
     got = position_probes(states, lm.readout, lm.probe_config).summarize(0, n)
-    full = position_probes(states, lm.readout, dataclasses.replace(lm.probe_config, bte_features=False,
-                                                                   bte_profile="full"))
+    full = position_probes(states, lm.readout, dataclasses.replace(
+        lm.probe_config, options={**lm.probe_config.options, "bte": BteOptions(profile="full")}))
     want = transition_statistics(full.of("bte")["energy"].double()).reshape(-1)
-    assert len(got.bte_features) == 11 * num_layers and len(got.bte_profile) == num_layers
-    np.testing.assert_allclose(got.bte_features, want.numpy(), rtol=1e-6, atol=1e-9)
-    assert got.bte_features[0] == pytest.approx(got.bte_profile[0], rel=1e-6)  # transition 0's mean
+    assert len(got.get("bte_features")) == 11 * num_layers and len(got.get("bte_profile")) == num_layers
+    np.testing.assert_allclose(got.get("bte_features"), want.numpy(), rtol=1e-6, atol=1e-9)
+    assert got.get("bte_features")[0] == pytest.approx(got.get("bte_profile")[0], rel=1e-6)  # transition 0's mean
     with pytest.raises(ValueError, match="probe_bte_features must be 1/0"):
         ProbeConfig.from_model_args({"probe_bte_features": "maybe"})

@@ -7,6 +7,8 @@ import pytest
 from lm_eval_probes.__main__ import rewrite_argv
 from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
 from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.plugins.bte import BteOptions
+from lm_eval_probes.plugins.tcb import TcbOptions
 
 
 @pytest.mark.parametrize(
@@ -43,7 +45,8 @@ def test_near_miss_of_probes_key_is_caught():
 
 def test_parsed_options():
     cfg = ProbeConfig.from_model_args({"probes": "bte", "probe_bte_window": "2:5", "probe_tcb_eps": 2, "probe_chunk_positions": "8"})
-    assert cfg == ProbeConfig(probes=("bte",), tcb_eps=2.0, bte_window=(2, 5), chunk_positions=8)
+    assert cfg == ProbeConfig(probes=("bte",), chunk_positions=8, options={"tcb": TcbOptions(eps=2.0), "bte": BteOptions(window=(2, 5))})
+    assert cfg.options_of("tcb").eps == 2.0 and cfg.options_of("bte").window == (2, 5)
 
 
 def test_errors_come_before_model_loading():

@@ -15,7 +15,7 @@ from lm_eval.utils import handle_non_serializable
 from conftest import fresh_command
 from per_document import largest_differences
 from lm_eval_probes import TASKS_DIR, rows
-from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.tasks.manager import ProbeTaskManager
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 
 TASKS = ["probes_synth_logic", "probes_synth_arith_gen"]  # multiple choice and generation

@@ -1,6 +1,7 @@
-"""Adding a probe touches its declaration and its capture/math only: a toy probe declared in this file alone is
-accepted by ``probes=``, captured by ``hf-probes`` at the response positions, carried by the records (attribute,
-``to_dict``/``from_dict``, pickling) and given its rows' per-document values — by the code that runs the declared ones.
+"""Adding a probe is one object of the public API (:mod:`lm_eval_probes.api`) registered by entry point: a toy probe
+declared in this file alone is accepted by ``probes=``, captured by ``hf-probes`` at the response positions, carried by
+the records (``get``, ``to_dict``/``from_dict``, pickling) and given its rows' per-document values and its ρ rows — by
+the code that runs the built-ins.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import pytest
 import torch
 
 from lm_eval_probes import declarations
+from lm_eval_probes.api import Probe, Row
 from lm_eval_probes.capture.positions import LensChunk, read_layers
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.declarations import ProbeDeclaration, Row
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.records import ResponseProbe
 from lm_eval_probes.tasks.probe_task import probe_metric_values
+from plugin_fixtures import installed_plugin
 from test_capture import LL_REQUESTS, gen_instances, ll_instances
 
 
@@ -28,7 +30,7 @@ class TopProbability:
     reads_lens = True
     position_axis = -1
 
-    def __init__(self, config: ProbeConfig, num_layers: int) -> None:
+    def __init__(self, options: object, num_layers: int) -> None:
         self.num_layers = num_layers
 
     def layers(self) -> frozenset[int]:
@@ -37,19 +39,18 @@ class TopProbability:
     def at_positions(self, chunk: LensChunk) -> dict[str, torch.Tensor]:
         return {"top1": torch.softmax(chunk.final_logits, dim=-1).amax(-1)}
 
-    def reduce(self, values, *, positions: int, tail: int) -> dict[str, float]:
+    def reduce(self, values, *, positions: int, generation: bool) -> dict[str, float]:
         return {"toy_top1_mean": float(values["top1"].double().mean()) if positions else math.nan}
 
 
-TOY = ProbeDeclaration(
+TOY = Probe(
     name="toy",
     summary="top-1 probability of the final distribution",
     paper="(a test)",
     formula="max_i softmax(z)_i per response position; per document the mean",
     reads="the final layer's state at every response position",
-    per_position="torch.softmax",
     fields=("toy_top1_mean",),
-    capture=f"{__name__}:TopProbability",
+    position_probe=TopProbability,
     rows=(Row("toy_top1", "float", "mean", True, "probe", "mean over documents of the mean top-1 probability",
               "toy_top1_mean"),),
     ranked="toy_top1_mean",
@@ -58,19 +59,17 @@ TOY = ProbeDeclaration(
 
 
 @pytest.fixture
-def toy_declared(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What adding ``TOY`` to ``declarations.PROBES`` does (``PROBE_NAMES`` and ``PROBES_BY_NAME`` follow from it)."""
-    probes = declarations.PROBES + (TOY,)
-    monkeypatch.setattr(declarations, "PROBES", probes)
-    monkeypatch.setattr(declarations, "PROBE_NAMES", tuple(probe.name for probe in probes))
-    monkeypatch.setattr(declarations, "PROBES_BY_NAME", {probe.name: probe for probe in probes})
+def toy_declared(tmp_path):
+    """``TOY`` installed as a plugin (an entry point of group ``lm_eval_probes.probes``)."""
+    with installed_plugin(tmp_path, {"toy": f"{__name__}:TOY"}):
+        yield
 
 
 def test_an_undeclared_field_is_refused():
     with pytest.raises(TypeError, match="toy_top1_mean"):
         ResponseProbe(n_tokens=1, mean_token_logprob=0.0, toy_top1_mean=0.5)
-    with pytest.raises(AttributeError):
-        ResponseProbe(n_tokens=1, mean_token_logprob=0.0).toy_top1_mean  # noqa: B018
+    with pytest.raises(KeyError, match="toy_top1_mean"):
+        ResponseProbe(n_tokens=1, mean_token_logprob=0.0).get("toy_top1_mean")
 
 
 def test_a_probe_declared_here_is_captured_recorded_and_given_its_rows(toy_declared, tiny_model_dir):
@@ -86,13 +85,13 @@ def test_a_probe_declared_here_is_captured_recorded_and_given_its_rows(toy_decla
         start = len(context_ids) - 1
         want = torch.softmax(logits[start : start + len(continuation_ids)].double(), -1).amax(-1).mean()
         probe = answer.probe
-        assert probe.toy_top1_mean == pytest.approx(float(want), rel=1e-5)
-        assert probe.tcb_log10_mean is None and probe.answer_states is None  # the other probes stay off
+        assert probe.get("toy_top1_mean") == pytest.approx(float(want), rel=1e-5)
+        assert probe.get("tcb_log10_mean") is None and probe.get("answer_states") is None  # the other probes stay off
         assert ResponseProbe.from_dict(probe.to_dict()) == probe == pickle.loads(pickle.dumps(probe))
         values = probe_metric_values(probe, 0.5, 2.0, declared=True)
-        assert values["toy_top1"] == probe.toy_top1_mean
-        assert values["toy_spearman"] == (probe.toy_top1_mean, 2.0)
-        assert values["toy_spearman_partial"] == (probe.toy_top1_mean, 2.0, len(continuation_ids))
+        assert values["toy_top1"] == probe.get("toy_top1_mean")
+        assert values["toy_spearman"] == (probe.get("toy_top1_mean"), 2.0)
+        assert values["toy_spearman_partial"] == (probe.get("toy_top1_mean"), 2.0, len(continuation_ids))
     generated = lm.generate_until(gen_instances(until=["\n"], max_gen_toks=4)[:1])[0]
-    assert 0.0 < generated.probe.toy_top1_mean <= 1.0
+    assert 0.0 < generated.probe.get("toy_top1_mean") <= 1.0
     assert TOY.row("float") in declarations.probe_rows() and TOY.difficulty_rows()[0] in declarations.difficulty_rows()

@@ -25,7 +25,7 @@ from lm_eval_probes.models.diffusion_config import DiffusionConfig
 from lm_eval_probes.models.diffusion import DiffusionProbeHFLM, model_class_for, resolve_mask_token_id
 from lm_eval_probes.estimators import answer_confidence, answer_reveal_step
 from lm_eval_probes.records import ResponseProbe, probe_of
-from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.tasks.manager import ProbeTaskManager
 
 MASK = "<|mask|>"
 
@@ -321,8 +321,8 @@ def test_batch_size_and_left_padding_do_not_change_results(masked_lm_dir, arch):
     for a, b in zip(alone, batched, strict=True):
         assert a.probe.reveal_steps == b.probe.reveal_steps and a.probe.token_ends == b.probe.token_ends
         np.testing.assert_allclose(a.probe.token_logprobs, b.probe.token_logprobs, rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(a.probe.answer_states.values, b.probe.answer_states.values, rtol=1e-3, atol=1e-4)
-        np.testing.assert_allclose(a.probe.prompt_states.values, b.probe.prompt_states.values, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(a.probe.get("answer_states").values, b.probe.get("answer_states").values, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(a.probe.get("prompt_states").values, b.probe.get("prompt_states").values, rtol=1e-3, atol=1e-4)
 
 
 def test_generation_records_carry_reveal_order_and_match_the_decoding(masked_lm_dir):
@@ -340,7 +340,7 @@ def test_generation_records_carry_reveal_order_and_match_the_decoding(masked_lm_
         np.testing.assert_allclose(probe.final_token_logprobs, decoded.final_logprob[0, :n].numpy(), rtol=1e-5, atol=1e-7)
         assert probe.mean_token_logprob == pytest.approx(float(np.mean(probe.token_logprobs)))
         assert str(text) == lm.tok_decode(decoded.tokens[0, :n].tolist())
-        assert probe.token_ends[-1] == len(text) and probe.answer_states.values.shape == (len(lm.reader_layers), 32)
+        assert probe.token_ends[-1] == len(text) and probe.get("answer_states").values.shape == (len(lm.reader_layers), 32)
         # the confidence of an answer span is the geometric mean of its reveal-time probabilities
         located = ResponseProbe(**{**probe.__dict__, "answer_span": (max(0, n - 2), n)})
         assert answer_confidence(located) == pytest.approx(math.exp(np.mean(probe.token_logprobs[-2:])))
@@ -367,7 +367,7 @@ def test_stop_strings_and_eos_cut_the_kept_tokens(masked_lm_dir):
 def test_probes_none_keeps_the_confidence_records_without_states(masked_lm_dir):
     lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", probes="none", **MODEL_ARGS)
     for text in generate(lm, ["<never>"]):
-        assert text.probe.answer_states is None and text.probe.prompt_states is None and text.probe.tail_states is None
+        assert text.probe.get("answer_states") is None and text.probe.get("prompt_states") is None and text.probe.get("tail_states") is None
         assert len(text.probe.token_logprobs) == len(text.probe.reveal_steps) == text.probe.n_tokens
 
 
@@ -385,7 +385,7 @@ def test_loglikelihood_returns_the_mc_estimate_with_probes(masked_lm_dir):
         assert answer[0] == pytest.approx(want) and isinstance(answer[1], bool)
         probe = probe_of(answer)
         assert probe.n_tokens == len(continuation_ids) and probe.mean_token_logprob == pytest.approx(want / probe.n_tokens)
-        assert probe.answer_states is not None and probe.prompt_states is not None
+        assert probe.get("answer_states") is not None and probe.get("prompt_states") is not None
     assert lm.loglikelihood(requests[::-1])[::-1] == answers  # order does not change an estimate
     with pytest.raises(NotImplementedError, match="rolling"):  # HFLM's windows reach _loglikelihood_tokens keyed None
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("The bear is red.",), idx=0, metadata=("t", 0, 1))])

@@ -30,9 +30,8 @@ def test_help_presents_the_plugin_before_lm_evals_options(capsys, monkeypatch):
                  "hf-probes ", "hf-probes-diffusion", lm_eval_probes.TASKS_DIR, "lm_eval_probes.TASKS_DIR",
                  "probes=tcb+bte+reader", "diffusion_steps"):
         assert text in plugin, text
-    for field in dataclasses.fields(ProbeConfig):
-        if field.name != "probes":
-            assert f"probe_{field.name}=" in plugin, field.name
+    for key, shown, _, _ in ProbeConfig.option_help():
+        assert f"{key}={shown}" in plugin, key
 
 
 def test_no_arguments_show_the_same_help(capsys, monkeypatch):
@@ -44,14 +43,17 @@ def test_no_arguments_show_the_same_help(capsys, monkeypatch):
     assert "sweep CONFIG.yaml" in capsys.readouterr().out
 
 
-def test_probe_options_come_from_the_config_declaration():
-    rows = dict(option_table(ProbeConfig, "probe_", skip=("probes",)))
-    declared = [f for f in dataclasses.fields(ProbeConfig) if f.name != "probes"]
-    assert [key.split("=")[0] for key in rows] == [f"probe_{f.name}" for f in declared]
-    assert all(summary for summary in rows.values()), "every option needs a docstring entry"
+def test_probe_options_come_from_each_probes_declaration():
+    from lm_eval_probes.registry import probes
+
+    rows = {f"{key}={shown}": text for key, shown, text, _ in ProbeConfig.option_help()}
+    declared = ["probe_gen_capture", "probe_chunk_positions"] + [
+        key for probe in probes() for key in probe.options.keys(probe.name)]
+    assert [key.split("=")[0] for key in rows] == declared
+    assert all(summary for summary in rows.values()), "every option needs a help text"
     assert rows["probe_tcb_eps=1.0"].startswith("tolerance ε of δ_TCB")
     assert "probe_omega_depth=auto" in rows  # None: resolved per model
-    assert "probe_bte_features=0" in rows
+    assert "probe_bte_features=0" in rows and "probe_save_states=none" in rows
     assert set(attribute_docs(DiffusionConfig)) >= {f.name for f in dataclasses.fields(DiffusionConfig)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import importlib.util
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_no_import_cycles_not_even_inside_functions():
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph = {name: _lm_eval_probes_imports(path, set(paths)) - {name} for name, path in paths.items()}
     assert "lm_eval_probes.harness.registry" in graph["lm_eval_probes.tasks.probe_task"]  # the graph sees imports
-    assert "lm_eval_probes.tasks.probe_task" in graph["lm_eval_probes.harness.tasks"]
+    assert "lm_eval_probes.tasks.probe_task" in graph["lm_eval_probes.tasks.manager"]
     state: dict[str, int] = {}
 
     def visit(name: str, trail: list[str]) -> None:
@@ -117,3 +118,93 @@ def test_each_row_name_is_spelled_in_at_most_two_modules():
         spelled = [str(path.relative_to(PACKAGE)) for path, text in texts.items()
                    if re.search(rf"[\"']{re.escape(row.name)}[\"']", text)]
         assert len(spelled) <= 2, (row.name, spelled)
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("lm_eval_probes.api", "lm_eval_probes.probes"),
+    ("lm_eval_probes.plugins", "lm_eval_probes.declarations", "lm_eval_probes.registry", "lm_eval_probes.config",
+     "lm_eval_probes.records", "lm_eval_probes.rows", "lm_eval_probes.metrics", "lm_eval_probes.estimators"),
+    ("lm_eval_probes.capture",),
+    ("lm_eval_probes.models", "lm_eval_probes.harness"),
+    ("lm_eval_probes.tasks",),
+    ("lm_eval_probes.reports", "lm_eval_probes.sweep", "lm_eval_probes.reproduce", "lm_eval_probes.cli",
+     "lm_eval_probes.__main__"),
+)
+"""The layers, lowest first: a module imports its own layer's and the layers below, never one above
+(``docs/design.md``, "The layers"). The package itself (``lm_eval_probes/__init__.py``: ``__version__``,
+``TASKS_DIR`` and lazy entry points, importing nothing at import time) stands outside them."""
+
+
+def _layer(module: str) -> int:
+    matches = [(len(prefix), index) for index, layer in enumerate(LAYERS) for prefix in layer
+               if module == prefix or module.startswith(prefix + ".")]
+    if not matches:
+        raise AssertionError(f"{module} is in no layer of LAYERS")
+    return max(matches)[1]
+
+
+def test_imports_go_one_way_through_the_layers_even_inside_functions():
+    """probes → capture → models/harness → tasks glue → reports: no module imports a layer above its own, at module
+    level or inside a function (``TYPE_CHECKING`` blocks count too)."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    upward = []
+    for name, path in sorted(paths.items()):
+        if name == "lm_eval_probes":
+            continue
+        for other in sorted(_lm_eval_probes_imports(path, set(paths)) - {"lm_eval_probes"}):
+            if _layer(other) > _layer(name):
+                upward.append(f"{name} imports {other}")
+    assert not upward, upward
+    assert _layer("lm_eval_probes.tasks.manager") > _layer("lm_eval_probes.harness.registry")
+
+
+def test_the_built_in_probes_use_only_the_public_api():
+    """Each built-in probe module imports ``lm_eval_probes.api`` and its own math (``lm_eval_probes.probes``)."""
+    for path in (PACKAGE / "plugins").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        imported = _lm_eval_probes_imports(path, {_module_name(p) for p in PACKAGE.rglob("*.py")})
+        outside = {m for m in imported if m != "lm_eval_probes.api" and not m.startswith("lm_eval_probes.probes")}
+        assert not outside, (path.name, outside)
+
+
+NO_PROBE_NAMES = ("config.py", "rows.py", "records.py", "declarations.py", "estimators.py", "capture/positions.py",
+                  "capture/readouts.py", "harness/registry.py", "harness/hflm.py")
+"""Modules of the host that name no probe and no probe's record field in code (docstrings and row family names
+aside): what they do for a probe comes from the registry. ``registry.py`` lists the built-ins; ``capture/margins.py``
+and ``capture/saved_states.py`` are the margins' and the reader's own; ``models/`` and ``capture/loglikelihood.py``
+still name the three probes with whole-forward captures (Ω, the margins, the reader's prompt states)."""
+
+
+def _code_names(path: Path) -> set[str]:
+    """String constants and identifiers of ``path``, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", node.value))
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    return names
+
+
+def test_the_host_names_no_probe():
+    from lm_eval_probes.api import FAMILIES
+    from lm_eval_probes.registry import probes
+
+    named = {probe.name for probe in probes()} | {field for probe in probes() for field in probe.fields}
+    named -= set(FAMILIES)  # the row family "reader" (the latent correctness reader's rows) is no probe's name
+    offenders = {}
+    for relative in [*NO_PROBE_NAMES, "../tasks/probe_task.py"]:
+        path = (PACKAGE / relative).resolve()
+        if not path.exists():  # the installed package: tasks/ is lm_eval_probes/tasks
+            path = PACKAGE / "tasks" / Path(relative).name
+        found = _code_names(path) & named
+        if found:
+            offenders[relative] = sorted(found)
+    assert not offenders, offenders

@@ -110,7 +110,7 @@ def test_noised_task_keeps_negations_unless_its_metadata_says_otherwise(tmp_path
     import lm_eval.tasks
 
     import lm_eval_probes
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     root = write_data_dir(tmp_path)
     task_name = "probes_proofwriter_noise_delete"

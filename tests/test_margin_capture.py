@@ -108,15 +108,15 @@ def test_reader_equals_the_hand_computation(tiny_model_dir, arch):
 
 
 def expected_summary(lm: ProbeHFLM, ids: list[int]):
-    return summarize_margins(reference_margins(lm.model, ids), torch.tensor(ids), lm.probe_config.margin_support)
+    return summarize_margins(reference_margins(lm.model, ids), torch.tensor(ids), lm.probe_config.options_of("margin").support)
 
 
 def assert_same_margins(probe, want, lm: ProbeHFLM) -> None:
-    assert probe.margin_mean == pytest.approx(want.mean, rel=2e-5, abs=1e-6)
-    assert probe.margin_min == pytest.approx(want.minimum, rel=2e-5, abs=1e-6)
-    assert probe.margin_support_positions == want.positions
-    assert probe.margin_support_values == pytest.approx(want.values, rel=2e-5, abs=1e-6)
-    assert probe.margin_support_tokens == tuple(lm.tok_decode([i]) for i in want.token_ids)
+    assert probe.get("margin_mean") == pytest.approx(want.mean, rel=2e-5, abs=1e-6)
+    assert probe.get("margin_min") == pytest.approx(want.minimum, rel=2e-5, abs=1e-6)
+    assert probe.get("margin_support_positions") == want.positions
+    assert probe.get("margin_support_values") == pytest.approx(want.values, rel=2e-5, abs=1e-6)
+    assert probe.get("margin_support_tokens") == tuple(lm.tok_decode([i]) for i in want.token_ids)
 
 
 @pytest.mark.parametrize("arch", MARGIN_ARCHS)
@@ -129,7 +129,7 @@ def test_loglikelihood_margins_equal_the_hand_computation_at_any_batch_size(tiny
         context_ids, continuation_ids = lm._encode_pair(context, continuation)
         seen = (context_ids + continuation_ids)[:-1]  # the inputs: the last token is only predicted
         assert_same_margins(answer.probe, expected_summary(lm, seen), lm)
-        assert len(answer.probe.margin_support_positions) == min(3, len(seen) - 1)
+        assert len(answer.probe.get("margin_support_positions")) == min(3, len(seen) - 1)
 
 
 @pytest.mark.parametrize("mode", ["generate", "teacher_forced"])
@@ -149,9 +149,9 @@ def test_generation_margins_cover_the_prompt_and_the_kept_tokens_at_any_padding(
 
 def test_margins_and_rows_only_with_probes_margin(tiny_model_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
-    assert lm.margin_reader is None
+    assert lm.first_layer is None
     answer = lm.loglikelihood(ll_instances()[:1])[0]
-    assert answer.probe.margin_mean is None and answer.probe.margin_support_positions is None
+    assert answer.probe.get("margin_mean") is None and answer.probe.get("margin_support_positions") is None
 
 
 def test_heads_min_reduction(tiny_model_dir):
@@ -180,7 +180,7 @@ def test_query_key_norms_of_another_form_fail_clearly():
 
 
 def test_margin_options_are_validated():
-    assert ProbeConfig.from_model_args({"probes": "margin", "probe_margin_support": "7"}).margin_support == 7
+    assert ProbeConfig.from_model_args({"probes": "margin", "probe_margin_support": "7"}).options_of("margin").support == 7
     assert ProbeConfig.from_model_args({"probe_margin_heads": "MIN"}).margin_heads == "min"
     with pytest.raises(ValueError, match="probe_margin_support"):
         ProbeConfig.from_model_args({"probe_margin_support": "-1"})

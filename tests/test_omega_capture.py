@@ -187,9 +187,10 @@ def test_unsupported_family_fails_naming_the_supported_ones(tiny_model_dir):
 
 def _reference_omega(lm: ProbeHFLM, token_ids: list[int], start: int, stop: int) -> tuple[float, ...]:
     config = lm.probe_config
-    depth = config.resolved_omega_depth(lm.readout.num_layers)
-    masses = focal_reference(lm.model, token_ids, depth, config.omega_topk, start, stop)
-    lo, hi = config.resolved_omega_layers(lm.readout.num_layers)
+    omega = config.options_of("omega")
+    depth = omega.resolved_depth(lm.readout.num_layers)
+    masses = focal_reference(lm.model, token_ids, depth, omega.topk, start, stop)
+    lo, hi = omega.resolved_layers(lm.readout.num_layers)
     return tuple(float(v) for v in masses[lo:hi].mean(-1))
 
 
@@ -206,14 +207,14 @@ def test_loglikelihood_omega_matches_the_reference_at_any_batch_size(tiny_model_
             ctx_ids, cont_ids = lm._encode_pair(context, continuation)
             want = _reference_omega(lm, ctx_ids + cont_ids, len(ctx_ids) - 1, len(ctx_ids) + len(cont_ids) - 1)
             probe = answer.probe
-            assert len(probe.omega_trajectory) == lm.readout.num_layers + 1
-            assert probe.omega_trajectory == pytest.approx(want, rel=2e-5, abs=2e-6)
-            assert probe.omega == pytest.approx(sum(1 - c for c in want), rel=2e-5, abs=2e-6)
-            assert probe.bte_energy is None and probe.tcb_log10_mean is None  # only omega was asked for
+            assert len(probe.get("omega_trajectory")) == lm.readout.num_layers + 1
+            assert probe.get("omega_trajectory") == pytest.approx(want, rel=2e-5, abs=2e-6)
+            assert probe.get("omega") == pytest.approx(sum(1 - c for c in want), rel=2e-5, abs=2e-6)
+            assert probe.get("bte_energy") is None and probe.get("tcb_log10_mean") is None  # only omega was asked for
     reference = per_batch[(3, 16384)]
     for answers in per_batch.values():
         for got, want in zip(answers, reference):
-            assert got.probe.omega == pytest.approx(want.probe.omega, rel=1e-5, abs=1e-6)
+            assert got.probe.get("omega") == pytest.approx(want.probe.get("omega"), rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
@@ -230,9 +231,9 @@ def test_generation_omega_matches_the_reference_in_a_left_padded_batch(tiny_mode
         prompt_ids = _prompt_ids(lm, prompt)
         kept = _free_generation(lm, prompt, 6)[: max(n, 1)]
         want = _reference_omega(lm, prompt_ids + kept, len(prompt_ids) - 1, len(prompt_ids) - 1 + max(n, 1))
-        assert len(want) == 2 and text.probe.omega_trajectory == pytest.approx(want, rel=2e-5, abs=2e-6)
-        assert text.probe.omega == pytest.approx(unbatched.probe.omega, rel=1e-5, abs=1e-6)
-        assert math.isfinite(text.probe.bte_energy)
+        assert len(want) == 2 and text.probe.get("omega_trajectory") == pytest.approx(want, rel=2e-5, abs=2e-6)
+        assert text.probe.get("omega") == pytest.approx(unbatched.probe.get("omega"), rel=1e-5, abs=1e-6)
+        assert math.isfinite(text.probe.get("bte_energy"))
 
 
 # ----------------------------------------------------------------------------- options
@@ -243,12 +244,13 @@ def test_default_probes_leave_omega_out_and_all_includes_it():
     assert "omega" in PROBE_NAMES and ProbeConfig.from_model_args({"probes": "all"}).probes == PROBE_NAMES
     config = ProbeConfig.from_model_args({"probes": "omega", "probe_omega_depth": "3", "probe_omega_topk": "5",
                                           "probe_omega_layers": "2:7", "probe_omega_chunk_tokens": 512})
-    assert (config.omega_depth, config.omega_topk, config.omega_layers, config.omega_chunk_tokens) == (3, 5, (2, 7), 512)
-    assert config.resolved_omega_depth(32) == 3 and config.resolved_omega_layers(32) == (2, 7)
-    default = ProbeConfig(probes=("omega",))
-    assert default.resolved_omega_depth(32) == 5 and default.resolved_omega_depth(3) == 3
-    assert default.resolved_omega_layers(32) == (0, 33)
-    assert ProbeConfig.from_model_args({"probe_omega_layers": "all", "probe_omega_depth": "auto"}).omega_layers is None
+    omega = config.options_of("omega")
+    assert (omega.depth, omega.topk, omega.layers, omega.chunk_tokens) == (3, 5, (2, 7), 512)
+    assert omega.resolved_depth(32) == 3 and omega.resolved_layers(32) == (2, 7)
+    default = ProbeConfig(probes=("omega",)).options_of("omega")
+    assert default.resolved_depth(32) == 5 and default.resolved_depth(3) == 3
+    assert default.resolved_layers(32) == (0, 33)
+    assert ProbeConfig.from_model_args({"probe_omega_layers": "all", "probe_omega_depth": "auto"}).options_of("omega").layers is None
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [

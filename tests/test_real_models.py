@@ -53,4 +53,4 @@ def test_real_model_generation_capture_matches_teacher_forced(real_lm):
         n = text.probe.n_tokens
         assert real_lm.tok_decode(generated[:n]).startswith(text)
         assert_same_probe(text.probe, recompute(real_lm, _prompt_ids(real_lm, prompt), generated[:n], real_lm.probe_config), rel=2e-3)
-    assert torch.isfinite(torch.tensor([t.probe.tcb_log10_mean for t in texts if t.probe.n_tokens])).all()
+    assert torch.isfinite(torch.tensor([t.probe.get("tcb_log10_mean") for t in texts if t.probe.n_tokens])).all()

@@ -31,8 +31,8 @@ def test_probe_fields_read_as_attributes_and_a_record_of_the_older_layout_unpick
     field was an attribute of its own (an older ``--use_cache`` table) unpickles to the same record."""
     assert PROBE.probe_fields == {"tcb_log10_mean": 2.5, "tcb_log10_min": 2.0, "tcb_argmin": 1, "bte_profile": (0.1, 0.2),
                                   "bte_energy": 0.15}
-    assert PROBE.tcb_argmin == 1 and PROBE.omega is None and PROBE.answer_states is None
-    assert dataclasses.replace(PROBE, omega=1.5).omega == 1.5 and dataclasses.replace(PROBE, omega=1.5).bte_energy == 0.15
+    assert PROBE.get("tcb_argmin") == 1 and PROBE.get("omega") is None and PROBE.get("answer_states") is None
+    assert dataclasses.replace(PROBE, omega=1.5).get("omega") == 1.5 and dataclasses.replace(PROBE, omega=1.5).get("bte_energy") == 0.15
     older = object.__new__(ResponseProbe)
     older.__dict__.update({name: value for name, value in PROBE.__dict__.items() if name != "probe_fields"},
                           **PROBE.probe_fields, omega=None, answer_states=None)
@@ -127,15 +127,15 @@ def test_states_and_reader_records_round_trip_pickle_and_json():
         tail_states=_states((3, 3, 16), np.float16, seed=2), token_logprobs=(-0.1, -0.2, -1.2), token_ends=(2, 5, 7),
         answer_span=(1, 3),
     )
-    for value in (probe, ReaderRecord(probe.answer_states, 1, group=4), probe.tail_states):
+    for value in (probe, ReaderRecord(probe.get("answer_states"), 1, group=4), probe.get("tail_states")):
         assert pickle.loads(pickle.dumps(value)) == value
         back = type(value).from_dict(json.loads(json.dumps(value.to_dict(), allow_nan=False)))
         assert back == value
     assert probe != dataclasses.replace(probe, answer_states=_states((3, 16), seed=5))
-    record = ReaderRecord(probe.answer_states, 1)
+    record = ReaderRecord(probe.get("answer_states"), 1)
     assert len(str(record)) < 200 and len(json.dumps({"lcr_auroc": record}, default=str)) < 200  # --log_samples
     with pytest.raises(ValueError, match="label must be 0 or 1"):
-        ReaderRecord(probe.answer_states, 2)
+        ReaderRecord(probe.get("answer_states"), 2)
     with pytest.raises(ValueError, match=r"\[3, H\]"):
         LayerStates((1, 2, 3), np.zeros((2, 4), dtype=np.float32))
 
@@ -166,14 +166,13 @@ def test_tail_states_keep_values_beyond_float16(scale):
     import torch
 
     from lm_eval_probes.capture.positions import PositionProbes
-    from lm_eval_probes.capture.reader import ReaderPositions
-    from lm_eval_probes.config import ProbeConfig
+    from lm_eval_probes.plugins.reader import ReaderOptions, ReaderPositions
 
     states = torch.linspace(-3.0, 3.0, 2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4) * scale
-    reader = ReaderPositions(ProbeConfig(probes=("reader",), reader_layers=(1, 2)), num_layers=4)
+    reader = ReaderPositions(ReaderOptions(layers=(1, 2), tail=3), num_layers=4)
     probes = PositionProbes(num_positions=5, measured={"reader": (reader, {"states": states})})
-    probe = probes.summarize(0, 5, mean_token_logprob=-1.0, tail=3)
-    tail = probe.tail_states.values
+    probe = probes.summarize(0, 5, mean_token_logprob=-1.0, generation=True)
+    tail = probe.get("tail_states").values
     assert tail.dtype == (np.float16 if scale == 1.0 else np.float32) and np.isfinite(tail).all()
     np.testing.assert_allclose(tail, states[:, -3:].numpy(), rtol=1e-3)
-    np.testing.assert_allclose(probe.tail_states.mean_positions(1, 3).values, states[:, -2:].double().mean(1).numpy(), rtol=1e-3)
+    np.testing.assert_allclose(probe.get("tail_states").mean_positions(1, 3).values, states[:, -2:].double().mean(1).numpy(), rtol=1e-3)

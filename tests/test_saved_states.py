@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from lm_eval_probes import TASKS_DIR
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.harness.tasks import ProbeTaskManager
+from lm_eval_probes.tasks.manager import ProbeTaskManager
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 
 
@@ -46,7 +46,7 @@ def test_every_request_s_states_are_saved_as_its_record_holds_them(tiny_model_di
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["states-rank0-00000.safetensors",
                                                                       "states-rank0-00001.safetensors"]
     assert len(entries) == len(choice) + len(generation)  # every option of every document, every generation
-    layers = list(lm.reader_layers)
+    layers = list(lm.whole.prompt_layers)
     hidden = lm.model.config.hidden_size
     by_request = {(e["task"], e["doc_id"], e["idx"]): e for e in entries}
     for instance, answer in zip(choice + generation, answers):
@@ -54,12 +54,12 @@ def test_every_request_s_states_are_saved_as_its_record_holds_them(tiny_model_di
         key, probe = entry["key"], answer.probe
         assert key == f"{instance.task_name}/{instance.doc_id}/{instance.idx}/0" and entry["layers"] == layers
         assert entry["request_type"] == instance.request_type and entry["response_tokens"] == probe.n_tokens
-        np.testing.assert_array_equal(tensors[f"{key}/answer"], probe.answer_states.values)
-        np.testing.assert_array_equal(tensors[f"{key}/prompt"], probe.prompt_states.values)
+        np.testing.assert_array_equal(tensors[f"{key}/answer"], probe.get("answer_states").values)
+        np.testing.assert_array_equal(tensors[f"{key}/prompt"], probe.get("prompt_states").values)
         assert tensors[f"{key}/answer"].shape == (len(layers), hidden) and tensors[f"{key}/answer"].dtype == np.float32
         if instance.request_type == "generate_until":
             assert entry["kinds"] == ["answer", "prompt", "tail"]
-            np.testing.assert_array_equal(tensors[f"{key}/tail"], probe.tail_states.values)
+            np.testing.assert_array_equal(tensors[f"{key}/tail"], probe.get("tail_states").values)
         else:
             assert entry["kinds"] == ["answer", "prompt"]
 
@@ -81,5 +81,5 @@ def test_save_states_needs_the_reader_and_changes_no_configuration_identity(tmp_
     with pytest.raises(ValueError, match="add reader to probes"):
         ProbeConfig.from_model_args({"probes": "tcb+bte", "probe_save_states": str(tmp_path)})
     saving = ProbeConfig.from_model_args({"probe_save_states": str(tmp_path)})
-    assert saving.save_states == str(tmp_path) and repr(saving) == repr(ProbeConfig()) and saving == ProbeConfig()
-    assert ProbeConfig.from_model_args({"probe_save_states": "none"}).save_states is None
+    assert saving.options_of("reader").save_states == str(tmp_path) and repr(saving) == repr(ProbeConfig()) and saving == ProbeConfig()
+    assert ProbeConfig.from_model_args({"probe_save_states": "none"}).options_of("reader").save_states is None

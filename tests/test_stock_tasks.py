@@ -27,7 +27,7 @@ def stock_specs(tmp_path) -> list[dict]:
 def test_python_api_adds_probe_rows_to_stock_tasks(tiny_model_dir, tmp_path):
     import lm_eval
 
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
     from lm_eval_probes.tasks.probe_task import ProbeResults
 
     manager = ProbeTaskManager()

@@ -411,7 +411,7 @@ def rendered_prompts() -> dict[str, tuple[list[str], list[int]]]:
     import lm_eval.tasks
 
     import lm_eval_probes
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     manager = ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
     tasks = lm_eval.tasks.get_task_dict(list(SYNTHETIC_TASKS), manager)
@@ -454,7 +454,7 @@ def test_prompt_length_says_nothing_about_the_level(rendered_prompts) -> None:
 def test_noised_and_detector_twins_of_the_synthetic_tasks():
     """The demo's robustness table and detector need offline twins: doc i of a noise task is doc i of its clean task, noised."""
     from lm_eval_probes import TASKS_DIR
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     manager = ProbeTaskManager(include_path=TASKS_DIR)
     loaded = manager.load(["probes_synth_logic", "probes_synth_logic_noise_swap", "probes_synth_arith_detect",

@@ -23,6 +23,7 @@ from torch import nn
 
 from lm_eval_probes.capture.positions import (
     HiddenStateTap,
+    WholeForward,
     hidden_state_tap,
     position_probes_of_spans,
     read_layers,
@@ -159,7 +160,7 @@ class _PendingAnswer:
     loglik: float
     prompt_tokens: int
     prompt_states: LayerStates | None
-    omega_mass: torch.Tensor | None
+    focal_mass: torch.Tensor | None
 
 
 class LoglikelihoodRows:
@@ -172,8 +173,9 @@ class LoglikelihoodRows:
     ``cache_hook.add_partial`` (:meth:`on_answer`): a request's response positions are the last
     ``len(continuation)`` positions of its row in the latest batch (:meth:`locate`). When the next batch starts
     or the call ends (:meth:`flush`) each answered request keeps a copy of its few response positions' states,
-    its reader prompt states and (with a ``decoder``: Ω, decoded from the same forward's states of every layer
-    and the block inputs ``block_inputs`` its hooks recorded; no extra full forward) its ``[S, n]`` masses; the
+    its prompt means (``whole.prompt_means``) and (with a ``decoder``: a focal-depth request, decoded from the same
+    forward's states of every layer and the block inputs ``block_inputs`` its hooks recorded; no extra full forward)
+    its ``[S, n]`` masses; the
     batch's states are then released. The :class:`LensPlan` says which answers need the logit lens; those wait
     in a queue that goes through the lens at once when it holds ``chunk_positions`` positions (the unembedding
     is read once per chunk), the others are recorded without lens values at once.
@@ -189,7 +191,7 @@ class LoglikelihoodRows:
         tap: HiddenStateTap,
         readout: LensReadout,
         config: ProbeConfig,
-        reader_layers: Sequence[int],
+        whole: WholeForward,
         decoder: FocalDepthDecoder | None = None,
         block_inputs: BlockInputs | None = None,
         plan: LensPlan | None = None,
@@ -201,7 +203,7 @@ class LoglikelihoodRows:
         self.block_inputs = block_inputs
         self.readout = readout
         self.config = config
-        self.reader_layers = tuple(reader_layers)
+        self.whole = whole
         self.plan = plan or LensPlan()
         self.probes: dict[Any, ResponseProbe] = {}
         """Each answered request's probe, keyed by its ``(context, continuation)``."""
@@ -270,7 +272,7 @@ class LoglikelihoodRows:
                 loglik=loglik,
                 prompt_tokens=prompt_tokens,
                 prompt_states=prompt_states[row, prompt_tokens],
-                omega_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
+                focal_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
             )
             for decided, needs_lens in self.plan.answered(key, loglik):
                 answer = self._pending.pop(decided)
@@ -292,22 +294,23 @@ class LoglikelihoodRows:
     def _record(self, keys: Sequence[Any], answers: Sequence[_PendingAnswer], *, lens: bool) -> None:
         rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, lens=lens)
         for key, answer, probes in zip(keys, answers, rows, strict=True):
-            if answer.omega_mass is not None:
-                probes = probes.with_values("omega", mass=answer.omega_mass)
+            if answer.focal_mass is not None and self.whole.focal_depth is not None:
+                probes = probes.with_values(self.whole.focal_depth[0], mass=answer.focal_mass)
             n = probes.num_positions
             self.probes[key] = probes.summarize(
                 0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
-                prompt_states=answer.prompt_states,
+                fields=self.whole.prompt_fields(answer.prompt_states),
             )
 
     def _prompt_states(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
-        """Mean of the reader layers' states over the row's first ``prompt_tokens`` positions (or their
-        last ``reader_prompt_tail``)."""
-        if not self.reader_layers:
+        """Mean of the prompt-means layers' states over the row's first ``prompt_tokens`` positions (or their last
+        ``tail``)."""
+        layers = self.whole.prompt_layers
+        if not layers:
             return None
-        tail = self.config.options_of("reader").prompt_tail
+        tail = self.whole.prompt_tail
         start = max(0, prompt_tokens - tail) if tail else 0
-        return span_mean_states(self.reader_layers, [states[layer][row, start:prompt_tokens] for layer in self.reader_layers])
+        return span_mean_states(layers, [states[layer][row, start:prompt_tokens] for layer in layers])
 
 
 @contextmanager
@@ -341,7 +344,7 @@ def loglikelihood_rows(
     model: nn.Module,
     readout: LensReadout,
     config: ProbeConfig,
-    reader_layers: Sequence[int],
+    whole: WholeForward,
     decoder: FocalDepthDecoder | None = None,
     plan: LensPlan | None = None,
     *,
@@ -350,7 +353,7 @@ def loglikelihood_rows(
     """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call
     (its batches told by :func:`logits_read_only`); the last batch is probed when the block ends without an error."""
     with hidden_state_tap(model) as tap, block_inputs_of(decoder) as block_inputs:
-        rows = LoglikelihoodRows(tap, readout, config, reader_layers, decoder, block_inputs, plan)
+        rows = LoglikelihoodRows(tap, readout, config, whole, decoder, block_inputs, plan)
         with logits_read_only(model, rows.new_batch, keep_logits_argument):
             yield rows
         rows.flush()

@@ -81,18 +81,19 @@ class MarginSummary:
     token_ids: tuple[int, ...]
     values: tuple[float, ...]
 
-    def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
-        """The margin probe's record fields: ``margin_mean`` / ``margin_min``, the mean / minimum stability margin of
-        the first attention layer over the positions the model saw (context and response; the first position has
-        none); ``margin_support_positions`` / ``margin_support_tokens`` / ``margin_support_values``, the k support
-        tokens (smallest margins, smallest first): positions in the sequence the model saw (0 = its first token),
-        their tokens (each decoded alone by ``decode``) and margins."""
+    def record_fields(self, decode: Callable[[int], str], prefix: str) -> dict[str, Any]:
+        """The record fields of a first-attention request with field prefix ``prefix``: ``<prefix>_mean`` /
+        ``<prefix>_min``, the mean / minimum stability margin of the first attention layer over the positions the model
+        saw (context and response; the first position has none); ``<prefix>_support_positions`` /
+        ``<prefix>_support_tokens`` / ``<prefix>_support_values``, the k support tokens (smallest margins, smallest
+        first): positions in the sequence the model saw (0 = its first token), their tokens (each decoded alone by
+        ``decode``) and margins."""
         return {
-            "margin_mean": self.mean,
-            "margin_min": self.minimum,
-            "margin_support_positions": self.positions,
-            "margin_support_tokens": tuple(decode(token) for token in self.token_ids),
-            "margin_support_values": self.values,
+            f"{prefix}_mean": self.mean,
+            f"{prefix}_min": self.minimum,
+            f"{prefix}_support_positions": self.positions,
+            f"{prefix}_support_tokens": tuple(decode(token) for token in self.token_ids),
+            f"{prefix}_support_values": self.values,
         }
 
 

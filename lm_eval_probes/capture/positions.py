@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from lm_eval_probes import registry
-from lm_eval_probes.api import PositionProbe
+from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, PromptMeans
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates, ResponseProbe
@@ -130,6 +130,45 @@ class LensChunk:
             yield self.readout.logits(self.states(layer), normalized=False, out=buffers[(layer - first) % 2])
 
 
+@dataclass(frozen=True)
+class WholeForward:
+    """What the enabled probes ask of the wrappers beyond the states at a response's positions (each at most one
+    probe's; see :class:`~lm_eval_probes.api.PositionProbe`): ``(probe name, request)`` or ``None``."""
+
+    prompt_means: tuple[str, PromptMeans] | None = None
+    focal_depth: tuple[str, FocalDepth] | None = None
+    first_attention: tuple[str, FirstAttention] | None = None
+    states_folder: tuple[str, str] | None = None
+
+    @property
+    def prompt_layers(self) -> tuple[int, ...]:
+        """The layers whose prompt means are recorded (none without a prompt-means request)."""
+        return () if self.prompt_means is None else tuple(self.prompt_means[1].layers)
+
+    @property
+    def prompt_tail(self) -> int:
+        return 0 if self.prompt_means is None else self.prompt_means[1].tail
+
+    def prompt_fields(self, states: LayerStates | None) -> dict[str, Any]:
+        """The record field of the prompt means (``{}`` without a request or without states)."""
+        return {} if self.prompt_means is None or states is None else {self.prompt_means[1].field: states}
+
+
+def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
+    """The whole-forward captures ``captures`` (enabled probes by name) ask for; ``ValueError`` when two ask for the
+    same one."""
+    found: dict[str, tuple[str, Any]] = {}
+    for kind in ("prompt_means", "focal_depth", "first_attention", "states_folder"):
+        asking = [(name, getattr(capture, kind, None)) for name, capture in captures.items()]
+        asking = [(name, request) for name, request in asking if request is not None]
+        if len(asking) > 1:
+            raise ValueError(f"probes {[name for name, _ in asking]} each ask for the wrappers' {kind} capture; "
+                             "enable one of them")
+        if asking:
+            found[kind] = asking[0]
+    return WholeForward(**found)
+
+
 def position_captures(config: ProbeConfig, num_layers: int, *, lens: bool = True) -> dict[str, PositionProbe]:
     """The :class:`~lm_eval_probes.api.PositionProbe` of every enabled probe that has one, by probe name, in registry
     order (``lens=False``: those that read no lens), each built from the probe's options."""
@@ -191,8 +230,8 @@ class PositionProbes:
         *,
         mean_token_logprob: float | None = None,
         prompt_tokens: int | None = None,
-        prompt_states: LayerStates | None = None,
-        tail: int = 0,
+        fields: Mapping[str, Any] | None = None,
+        generation: bool = False,
         token_ends: Sequence[int] | None = None,
         empty: bool = False,
     ) -> ResponseProbe:
@@ -200,10 +239,9 @@ class PositionProbes:
         :meth:`PositionProbe.reduce`.
 
         ``mean_token_logprob`` overrides the value from ``token_logprob`` (loglikelihood requests
-        already know their summed log-probability). ``prompt_states``: the reader's states over the prompt, measured
-        by the wrapper (a record field of their own). Generations pass ``tail`` (keep the last ``tail``
-        positions' reader states one by one, float16, or float32 where a value exceeds float16's range) and
-        ``token_ends`` (character end of each token in the response text); they then also keep every token's
+        already know their summed log-probability). ``fields``: record fields measured by the wrapper itself (the reader's
+        states over the prompt), set as they are (``None`` values left out). Generations pass ``generation`` (a probe may keep more of a generation: the
+        reader its last positions' states one by one) and ``token_ends`` (character end of each token in the response text); they then also keep every token's
         log-probability. ``empty`` marks a generation whose kept text is empty, summarized at the one position that
         chose to stop.
         """
@@ -213,9 +251,8 @@ class PositionProbes:
             mean_token_logprob = float(cut.token_logprob.double().mean()) if n else math.nan
         values: dict[str, Any] = {}
         for capture, measured in cut.measured.values():
-            values.update(capture.reduce(measured, positions=n, tail=tail))
-        if prompt_states is not None:
-            values["prompt_states"] = prompt_states
+            values.update(capture.reduce(measured, positions=n, generation=generation))
+        values.update((name, value) for name, value in (fields or {}).items() if value is not None)
         if token_ends is not None:
             if len(token_ends) != n:
                 raise ValueError(f"token_ends has {len(token_ends)} offsets for {n} response tokens")

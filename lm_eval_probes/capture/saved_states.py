@@ -65,7 +65,7 @@ class StatesWriter:
             key = f"{request.task_name}/{request.doc_id}/{request.idx}/{repeat}"
             kinds, layers = [], None
             for kind, field in KINDS:
-                states: LayerStates | None = getattr(probe, field)
+                states: LayerStates | None = probe.get(field)
                 if states is None:
                     continue
                 tensors[f"{key}/{kind}"] = torch.from_numpy(np.array(states.values, copy=True))  # options share prompt states

@@ -1,8 +1,9 @@
 """Everything that touches lm_eval's internals (0.4.13), and the list of them: the one place to revisit on an upgrade.
 
 Modules: :mod:`.registry` (models and rows in lm_eval's registries; cheap, imported by the ``.pth`` at interpreter
-start), :mod:`.tasks` (probe rows for any task: the class swap and the task manager), :mod:`.hflm` (the HFLM
-machinery both wrappers hook into: the cache-hook tap, the response-cache table, ranks, the unprobed-task warning).
+start), :mod:`.hflm` (the HFLM machinery both wrappers hook into: the cache-hook tap, the response-cache table,
+ranks, the unprobed-task warning). The task side of that list lives with the tasks (:mod:`lm_eval_probes.tasks.manager`:
+probe rows for any task, the class swap and the task manager), which import this package, never the reverse.
 
 What the plugin relies on beyond lm_eval's documented API, and why:
 
@@ -11,7 +12,7 @@ Registries
     ``lm_eval.models`` entry points in ``setup.cfg`` serve the harness's discovery after 0.4.13);
     ``register_metric`` / ``register_aggregation`` for every row, after lm_eval's built-ins are imported (lm_eval
     fills its registry only when it is empty).
-Tasks (:mod:`.tasks`, ``lm_eval_probes.tasks.probe_task``)
+Tasks (:mod:`lm_eval_probes.tasks.manager`, :mod:`lm_eval_probes.tasks.probe_task`)
     A built ``ConfigurableTask``'s ``__class__`` swapped for a subclass with ``ProbeResults`` mixed in (it adds no
     instance layout); its ``_aggregation_list`` and ``_higher_is_better`` filled with the rows; ``construct_requests``,
     ``apply_filters`` and ``process_results`` extended (``_instances`` read after filtering, to re-attach each

@@ -6,6 +6,9 @@
   configuration (``CachingLM``'s ``SqliteDict``).
 * :func:`note_unprobed_requests` warns once when a wrapper computes probes for a task that cannot show them (its
   requests carry no :class:`~lm_eval_probes.records.ProbeRequest`).
+* Calls: :class:`CallScope` carries what one public call (``loglikelihood``, ``generate_until``) collects to the HFLM
+  methods it reaches (``_loglikelihood_tokens``, ``_model_generate``) for as long as the call runs — nothing per call
+  is kept on the wrapper.
 * Processes: :func:`take_ranks_from_accelerate` gives both wrappers the rank and world size of every
   ``accelerate launch``/``torchrun`` run (HFLM 0.4.13 splits documents only when it sees more than one GPU).
 
@@ -19,11 +22,38 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Generic, TypeVar
 
 from lm_eval_probes.records import probe_request_of
 
 eval_logger = logging.getLogger(__name__)
+
+Collector = TypeVar("Collector")
+
+
+class CallScope(Generic[Collector]):
+    """What one public call of a wrapper collects, reachable from the HFLM methods the call reaches while it runs.
+
+    ``with scope.running(lm, collector):`` around HFLM's own public method; inside it ``scope.of(lm)`` is that
+    collector (``None`` outside a call, or for another wrapper instance). A context variable, so that nothing per call
+    lives on the wrapper and a call in another thread or task sees its own.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._current: ContextVar[tuple[int, Any] | None] = ContextVar(name, default=None)
+
+    @contextmanager
+    def running(self, owner: object, collector: Collector) -> Iterator[Collector]:
+        token = self._current.set((id(owner), collector))
+        try:
+            yield collector
+        finally:
+            self._current.reset(token)
+
+    def of(self, owner: object) -> Collector | None:
+        current = self._current.get()
+        return current[1] if current is not None and current[0] == id(owner) else None
 
 
 def take_ranks_from_accelerate(lm: Any) -> None:

@@ -11,7 +11,6 @@ Importing this module is cheap (no torch, no lm_eval): the ``.pth`` imports it a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,22 +31,42 @@ def register_model_placeholder() -> None:
             model_registry.register(name, target=target)
 
 
-@functools.cache
+_REGISTERED: list[Any] = [None]  # the rows table last registered
+
+
 def register_rows() -> None:
-    """Register every row of :data:`lm_eval_probes.rows.ROWS` and the plugin's aggregations (once)."""
+    """Register every row of :func:`lm_eval_probes.rows.all_rows` and the plugin's aggregations (once per set of
+    registered probes).
+
+    Raises:
+        ProbeRegistrationError: a probe's row whose name lm_eval already uses for a metric of its own (``acc``,
+            ``exact_match``, …), naming the probe and the row.
+    """
+    from lm_eval_probes.rows import AGGREGATIONS, all_rows
+
+    table = all_rows()
+    if _REGISTERED[0] is table:
+        return
     import lm_eval.api.metrics  # noqa: F401  (built-in aggregations such as "mean" first)
     from lm_eval.api.registry import aggregation_registry, metric_registry, register_aggregation, register_metric
 
-    from lm_eval_probes.rows import AGGREGATIONS, ROWS
+    from lm_eval_probes.api import ProbeRegistrationError
+    from lm_eval_probes.registry import probes
 
+    owner = {row.name: probe.name for probe in probes() for row in (*probe.rows, *probe.difficulty_rows(), *probe.feeds)}
     for name, fn in AGGREGATIONS.items():
         if name not in aggregation_registry:
             register_aggregation(name)(fn)
-    for row in ROWS:
-        if row.name not in metric_registry:
-            register_metric(metric=row.name, higher_is_better=row.higher_is_better, aggregation=row.aggregation)(
-                _value_made_in_process_results
-            )
+    for row in table:
+        if row.name in metric_registry:
+            if metric_registry.get(row.name) is not _value_made_in_process_results and row.name in owner:
+                raise ProbeRegistrationError(f"probe {owner[row.name]!r}, row {row.name!r}: lm_eval already has a "
+                                             f"metric of that name; rename the row")
+            continue
+        register_metric(metric=row.name, higher_is_better=row.higher_is_better, aggregation=row.aggregation)(
+            _value_made_in_process_results
+        )
+    _REGISTERED[0] = table
 
 
 def _value_made_in_process_results(items: Any) -> Any:

@@ -4,7 +4,8 @@ Thin by design (like lm_eval's ``hf_steered``): HFLM does all batching, padding,
 generation; this subclass overrides six of its methods besides ``__init__`` — four public
 (``create_from_arg_string``, ``set_cache_hook``, ``loglikelihood``, ``generate_until``) and two private
 (``_loglikelihood_tokens``: where the requests' token ids exist; ``_model_generate``: where a generation's
-ids and states exist) — and keeps what one call needs in one object (``self._call``):
+ids and states exist) — and keeps what one call needs in one object, reachable from those methods while the call runs
+(:class:`~lm_eval_probes.harness.hflm.CallScope`; nothing per call lives on the wrapper):
 
 * loglikelihood — taps the harness's own forward (no extra pass): a pre-hook on the model tells
   :class:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows` each batch (it finds each row's request by its
@@ -57,16 +58,33 @@ from lm_eval_probes.capture.loglikelihood import (
     loglikelihood_rows,
 )
 from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
-from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_captures, position_probes_of_spans
+from lm_eval_probes.capture.positions import (
+    PositionProbes,
+    WholeForward,
+    hidden_state_tap,
+    position_captures,
+    position_probes_of_spans,
+    whole_forward,
+)
 from lm_eval_probes.capture.reader import masked_mean_states
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
-from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.hflm import (
+    CallScope,
+    answers_tapped,
+    namespace_response_cache,
+    note_unprobed_requests,
+    take_ranks_from_accelerate,
+)
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
+
+_CALL: CallScope[RequestRows | LoglikelihoodRows | _GenerationCall] = CallScope("hf-probes call")
+"""What the running ``loglikelihood`` / ``generate_until`` call collects (read by ``_loglikelihood_tokens`` and
+``_model_generate``)."""
 
 
 @dataclass
@@ -88,33 +106,27 @@ class ProbeHFLM(HFLM):
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
-        self._call: RequestRows | LoglikelihoodRows | _GenerationCall | None = None  # what the current loglikelihood / generate_until call collects
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        self.whole = WholeForward()  # what the enabled probes ask beyond the states at their positions
         if self.readout is not None:
-            position_captures(self.probe_config, self.readout.num_layers)  # their options must fit L (BTE's window)
-        config = self.probe_config
-        self._reader = config.options_of("reader")
-        self._margin = config.options_of("margin")
-        self.reader_layers: tuple[int, ...] = ()
-        if self.readout is not None and "reader" in config.probes:
-            self.reader_layers = self._reader.resolved_layers(self.readout.num_layers)
+            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
         self.focal_decoder: FocalDepthDecoder | None = None
-        if self.readout is not None and "omega" in config.probes:
-            omega, num_layers = config.options_of("omega"), self.readout.num_layers
+        if self.whole.focal_depth is not None:
+            focal = self.whole.focal_depth[1]
             self.focal_decoder = FocalDepthDecoder(
-                self.model, self.readout, depth=omega.resolved_depth(num_layers),
-                source_layers=omega.resolved_layers(num_layers), top_k=omega.topk,
-                chunk_tokens=omega.chunk_tokens, chunk_positions=config.chunk_positions,
+                self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
+                chunk_tokens=focal.chunk_tokens, chunk_positions=self.probe_config.chunk_positions,
             )
-        self.margin_reader: FirstLayerMargins | None = None
-        if self.readout is not None and "margin" in config.probes:
-            self.margin_reader = FirstLayerMargins(self.model, heads=self._margin.heads)
-        self.states_writer = states_writer(self._reader.save_states, self.rank)
+        self.first_layer: FirstLayerMargins | None = None
+        if self.whole.first_attention is not None:
+            self.first_layer = FirstLayerMargins(self.model, heads=self.whole.first_attention[1].heads)
+        self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
+                                           self.rank)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -135,31 +147,23 @@ class ProbeHFLM(HFLM):
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         keep_logits = next(iter(self._one_logit), None)
         if self.readout is None:  # no probes: the logits HFLM reads only
-            self._call = RequestRows()
-            try:
-                with logits_read_only(self.model, self._call.new_batch, keep_logits):
-                    return super().loglikelihood(requests, disable_tqdm)
-            finally:
-                self._call = None
+            with _CALL.running(self, RequestRows()) as known, logits_read_only(self.model, known.new_batch, keep_logits):
+                return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
         plan = LensPlan() if self._responses_cached else lens_plan(requests)
-        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.reader_layers, self.focal_decoder,
+        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
                                 plan, keep_logits_argument=keep_logits) as rows, \
                 self._margin_capture() as first_layer:
             margin_rows = None if first_layer is None else MarginRows(
-                self.margin_reader, first_layer, support=self._margin.support, locate=rows.locate)
+                self.first_layer, first_layer, support=self.whole.first_attention[1].support, locate=rows.locate)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
                 if margin_rows is not None:
                     margin_rows.on_answer(attr, req, answer)
 
-            self._call = rows
-            try:
-                with answers_tapped(self, on_answer, forward_partials=False):
-                    answers = super().loglikelihood(requests, disable_tqdm)
-            finally:
-                self._call = None
+            with _CALL.running(self, rows), answers_tapped(self, on_answer, forward_partials=False):
+                answers = super().loglikelihood(requests, disable_tqdm)
         out = []
         for req, answer in zip(requests, answers, strict=True):
             probe = rows.probes.get(tuple(req.args))
@@ -173,24 +177,26 @@ class ProbeHFLM(HFLM):
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         """HFLM's, with the tokenized requests noted first (each request's row, by which the rows of every batch
         are found)."""
-        if isinstance(self._call, (RequestRows, LoglikelihoodRows)):
-            self._call.note_requests(requests, self.max_length)
+        call = _CALL.of(self)
+        if isinstance(call, (RequestRows, LoglikelihoodRows)):
+            call.note_requests(requests, self.max_length)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
     @contextmanager
     def _margin_capture(self, *, join: bool = False) -> Iterator[Any]:
-        """The first-layer hooks of ``probes=margin`` (``None`` without it)."""
-        if self.margin_reader is None:
+        """The first-layer hooks of a first-attention request (``None`` without one)."""
+        if self.first_layer is None:
             yield None
             return
-        with self.margin_reader.capture(join=join) as inputs:
+        with self.first_layer.capture(join=join) as inputs:
             yield inputs
 
     def _with_margins(self, probe: ResponseProbe, summary: MarginSummary | None) -> ResponseProbe:
-        """``probe`` with the margin fields of ``summary`` (support tokens decoded one by one)."""
+        """``probe`` with the first-attention record fields of ``summary`` (support tokens decoded one by one)."""
         if summary is None:
             return probe
-        return dataclasses.replace(probe, **summary.record_fields(lambda token: self.tok_decode([token])))
+        prefix = self.whole.first_attention[1].prefix
+        return dataclasses.replace(probe, **summary.record_fields(lambda token: self.tok_decode([token]), prefix))
 
     # ----------------------------------------------------------------------------- generation
 
@@ -199,7 +205,7 @@ class ProbeHFLM(HFLM):
             return super().generate_until(requests, disable_tqdm)
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        call = _GenerationCall(deque(), None if self.margin_reader is None else deque())
+        call = _GenerationCall(deque(), None if self.first_layer is None else deque())
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
@@ -213,46 +219,42 @@ class ProbeHFLM(HFLM):
                 kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
                 probe = rows.summarize(
-                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, prompt_states=prompt_states,
-                    tail=self._reader.tail, empty=empty,
+                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_states),
+                    generation=True, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                 )
                 if call.margins is not None:
-                    margins = call.margins.popleft().summary(kept, self._margin.support)
+                    margins = call.margins.popleft().summary(kept, self.whole.first_attention[1].support)
                     probe = self._with_margins(probe, margins)
                 probes[(req[0], text)].append(probe)
 
-        self._call = call
-        try:
-            with answers_tapped(self, on_answer, forward_partials=False):
-                texts = super().generate_until(requests, disable_tqdm)
-        finally:
-            self._call = None
+        with _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
+            texts = super().generate_until(requests, disable_tqdm)
         out = with_generation_probes(requests, texts, probes)
         if self.states_writer is not None:
             self.states_writer.write(requests, out)
         return out
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
-        call = self._call
+        call = _CALL.of(self)
         if self.readout is None or not isinstance(call, _GenerationCall):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
-        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.reader_layers)
+        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.whole.prompt_layers)
         with tapped if during else _nothing() as tap, self._margin_capture(join=True) as first_layer:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
-        if self._reader.prompt_tail:  # left padding: the prompt's last tokens are the last columns
+        if self.whole.prompt_tail:  # left padding: the prompt's last tokens are the last columns
             prompt_mask = prompt_mask.clone()
-            prompt_mask[:, : max(0, prompt_len - self._reader.prompt_tail)] = 0
+            prompt_mask[:, : max(0, prompt_len - self.whole.prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
         if first_layer is not None and call.margins is not None:
-            call.margins.extend(generation_margins(self.margin_reader, first_layer, prompt_len, bounds))
+            call.margins.extend(generation_margins(self.first_layer, first_layer, prompt_len, bounds))
         teacher_forced = block_inputs = None
         if not during or self.focal_decoder is not None:
             with block_inputs_of(self.focal_decoder) as block_inputs:
@@ -265,19 +267,20 @@ class ProbeHFLM(HFLM):
         else:
             per_layer = teacher_forced
             start = prompt_len - 1
-            prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.reader_layers)
+            prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.whole.prompt_layers)
         prompt_states: list[LayerStates | None] = [None] * len(bounds)
-        if self.reader_layers:
+        if self.whole.prompt_layers:
             if prompt_layers is None or prompt_layers[0].shape[1] != prompt_len:
                 raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
-            prompt_states = masked_mean_states(prompt_layers, prompt_mask, self.reader_layers)
+            prompt_states = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
         spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
         if self.focal_decoder is not None:  # the response positions of the teacher-forced forward
-            omega_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
-            masses = self.focal_decoder.confidences(teacher_forced, block_inputs, omega_spans)
-            rows = [probes.with_values("omega", mass=mass) for probes, mass in zip(rows, masses, strict=True)]
+            focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
+            masses = self.focal_decoder.confidences(teacher_forced, block_inputs, focal_spans)
+            name = self.whole.focal_depth[0]
+            rows = [probes.with_values(name, mass=mass) for probes, mass in zip(rows, masses, strict=True)]
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )

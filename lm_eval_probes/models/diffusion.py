@@ -55,12 +55,22 @@ from lm_eval_probes.models.diffusion_decoding import (
     trajectory_steps,
 )
 from lm_eval_probes.models.diffusion_config import DiffusionConfig, split_diffusion_args
-from lm_eval_probes.harness.hflm import answers_tapped, namespace_response_cache, note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.hflm import (
+    CallScope,
+    answers_tapped,
+    namespace_response_cache,
+    note_unprobed_requests,
+    take_ranks_from_accelerate,
+)
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
 register_rows()  # before any task is built: the model is looked up first
+
+_CALL: CallScope[deque[_Generation] | dict[tuple[str, str], ResponseProbe]] = CallScope("hf-probes-diffusion call")
+"""What the running ``generate_until`` (each row's generation) / ``loglikelihood`` (each request's record) call
+collects."""
 
 SUPPORTED_PROBES: tuple[str, ...] = ("reader",)
 """Probes of ``hf-probes-diffusion`` (the confidence records are always made): the lens probes (tcb, bte,
@@ -137,8 +147,6 @@ class DiffusionProbeHFLM(HFLM):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
-        # what the current call collects: generate_until each row's _Generation, loglikelihood each request's probe
-        self._call: deque[_Generation] | dict[tuple[str, str], ResponseProbe] | None = None
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
@@ -239,12 +247,8 @@ class DiffusionProbeHFLM(HFLM):
                 probes[(req[0], kept)].append(self._generation_probe(generation, kept))
                 kept_texts[(req[0], text)].append(kept)
 
-        self._call = generations
-        try:
-            with answers_tapped(self, on_answer, forward_partials=False):
-                texts = super().generate_until(requests, disable_tqdm)
-        finally:
-            self._call = None
+        with _CALL.running(self, generations), answers_tapped(self, on_answer, forward_partials=False):
+            texts = super().generate_until(requests, disable_tqdm)
         texts = [kept_texts[(req.args[0], text)].popleft() for req, text in zip(requests, texts, strict=True)]
         out = with_generation_probes(requests, texts, probes)
         if self.states_writer is not None:
@@ -255,6 +259,9 @@ class DiffusionProbeHFLM(HFLM):
         """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas. With
         ``diffusion_stop_rule=lm_eval`` every token after a row's first stop token (EOS, pad) is replaced by
         that token, so lm_eval's text ends there; the family rules keep their own text (:meth:`_kept`)."""
+        generations = _CALL.of(self)
+        if generations is None:  # outside generate_until: no records to collect
+            generations = deque()
         attention_mask = generation_kwargs.pop("attention_mask", None)
         if generation_kwargs.get("do_sample") or float(generation_kwargs.get("temperature") or 0.0) > 0:
             raise ValueError(
@@ -286,7 +293,7 @@ class DiffusionProbeHFLM(HFLM):
         until = list(stop[:-1]) if stop and stop[-1] == eos_text else list(stop)  # without the EOS lm_eval appends
         for row in range(tokens.shape[0]):
             generation = self._pending_generation(decoded, row, prompt, prompt_mask, until, steps, at_steps, trajectory[row])
-            self._call.append(generation)
+            generations.append(generation)
             if generation.text is None and len(generation.tokens) < tokens.shape[1]:
                 bound = len(generation.tokens)
                 tokens[row, bound:] = tokens[row, bound]
@@ -405,11 +412,8 @@ class DiffusionProbeHFLM(HFLM):
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], ResponseProbe] = {}
-        self._call = probes
-        try:
+        with _CALL.running(self, probes):
             answers = super().loglikelihood(requests, disable_tqdm)
-        finally:
-            self._call = None
         out = [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
         if self.states_writer is not None:
             self.states_writer.write(requests, out)
@@ -419,6 +423,7 @@ class DiffusionProbeHFLM(HFLM):
         """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``. HFLM's rolling
         (perplexity) windows come without a key: refused."""
         config = self.diffusion_config
+        probes = _CALL.of(self)
         out = []
         for key, context_ids, continuation_ids in requests:
             if key is None:
@@ -448,8 +453,8 @@ class DiffusionProbeHFLM(HFLM):
                 )
             greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
             answer = (estimate, greedy)
-            if isinstance(self._call, dict):  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
-                self._call[key] = self._likelihood_probe(forward, context, continuation, estimate)
+            if isinstance(probes, dict):  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
+                probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
             out.append(answer)
         return out
 

@@ -70,7 +70,7 @@ class BtePositions:
 
         return {"energy": consecutive_js_divergences_of_logits(chunk.layer_logits(*self.transitions))}
 
-    def reduce(self, values: Mapping[str, Any], *, positions: int, tail: int) -> dict[str, Any]:
+    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``bte_energy``: the mean of the depth profile e(l) over the central window (the difficulty scalar ē_M);
         ``bte_profile`` (every transition computed: ``probe_bte_profile=full``): e(l), l = 0..L-1, the mean JSD of
         layer l → l+1 over the positions; ``bte_features`` (``probe_bte_features=1``): the 11 statistics of each

@@ -8,9 +8,11 @@ hooks that layer in the same forwards and fills the record fields.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_choice, option
+from lm_eval_probes.api import FirstAttention, Probe, ProbeOptions, Row, Shapes, as_choice, option
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -26,6 +28,26 @@ class MarginOptions(ProbeOptions):
     def __post_init__(self) -> None:
         if self.support < 0:
             raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.support}")
+
+
+class MarginPositions:
+    """The margins' :class:`~lm_eval_probes.api.PositionProbe`: nothing at a response's positions; its record fields come
+    from the wrappers' first-attention capture (:attr:`first_attention`)."""
+
+    reads_lens = False
+    position_axis = 0
+
+    def __init__(self, options: MarginOptions, num_layers: int) -> None:
+        self.first_attention = FirstAttention(heads=options.heads, support=options.support, prefix="margin")
+
+    def layers(self) -> frozenset[int]:
+        return frozenset()
+
+    def at_positions(self, chunk: Any) -> dict[str, Any]:
+        return {}
+
+    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
+        return {}
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
@@ -45,9 +67,9 @@ PROBE = Probe(
             "support tokens: the k smallest",
     reads="the first attention layer's inputs at every position the model saw",
     fields=("margin_mean", "margin_min", "margin_support_positions", "margin_support_tokens", "margin_support_values"),
+    position_probe=MarginPositions,
     options=MarginOptions,
     memory=margin_memory,
-    forward_capture="first_attention",
     rows=(
         Row("margin", "float", "mean", True, "probe",
             "mean over documents of the mean stability margin log|det(I − Σ_t A)| of the first attention layer "

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_int, as_range, option, or_none
+from lm_eval_probes.api import FocalDepth, Probe, ProbeOptions, Row, Shapes, as_int, as_range, option, or_none
 
 DEFAULT_DEPTH = 5
 """Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
@@ -75,7 +75,10 @@ class OmegaPositions:
     position_axis = -1
 
     def __init__(self, options: OmegaOptions, num_layers: int) -> None:
-        """Ω's options (focal depth, source layers, K) are the focal-depth capture's."""
+        """Ω's options (focal depth, source layers, K) are the focal-depth capture's; validated against L here."""
+        self.focal_depth = FocalDepth(depth=options.resolved_depth(num_layers),
+                                      source_layers=options.resolved_layers(num_layers), top_k=options.topk,
+                                      chunk_tokens=options.chunk_tokens)
 
     def layers(self) -> frozenset[int]:
         return frozenset()  # read by the focal-depth decoder from the whole forward, not at the span's positions
@@ -83,7 +86,7 @@ class OmegaPositions:
     def at_positions(self, chunk: Any) -> dict[str, Any]:
         return {}
 
-    def reduce(self, values: Mapping[str, Any], *, positions: int, tail: int) -> dict[str, Any]:
+    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``omega_trajectory``: the confidence trajectory C_i over the source layers (default i = 0..L: L+1 floats),
         the mean over the response positions of the top-K mass of the focal-depth decoding of layer i; ``omega``: its
         refinement area Ω = Σ_i (1 − C_i). Nothing before the masses are attached."""
@@ -117,7 +120,6 @@ PROBE = Probe(
     position_probe=OmegaPositions,
     options=OmegaOptions,
     memory=omega_memory,
-    forward_capture="focal_depth",
     rows=(
         Row("omega", "float", "mean", False, "probe",
             "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth "

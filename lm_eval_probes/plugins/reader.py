@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import LayerStates, Probe, ProbeOptions, Row, Shapes, as_int_list, option
+from lm_eval_probes.api import LayerStates, Probe, ProbeOptions, PromptMeans, Row, Shapes, as_int_list, option
 
 LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
 """Default reader layers: round(f · L) for these f (mid to late layers)."""
@@ -64,6 +64,9 @@ class ReaderPositions:
 
     def __init__(self, options: ReaderOptions, num_layers: int) -> None:
         self.reader_layers = options.resolved_layers(num_layers)
+        self.tail = options.tail
+        self.prompt_means = PromptMeans(self.reader_layers, "prompt_states", options.prompt_tail)
+        self.states_folder = options.save_states
 
     def layers(self) -> frozenset[int]:
         return frozenset(self.reader_layers)
@@ -74,13 +77,14 @@ class ReaderPositions:
 
         return {"states": torch.stack([chunk.states(layer).detach().float().cpu() for layer in self.reader_layers])}
 
-    def reduce(self, values: Mapping[str, Any], *, positions: int, tail: int) -> dict[str, Any]:
+    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``answer_states``: ``[k, H]`` the mean hidden state over the response positions at the reader layers;
-        ``tail_states`` (generations: ``tail`` > 0): ``[k, m, H]`` the states of the last m = ``tail`` response
-        positions (float16; float32 when a value exceeds float16's range), so that the reader can average over the
-        answer span the task's filter extracts later. Neither without positions. (``prompt_states``, the mean over
-        the prompt, is measured by the wrapper.)"""
+        ``tail_states`` (generations, ``probe_reader_tail`` > 0): ``[k, m, H]`` the states of the last m = ``tail``
+        response positions (float16; float32 when a value exceeds float16's range), so that the reader can average
+        over the answer span the task's filter extracts later. Neither without positions. (``prompt_states``, the mean
+        over the prompt, is measured by the wrappers: :attr:`prompt_means`.)"""
         states = values["states"]
+        tail = self.tail if generation else 0
         fields: dict[str, Any] = {}
         if positions:
             fields["answer_states"] = answer_mean_states(self.reader_layers, states)
@@ -105,6 +109,22 @@ def compact_states(layers: Any, states: Any) -> LayerStates:
     return LayerStates(tuple(layers), packed.numpy())
 
 
+def reader_states(record: Any, field: str, *, answer_span: bool = False) -> LayerStates | None:
+    """The states a reader row reads from ``record`` (a :class:`~lm_eval_probes.records.ResponseProbe`): its field
+    ``field``; for ``answer_states`` with ``answer_span`` (generations whose confidence reads the located answer), the
+    mean over the answer span of the last positions' states the record kept one by one (``tail_states``), or the whole
+    response's mean when there is no span or the answer begins before the tail."""
+    if answer_span and field == "answer_states":
+        span, tail = record.answer_span, record.get("tail_states")
+        if span is not None and tail is not None:
+            start, stop = span
+            offset = record.n_tokens - tail.values.shape[1]  # response index of the tail's first position
+            if start >= offset:
+                return tail.mean_positions(start - offset, stop - offset)
+    value = record.get(field)
+    return value if isinstance(value, LayerStates) else None
+
+
 def reader_memory(options: ReaderOptions, shapes: Shapes) -> float:
     """The reader layers' float32 states at the response positions, and the prompt means' batch of weights."""
     layers = len(options.layers) if options.layers is not None else len(LAYER_FRACTIONS)
@@ -124,6 +144,7 @@ PROBE = Probe(
     options=ReaderOptions,
     memory=reader_memory,
     default_enabled=True,
+    feed_states=reader_states,
     feeds=(
         Row("lcr_auroc", "reader", "probe_lcr_auroc", True, "reader",
             "latent correctness reader: out-of-fold AUROC of P(correct) from answer hidden states", "answer_states"),

@@ -80,7 +80,7 @@ class TcbPositions:
             values["log10_cluster"], values["log10_disperse"] = torch.log10(moved.double()).unbind(0)
         return values
 
-    def reduce(self, values: Mapping[str, Any], *, positions: int, tail: int) -> dict[str, Any]:
+    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``tcb_log10_mean`` / ``tcb_log10_min``: mean / minimum of log10 δ_TCB over the positions; ``tcb_argmin``:
         the index (0-based, within the response) of the position with the smallest δ (``None`` without positions);
         ``entropy`` / ``logit_margin`` / ``v_eff_ipr`` / ``v_eff_exp``: means over the positions of the final

@@ -126,7 +126,7 @@ def evaluate(options: RunOptions, *, lm: Any | None = None, output_dir: Path | N
 
     import lm_eval_probes
     from lm_eval_probes.harness.registry import register_model_placeholder
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     register_model_placeholder()
     manager = ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(), metadata=options.task_metadata() or None)

@@ -159,7 +159,7 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
     stays unfinished and is redone next time).
 
     Args:
-        task_manager: a :class:`~lm_eval_probes.harness.tasks.ProbeTaskManager` with the plugin's tasks on its
+        task_manager: a :class:`~lm_eval_probes.tasks.manager.ProbeTaskManager` with the plugin's tasks on its
             include path and the config's ``metadata``, to reuse across sweeps in one process (indexing
             lm_eval's tasks takes seconds); ``None`` builds one.
 
@@ -169,7 +169,7 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
     """
     import lm_eval_probes
     from lm_eval_probes.harness.registry import register_model_placeholder
-    from lm_eval_probes.harness.tasks import ProbeTaskManager
+    from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     register_model_placeholder()
     if task_manager is None:
