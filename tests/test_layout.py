@@ -169,11 +169,12 @@ def test_the_built_in_probes_use_only_the_public_api():
 
 
 NO_PROBE_NAMES = ("config.py", "rows.py", "records.py", "declarations.py", "estimators.py", "capture/positions.py",
-                  "capture/readouts.py", "harness/registry.py", "harness/hflm.py")
+                  "capture/readouts.py", "capture/loglikelihood.py", "capture/reader.py", "harness/registry.py",
+                  "harness/hflm.py", "models/autoregressive.py")
 """Modules of the host that name no probe and no probe's record field in code (docstrings and row family names
-aside): what they do for a probe comes from the registry. ``registry.py`` lists the built-ins; ``capture/margins.py``
-and ``capture/saved_states.py`` are the margins' and the reader's own; ``models/`` and ``capture/loglikelihood.py``
-still name the three probes with whole-forward captures (Ω, the margins, the reader's prompt states)."""
+aside): what they do for a probe comes from the registry and the probes' whole-forward requests. ``registry.py``
+lists the built-ins; ``capture/margins.py`` and ``capture/saved_states.py`` are the margins' and the reader's own;
+``models/diffusion.py`` still computes the reader's states itself."""
 
 
 def _code_names(path: Path) -> set[str]:
@@ -208,3 +209,20 @@ def test_the_host_names_no_probe():
         if found:
             offenders[relative] = sorted(found)
     assert not offenders, offenders
+
+
+def test_the_wrappers_override_few_hflm_methods():
+    """Thin wrappers (lm_eval's ``hf_steered`` overrides three): ``hf-probes`` at most 6 HFLM methods besides
+    ``__init__``, 3 of them private; ``hf-probes-diffusion`` 7 (``_get_backend``: a masked LM's class, decided before
+    any weight loads), 3 private. Nothing per call lives on either (:class:`~lm_eval_probes.harness.hflm.CallScope`)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+
+    for cls, most in ((ProbeHFLM, 6), (DiffusionProbeHFLM, 7)):
+        overridden = sorted(name for name in vars(cls) if name != "__init__" and hasattr(HFLM, name)
+                            and callable(getattr(HFLM, name)))
+        assert len(overridden) <= most and sum(name.startswith("_") for name in overridden) <= 3, (cls, overridden)
+    for module in ("models/autoregressive.py", "models/diffusion.py"):
+        assert "self._call" not in (PACKAGE / module).read_text(), module

@@ -181,7 +181,7 @@ def test_query_key_norms_of_another_form_fail_clearly():
 
 def test_margin_options_are_validated():
     assert ProbeConfig.from_model_args({"probes": "margin", "probe_margin_support": "7"}).options_of("margin").support == 7
-    assert ProbeConfig.from_model_args({"probe_margin_heads": "MIN"}).margin_heads == "min"
+    assert ProbeConfig.from_model_args({"probe_margin_heads": "MIN"}).options_of("margin").heads == "min"
     with pytest.raises(ValueError, match="probe_margin_support"):
         ProbeConfig.from_model_args({"probe_margin_support": "-1"})
     with pytest.raises(ValueError, match="probe_margin_heads"):

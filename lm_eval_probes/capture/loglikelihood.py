@@ -159,7 +159,7 @@ class _PendingAnswer:
     states: list[torch.Tensor | None]  # L+1: copies [n, H] of the layers a probe reads (the batch's are released)
     loglik: float
     prompt_tokens: int
-    prompt_states: LayerStates | None
+    prompt_means: LayerStates | None
     focal_mass: torch.Tensor | None
 
 
@@ -258,20 +258,20 @@ class LoglikelihoodRows:
         masses = None
         if self.decoder is not None:
             masses = self.decoder.confidences(states, self.block_inputs, self._spans)
-        prompt_states: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
+        prompt_means: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
         for key, index, n, loglik in self._answers:
             if key in self.probes or key in self._queue:  # a repeated request, already decided
                 continue
             row, _, end = self._spans[index]
             prompt_tokens = end - n + 1  # the last context position predicts token 1
-            if (row, prompt_tokens) not in prompt_states:
-                prompt_states[row, prompt_tokens] = self._prompt_states(states, row, prompt_tokens)
+            if (row, prompt_tokens) not in prompt_means:
+                prompt_means[row, prompt_tokens] = self._prompt_means(states, row, prompt_tokens)
             self._pending[key] = _PendingAnswer(
                 states=[h[row, end - n : end].clone() if layer in self._kept_layers else None
                         for layer, h in enumerate(states)],
                 loglik=loglik,
                 prompt_tokens=prompt_tokens,
-                prompt_states=prompt_states[row, prompt_tokens],
+                prompt_means=prompt_means[row, prompt_tokens],
                 focal_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
             )
             for decided, needs_lens in self.plan.answered(key, loglik):
@@ -299,10 +299,10 @@ class LoglikelihoodRows:
             n = probes.num_positions
             self.probes[key] = probes.summarize(
                 0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
-                fields=self.whole.prompt_fields(answer.prompt_states),
+                fields=self.whole.prompt_fields(answer.prompt_means),
             )
 
-    def _prompt_states(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
+    def _prompt_means(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
         """Mean of the prompt-means layers' states over the row's first ``prompt_tokens`` positions (or their last
         ``tail``)."""
         layers = self.whole.prompt_layers

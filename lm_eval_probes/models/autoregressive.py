@@ -58,6 +58,7 @@ from lm_eval_probes.capture.loglikelihood import (
     loglikelihood_rows,
 )
 from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
+from lm_eval_probes.capture.memory import reserved_during_forwards
 from lm_eval_probes.capture.positions import (
     PositionProbes,
     WholeForward,
@@ -151,7 +152,7 @@ class ProbeHFLM(HFLM):
                 return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
         plan = LensPlan() if self._responses_cached else lens_plan(requests)
-        with loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
+        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
                                 plan, keep_logits_argument=keep_logits) as rows, \
                 self._margin_capture() as first_layer:
             margin_rows = None if first_layer is None else MarginRows(
@@ -182,6 +183,12 @@ class ProbeHFLM(HFLM):
             call.note_requests(requests, self.max_length)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
+    def _reserved(self) -> Any:
+        """Under ``batch_size=auto``, each forward holds the enabled probes' declared memory while it runs, so that the
+        detected batch size leaves room for them (:func:`~lm_eval_probes.capture.memory.reserved_during_forwards`)."""
+        auto = str(self.batch_size).startswith("auto")
+        return reserved_during_forwards(self.model, self.probe_config, vocab=self.readout.vocab_size, enabled=auto)
+
     @contextmanager
     def _margin_capture(self, *, join: bool = False) -> Iterator[Any]:
         """The first-layer hooks of a first-attention request (``None`` without one)."""
@@ -209,7 +216,7 @@ class ProbeHFLM(HFLM):
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
-                generated, rows, prompt_tokens, prompt_states, predicted = call.rows.popleft()
+                generated, rows, prompt_tokens, prompt_means, predicted = call.rows.popleft()
                 ends = _LazyDecodedLengths(self, generated)
                 if text != predicted[0] and text and ends[len(ends) - 1] < len(text):
                     raise RuntimeError(
@@ -219,7 +226,7 @@ class ProbeHFLM(HFLM):
                 kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
                 probe = rows.summarize(
-                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_states),
+                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
                     generation=True, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                 )
@@ -228,7 +235,7 @@ class ProbeHFLM(HFLM):
                     probe = self._with_margins(probe, margins)
                 probes[(req[0], text)].append(probe)
 
-        with _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
+        with self._reserved(), _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
             texts = super().generate_until(requests, disable_tqdm)
         out = with_generation_probes(requests, texts, probes)
         if self.states_writer is not None:
@@ -268,11 +275,11 @@ class ProbeHFLM(HFLM):
             per_layer = teacher_forced
             start = prompt_len - 1
             prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.whole.prompt_layers)
-        prompt_states: list[LayerStates | None] = [None] * len(bounds)
+        prompt_means: list[LayerStates | None] = [None] * len(bounds)
         if self.whole.prompt_layers:
             if prompt_layers is None or prompt_layers[0].shape[1] != prompt_len:
                 raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
-            prompt_states = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
+            prompt_means = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
         spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
@@ -286,7 +293,7 @@ class ProbeHFLM(HFLM):
         )
         call.rows.extend(
             (ids.tolist(), probes, int(n), states, kept)
-            for ids, probes, n, states, kept in zip(token_ids, rows, prompt_tokens, prompt_states, predicted, strict=True)
+            for ids, probes, n, states, kept in zip(token_ids, rows, prompt_tokens, prompt_means, predicted, strict=True)
         )
         return sequences
 

@@ -1,0 +1,86 @@
+"""``batch_size=auto`` that counts the probes: each forward of a probed call holds the enabled probes' declared extra
+memory (:attr:`~lm_eval_probes.api.Probe.memory`, for that forward's shapes) while it runs.
+
+HFLM sizes ``--batch_size auto`` by running plain forwards of the longest request at halving batch sizes until one
+does not run out of memory; no probe computes anything there. :func:`reserved_during_forwards` makes every forward of
+the model (those of the detection and, consistently, the run's own) allocate the probes' figure on the model's device
+before it runs and free it after, so the batch size that passes detection leaves room for the probes. A forward that
+cannot have both fails with the device's own out-of-memory error, which the detection catches and halves on.
+Without ``auto`` nothing is reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_eval_probes import registry
+from lm_eval_probes.api import Shapes
+from lm_eval_probes.config import ProbeConfig
+
+
+def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk_positions: int) -> Shapes:
+    """The :class:`~lm_eval_probes.api.Shapes` of a forward of ``batch`` × ``tokens`` through ``model`` (a Hugging Face
+    ``*ForCausalLM``; every position counted as a response position: the most a forward can ask of the probes)."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    width = int(getattr(text, "hidden_size", 0) or 0)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(text, "head_dim", None) or (width // heads if heads else 0))
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+    return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
+                  heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions)
+
+
+def probes_memory(config: ProbeConfig, shapes: Shapes) -> int:
+    """The enabled probes' declared extra memory for a forward of ``shapes`` (bytes)."""
+    return sum(probe.memory_bytes(config.options_of(probe.name), shapes)
+               for probe in registry.probes() if probe.name in config.probes)
+
+
+def reserve(size: int, device: torch.device) -> torch.Tensor:
+    """``size`` bytes on ``device`` (allocated, not written: the device's allocator says whether they fit)."""
+    return torch.empty(size, dtype=torch.uint8, device=device)
+
+
+@contextmanager
+def reserved_during_forwards(
+    model: nn.Module, config: ProbeConfig, *, vocab: int, enabled: bool = True,
+    allocate: Callable[[int, torch.device], Any] | None = None,
+) -> Iterator[list[int]]:
+    """Hooks on ``model`` that hold :func:`probes_memory` of each forward's ``input_ids`` shape while it runs; yields
+    the sizes reserved, forward by forward (for tests and benchmarks). ``enabled=False``: nothing (a fixed batch
+    size). ``allocate`` (default :func:`reserve`, looked up at each forward) makes the allocation."""
+    reserved: list[int] = []
+    held: list[Any] = []
+    if not enabled or not config.probes:
+        yield reserved
+        return
+
+    def before(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        held.clear()  # a forward that ran out of memory left its reservation
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+            return
+        shapes = model_shapes(model, batch=ids.shape[0], tokens=ids.shape[1], vocab=vocab,
+                              chunk_positions=config.chunk_positions)
+        size = probes_memory(config, shapes)
+        if size > 0:
+            held.append((allocate or reserve)(size, ids.device))
+            reserved.append(size)
+
+    def after(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+        held.clear()
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after)]
+    try:
+        yield reserved
+    finally:
+        held.clear()
+        for handle in handles:
+            handle.remove()
