@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 
 from lm_eval_probes.declarations import CONFIDENCE, ECE, SELECTIVE_AUROC
-from lm_eval_probes.reports.columns import ARROWS, glossary, meaning
+from lm_eval_probes.reports.columns import ARROWS, glossary, meaning, paired_test
 from lm_eval_probes.reports.plots import Figure
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import (
@@ -91,6 +91,7 @@ class GlossaryEntry:
     arrow: str
     direction: str
     description: str
+    test: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def overview_table(view: Overview, parts: NameParts | None = None,
     ranks = ranks or {}
     anchors = anchors or {}
     header = (HtmlHead("model", "name", MODEL_TOOLTIP),
-              HtmlHead("size", "", "number of parameters (lm_eval's model_num_parameters)"),
+              HtmlHead("size", "size", "number of parameters (lm_eval's model_num_parameters)"),
               HtmlHead("rank", "", RANK_TOOLTIP + " (the mean of the counted tasks' correctness rows)"),
               HtmlHead("tie group", "", GROUP_TOOLTIP),
               *(HtmlHead(c.task + ("" if n else " ✗"), "" if n else "uncounted",
@@ -201,7 +202,7 @@ def overview_table(view: Overview, parts: NameParts | None = None,
     rows = []
     parts = parts or model_name_parts(view.models)
     for name, size, cells in zip(view.models, view.num_parameters, view.cells):
-        size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "" if size else "missing")
+        size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "size" if size else "size missing")
         rows.append((_model_cell(name, parts), size_cell, *rank_cells(ranks.get(name), ranks),
                      *(value_cell(c) for c in cells)))
     return HtmlTable(header, tuple(rows))
@@ -298,7 +299,8 @@ def glossary_sections(tables: Sequence[TaskTable]) -> tuple[GlossarySection, ...
     sections = []
     for group in glossary(shown):
         facts = tuple((k, v) for k, v in (("Formula", group.formula), ("Reads", group.reads), ("Source", group.paper)) if v)
-        entries = tuple(GlossaryEntry(e.name, e.arrow, e.direction_text, e.description) for e in group.entries)
+        entries = tuple(GlossaryEntry(e.name, e.arrow, e.direction_text, e.description, paired_test(e.name))
+                        for e in group.entries)
         sections.append(GlossarySection(group.key, group.title, group.summary, facts, entries))
     return tuple(sections)
 

@@ -7,7 +7,7 @@ filter); documents only one model ran, or where either record is undefined, are 
   differences for mean rows, the row recomputed on each model's paired records for corpus rows
   (:mod:`.corpus_rows`, every resample at once).
 
-  Mean rows (lm_eval's ``acc``, ``acc_norm``, ``exact_match`` and the plugin's):
+  Mean rows (lm_eval's acc, acc_norm, exact_match, … and the plugin's):
   `tcb_log10`, `tcb_log10_min`, `tcb_ablation_ordered`, `tcb_cluster_log10`, `tcb_disperse_log10`, `bte_energy`,
   `omega`, `margin`, `margin_min`, `confidence`, `reveal_step`, `response_tokens`.
 

@@ -18,9 +18,10 @@ ranked model ran:
   the group so far opens the next group (the groups are the connected runs of overlapping intervals). Models in
   one group cannot be told apart by this benchmark at this level; a model alone in its group is separated from
   every other model.
-* **Overview** (task name :data:`OVERVIEW_TASK`): the models that have samples for every task counted in the win
-  rate, ranked by the mean over those tasks of their correctness row (a lower-is-better row enters negated), each
-  task resampled as above (its own documents and draws), the same draw for every model.
+* **Overview** (task name :data:`OVERVIEW_TASK`): every ranked model, on the counted tasks (those in the win rate)
+  that all of them ran with samples, by the mean over those tasks of its correctness row (a lower-is-better row
+  enters negated), each task resampled as above (its own documents and draws), the same draw for every model.
+  When no counted task was run by all of them: the models that ran every counted task, on all of them.
 
 Torch-free: numpy only.
 """
@@ -185,7 +186,9 @@ def rank_table(models: Sequence[ModelResults], columns: Sequence[RankColumn], *,
         resampled = np.stack([found.values[:, idx].mean(axis=-1) for idx in found.indices])  # [B, m]
         out += rank_intervals(column.task, found.models, resampled, found.values.mean(axis=-1), level=level,
                               n_documents=found.values.shape[1])
-    complete = [c for c in columns if c.counted and c.task in scored]
+    ranked = {name for found in scored.values() for name in found.models}
+    counted = [c for c in columns if c.counted and c.task in scored]
+    complete = [c for c in counted if ranked <= set(scored[c.task].models)] or counted
     everywhere = [m.name for m in models if complete and all(m.name in scored[c.task].models for c in complete)]
     if everywhere:
         kept = [m for m in models if m.name in everywhere]

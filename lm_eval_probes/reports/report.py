@@ -43,6 +43,8 @@ from lm_eval_probes.reports.pairwise import (
     is_auxiliary_task,
     pairwise_comparisons,
 )
+from lm_eval_probes.reports.details import write_details
+from lm_eval_probes.reports.every_eval_ever import write_every_eval_ever
 from lm_eval_probes.reports.levels import CORRECT, LevelMean, level_markdown, level_means
 from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankColumn, RankInterval, rank_table, ranks_by_task
 from lm_eval_probes.reports.sweep_status import FailedPair, failed_pairs
@@ -157,8 +159,9 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
                           "group": "models sorted by their interval; an interval that starts after the highest rank of "
                                    "the group so far opens the next group (connected runs of overlapping intervals)",
                           "overview_task": OVERVIEW_TASK,
-                          "overview": "the models with samples for every counted task, by the mean of their correctness "
-                                      "rows over those tasks (lower-is-better rows negated)"},
+                          "overview": "every ranked model on the counted tasks all of them ran with samples, by the mean "
+                                      "of its correctness rows over those tasks (lower-is-better rows negated); when "
+                                      "there is no such task, the models that ran every counted task"},
         "ranks": [r.to_json() for r in report.ranks],
         "failed": [f.to_json() for f in report.failed],
         "pairwise_settings": pairwise_settings(report, settings),
@@ -344,13 +347,25 @@ def build_report(
     (out_dir / "leaderboard.md").write_text(markdown_page(report, settings), encoding="utf-8")
     parameters = {m.name: m.num_parameters for m in models}
     (out_dir / "leaderboard.csv").write_text(leaderboard_csv(view, tables, parameters, ranks_by_task(ranks), failed), encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps(summary_json(report, settings), indent=2, ensure_ascii=False,
-                                                     allow_nan=False), encoding="utf-8")
+    details = write_details(models, out_dir)
+    exported = write_every_eval_ever(models, tables, out_dir, generator=f"lm-eval-probes {VERSION}")
     downloads: dict[str, list[tuple[str, str]]] = {}
+    for (model_name, task), path in sorted(details.items()):
+        downloads.setdefault(task, []).append((f"{model_name}: details (Parquet)", path.relative_to(out_dir).as_posix()))
+    for (model_name, task), paths in sorted(exported.items()):
+        downloads.setdefault(task, []).append((f"{model_name}: Every Eval Ever", paths[0].relative_to(out_dir).as_posix()))
+    summary = summary_json(report, settings)
+    summary["exports"] = {
+        "details": [{"model": m, "task": t, "path": p.relative_to(out_dir).as_posix()} for (m, t), p in sorted(details.items())],
+        "every_eval_ever": [{"model": m, "task": t, "paths": [p.relative_to(out_dir).as_posix() for p in paths]}
+                            for (m, t), paths in sorted(exported.items())],
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False, allow_nan=False),
+                                          encoding="utf-8")
     page = html.render_page(title=title, version=VERSION, view=view, tables=tables, robustness=robustness,
                             support=support, sections=sections, models=models, notes=report.notes, n_resamples=n_resamples,
                             seed=seed, level=level, pairwise=headline_comparisons(report),
-                            pairwise_text=pairwise_text(report, settings), statistics=statistics_line(settings),
+                            pairwise_text=pairwise_text(report, settings), statistics=statistics_line(settings).replace("`", ""),
                             trust_text=TRUST_TEXT, ranks=ranks_by_task(ranks), failed=failed,
                             task_comparisons=task_comparisons(report), downloads=downloads)
     (out_dir / "index.html").write_text(page, encoding="utf-8")

@@ -19,7 +19,7 @@ from typing import Any
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
-from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning
+from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning, paired_test
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
@@ -628,8 +628,9 @@ def glossary_markdown(tables: Sequence[TaskTable]) -> str:
                                                  ("Source", group.paper)) if text]
         if facts:
             parts += [f"- {name}: {_prose(text)}" for name, text in facts] + [""]
-        parts.append(_markdown_table(["row", "direction", "what it measures"], (
-            [_code(e.name) + (f" {e.arrow}" if e.arrow else ""), e.direction_text, markdown_escape(e.description)]
+        parts.append(_markdown_table(["row", "direction", "what it measures", "paired comparison"], (
+            [_code(e.name) + (f" {e.arrow}" if e.arrow else ""), e.direction_text, markdown_escape(e.description),
+             paired_test(e.name)]
             for e in group.entries)))
     return "\n".join(parts)
 
