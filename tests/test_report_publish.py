@@ -329,9 +329,10 @@ def backticked(text: str) -> list[str]:
 
 
 def paragraph(text: str, start: str) -> str:
+    """From ``start`` to the end of its paragraph or list item."""
     at = text.index(start)
-    end = text.find("\n\n", at)
-    return text[at:end if end >= 0 else None]
+    ends = [end for end in (text.find(mark, at) for mark in ("\n\n", "\n- ", "\n* ", "\n  - ")) if end >= 0]
+    return text[at:min(ends) if ends else None]
 
 
 def compared_rows() -> tuple[list[str], list[str], list[str]]:

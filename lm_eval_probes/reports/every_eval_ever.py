@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_probes.config import split_model_args
+from lm_eval_probes.declarations import CONFIDENCE
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval
 from lm_eval_probes.reports.columns import meaning
 from lm_eval_probes.reports.details import response_text
@@ -46,14 +47,11 @@ UNBOUNDED_BELOW = "-Infinity"
 
 BOUNDS: dict[str, tuple[float | str, float | str]] = {
     "acc": (0.0, 1.0), "acc_norm": (0.0, 1.0), "exact_match": (0.0, 1.0),
-    **{name: (0.0, 1.0) for name, row in ROWS_BY_NAME.items()
-       if row.family in ("confidence", "reader", "detector", "trajectory") and name != "prr"},
-    "prr": (UNBOUNDED_BELOW, 1.0),
-    "confidence": (0.0, 1.0),
+    CONFIDENCE.name: (0.0, 1.0),
+    **{name: (UNBOUNDED_BELOW, 1.0) if row.aggregation == "probe_prr" else (0.0, 1.0) for name, row in ROWS_BY_NAME.items()
+       if row.family in ("confidence", "reader", "detector", "trajectory")},
     **{name: (-1.0, 1.0) for name, row in ROWS_BY_NAME.items() if row.aggregation.endswith("spearman")},
-    "response_tokens": (0.0, UNBOUNDED_ABOVE),
-    "empty_responses": (0.0, UNBOUNDED_ABOVE), "answer_unlocated": (0.0, UNBOUNDED_ABOVE),
-    "difficulty_missing": (0.0, UNBOUNDED_ABOVE),
+    **{name: (0.0, UNBOUNDED_ABOVE) for name, row in ROWS_BY_NAME.items() if row.aggregation == "probe_count"},
 }
 """(min, max) of the rows whose range is known; other rows get ``null`` bounds (not provided)."""
 

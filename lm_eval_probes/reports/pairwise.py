@@ -24,6 +24,7 @@ filter); documents only one model ran, or where either record is undefined, are 
   `empty_responses`, `answer_unlocated`, `difficulty_missing` (counts), `ece_scaled` (fitted out-of-fold: a
   resample repeats documents across folds), `lcr_auroc`, `lcr_ece`, `corruption_auroc` (the reader's features
   are not in the samples).
+
 * **Interval**: the paired percentile bootstrap (:mod:`.bootstrap`): one set of document indices per
   resample, applied to both models, so what the documents share cancels out of the difference.
   Seeded by (seed, "paired", model a's label, model b's label, task, filter): never a path, and independent

@@ -3,17 +3,23 @@
 Reads every ``results_*.json`` under the given folders (and the ``samples_*.jsonl`` beside them), merges
 the runs of each model, and writes into ``--out``:
 
-* ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate over significant
-  wins), the paired comparisons (:mod:`.pairwise`: the models × models win matrix and each pair's difference,
-  interval and Holm-corrected p on every correctness row), the robustness table for noised twins, the support
+* ``leaderboard.md`` — the overview (each task's correctness row, size, rank interval and tie group), the
+  paired comparisons (:mod:`.pairwise`: the models × models win matrices and each pair's difference, interval and
+  Holm-corrected p on every correctness row), the robustness table for noised twins, the support
   tokens (``probes=margin``), one table per task with every row, and the glossary (each row shown: its direction
   and description, and the summary, formula and paper of the probe that makes it; :mod:`.columns`);
-* ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr and CI columns);
-* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, and
-  ``pairwise``: every pair of models on every row that can be paired;
+* ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr, CI, rank and ``failed`` columns);
+* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, ``ranks``,
+  ``failed``, and ``pairwise``: every pair of models on every row that can be paired;
 * ``index.html`` — one self-contained page (tables sortable, headers titled with their row's description, task
   tables in a compact view with the rest one click away, the glossary, figures embedded);
-* ``plots/*.png`` — the figures.
+* ``plots/*.png`` — the figures;
+* ``details/<model>/samples_<task>_<date>.parquet`` — one row per document (:mod:`.details`);
+* ``every_eval_ever/data/<task>/<developer>/<model>/<uuid>.json`` (and ``_samples.jsonl``) — the Every Eval Ever
+  0.3.0 schema (:mod:`.every_eval_ever`).
+
+Every task and the overview carry each model's rank interval and tie group (:mod:`.ranks`); when the runs come from a
+sweep, the models × tasks it attempted without a result are listed (:mod:`.sweep_status`).
 
 Torch-free and lm_eval-free: only json, numpy/scipy/scikit-learn, matplotlib and jinja2.
 """
@@ -375,9 +381,11 @@ def build_report(
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lm-eval-probes report",
-        description="Write a leaderboard (Markdown, CSV, JSON summary, one self-contained HTML page, PNG plots) from "
-                    "lm_eval results_*.json and samples_*.jsonl files (a sweep's output folder, or runs of "
-                    "`lm_eval --model hf-probes --log_samples`). Runs of the same model are merged. Needs no torch.",
+        description="Write a leaderboard (Markdown, CSV, JSON summary, one self-contained HTML page, PNG plots, "
+                    "per-document details as Parquet under details/, an Every Eval Ever export under every_eval_ever/) "
+                    "from lm_eval results_*.json and samples_*.jsonl files (a sweep's output folder, or runs of "
+                    "`lm_eval --model hf-probes --log_samples`). Runs of the same model are merged; a sweep's failed "
+                    "models x tasks are listed. Needs no torch.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders searched recursively for results_*.json (or the files)")
     p.add_argument("--out", required=True, help="output folder (created)")
