@@ -252,7 +252,7 @@ def test_every_eval_ever_files_validate_against_the_wheels_schemas(export_report
 def test_details_parquet_load_with_datasets(export_report):
     datasets = pytest.importorskip("datasets")
     built, out = export_report
-    (path,) = (out / "details" / "org__model-a").glob("samples_t_*.parquet")
+    path = out / "details" / "org__model-a" / "samples_t.parquet"
     loaded = datasets.load_dataset("parquet", data_files=str(path), split="train")
     assert loaded.num_rows == N
     assert {"doc_id", "prompt_hash", "target", "response", "correct", "confidence", "ece"} <= set(loaded.column_names)
@@ -357,3 +357,17 @@ def test_the_row_lists_in_the_docs_and_the_docstring_match_the_declarations():
     assert sorted(backticked(paragraph(leaderboard, "Rows not compared"))) == sorted(rest)
     demo = (docs / "demo.md").read_text()
     assert backticked(paragraph(demo, "Rows compared pair by pair")) == means + corpus
+
+
+def test_the_glossary_says_what_prr_does_and_which_test_each_row_gets():
+    from lm_eval_probes.reports.columns import glossary, paired_test
+
+    (group,) = [g for g in glossary(["prr", "selective_cov_acc_area"]) if g.key == "calibration"]
+    assert "tied confidences" in group.summary and "all right or all wrong" in group.summary
+    assert "lm-polygraph's own `prr` key is the raw prediction-rejection area" in group.summary
+    assert "selective_cov_acc_area" in group.summary
+    assert paired_test("acc").startswith("McNemar") and paired_test("confidence").startswith("paired permutation")
+    assert paired_test("prr").startswith("recomputed on each resample") and paired_test("lcr_auroc") == "not compared"
+    means, corpus, rest = compared_rows()
+    assert {paired_test(name) for name in corpus} == {paired_test("prr")}
+    assert {paired_test(name) for name in rest} == {"not compared"}

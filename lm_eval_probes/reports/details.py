@@ -1,7 +1,8 @@
 """Per-document details as Parquet, laid out like the Open LLM Leaderboard's details datasets.
 
 Under ``details/`` in the report folder: one folder per model (its name with ``/`` as ``__``, as the leaderboard
-names ``org__model``), in it one ``samples_<task>_<date>.parquet`` per task (the date of the run the report kept),
+names ``org__model``), in it one ``samples_<task>.parquet`` per task (no run date in the name, so that a run moved,
+cloned or sharded gives the same folder; the date of the run the report kept is the dataset card's split name),
 one row per document of the task's correctness filter: ``doc_id``, ``filter``, lm_eval's hashes (``doc_hash``,
 ``prompt_hash``, ``target_hash``), ``target``, ``response`` (the generated text, or the chosen option's text for a
 multiple-choice task), ``correct`` (the correctness row's value), lm_eval's ``arguments``, ``resps`` and
@@ -10,7 +11,7 @@ every per-document probe value (numbers as float64, records such as ``[confidenc
 anything else as JSON text). A ``README.md`` beside them is a dataset card whose ``configs`` name each model and task
 (``<model>__<task>``) with one split per run date and ``latest``, so the folder is a Hugging Face dataset as it is::
 
-    datasets.load_dataset("parquet", data_files="details/<model>/samples_<task>_<date>.parquet")
+    datasets.load_dataset("parquet", data_files="details/<model>/samples_<task>.parquet")
     datasets.load_dataset("details", "<model>__<task>", split="latest")
 
 Written through ``pyarrow`` (installed with lm_eval's ``datasets``); torch-free.
@@ -126,7 +127,7 @@ def write_details(models: Sequence[ModelResults], out: Path) -> dict[tuple[str, 
         for task, result in sorted(model.tasks.items()):
             if not result.samples:
                 continue
-            path = root / model_folder(model.name) / f"samples_{task}_{result.date}.parquet"
+            path = root / model_folder(model.name) / f"samples_{task}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(details_table(result), path)
             written[(model.name, task)] = path

@@ -15,7 +15,8 @@ Under ``every_eval_ever/`` in the report folder, laid out as the Every Eval Ever
   probe value as JSON text in ``metadata``; ``detailed_evaluation_results`` of the aggregate points at it (its
   datastore path, SHA-256 and row count).
 
-The uuid is a version-4 UUID derived from (model, task, run date), so a report written twice names its files alike.
+The uuid is a version-4 UUID derived from (model, task), so a report written twice, or from runs moved or sharded,
+names its files alike.
 Torch-free, and needs no ``every-eval-ever`` (which needs Python ≥ 3.12): plain ``json``.
 """
 
@@ -239,7 +240,7 @@ def write_every_eval_ever(models: Sequence[ModelResults], tables: Sequence[TaskT
             identifier = model_id(model)
             developer = identifier.split("/")[0] if "/" in identifier else "unknown"
             relative = Path("data", _component(table.task), _component(developer), _component(identifier.split("/")[-1]))
-            name = file_uuid(model.name, table.task, result.date)
+            name = file_uuid(model.name, table.task)
             folder = out / FOLDER / relative
             folder.mkdir(parents=True, exist_ok=True)
             evaluation_id = f"{table.task}/{identifier}/{retrieved}"

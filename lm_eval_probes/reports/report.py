@@ -14,7 +14,7 @@ the runs of each model, and writes into ``--out``:
 * ``index.html`` — one self-contained page (tables sortable, headers titled with their row's description, task
   tables in a compact view with the rest one click away, the glossary, figures embedded);
 * ``plots/*.png`` — the figures;
-* ``details/<model>/samples_<task>_<date>.parquet`` — one row per document (:mod:`.details`);
+* ``details/<model>/samples_<task>.parquet`` — one row per document (:mod:`.details`);
 * ``every_eval_ever/data/<task>/<developer>/<model>/<uuid>.json`` (and ``_samples.jsonl``) — the Every Eval Ever
   0.3.0 schema (:mod:`.every_eval_ever`).
 
