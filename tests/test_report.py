@@ -416,6 +416,37 @@ def test_a_sweeps_failed_pairs_are_listed_and_take_no_rank(runs, tmp_path):
         assert 'id="failed-table"' in page and "no model folder at /tmp/no-such-model" in page
 
 
+def test_the_exports_of_real_runs(report):
+    """lm_eval's own samples files (multiple choice and generation): one Parquet row per document of the
+    correctness filter with the response; Every Eval Ever files that validate where the wheel's schemas are at hand."""
+    import pyarrow.parquet as pq
+
+    from lm_eval_probes.reports.tables import primary_samples
+    from test_report_publish import every_eval_ever_schemas
+
+    built, out = report
+    for model in built.models:
+        for task, result in model.tasks.items():
+            path = out / "details" / model_seed_label(model.name).replace("/", "__") / f"samples_{task}.parquet"
+            if not path.is_file():
+                path = next((out / "details").glob(f"*/samples_{task}.parquet"))
+            table = pq.read_table(path).to_pylist()
+            assert len(table) == len(primary_samples(result))
+            assert all(isinstance(row["response"], str) and row["prompt_hash"] for row in table)
+    files = sorted((out / "every_eval_ever").rglob("*.json"))
+    assert len(files) == sum(len(m.tasks) for m in built.models)
+    schemas = every_eval_ever_schemas()
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed") if schemas else None
+    if schemas is None:
+        pytest.skip("the every-eval-ever 0.3.0 wheel is not in /tmp/eee: fields checked in test_report_publish.py")
+    aggregate, instance = (jsonschema.Draft7Validator(schema) for schema in schemas)
+    for path in files:
+        aggregate.validate(json.loads(path.read_text()))
+    for path in (out / "every_eval_ever").rglob("*_samples.jsonl"):
+        for line in path.read_text().splitlines():
+            instance.validate(json.loads(line))
+
+
 def test_html_is_self_contained(report):
     _, out = report
     page = (out / "index.html").read_text()

@@ -240,13 +240,16 @@ def test_every_eval_ever_files_validate_against_the_wheels_schemas(export_report
     if schemas is None:
         pytest.skip("the every-eval-ever 0.3.0 wheel is not in /tmp/eee (pip download --no-deps --python-version 3.12 "
                     "--only-binary=:all: every-eval-ever==0.3.0 -d /tmp/eee)")
-    aggregate, instance = schemas
+    aggregate, instance = (jsonschema.Draft7Validator(schema) for schema in schemas)
     _, out = export_report
-    for path in (out / "every_eval_ever").rglob("*.json"):
-        jsonschema.validate(json.loads(path.read_text()), aggregate)
-    for path in (out / "every_eval_ever").rglob("*_samples.jsonl"):
-        for line in path.read_text().splitlines():
-            jsonschema.validate(json.loads(line), instance)
+    aggregates = sorted((out / "every_eval_ever").rglob("*.json"))
+    lines = [json.loads(line) for path in (out / "every_eval_ever").rglob("*_samples.jsonl")
+             for line in path.read_text().splitlines()]
+    assert len(aggregates) == 2 and len(lines) == 2 * N
+    for path in aggregates:
+        aggregate.validate(json.loads(path.read_text()))
+    for line in lines:
+        instance.validate(line)
 
 
 def test_details_parquet_load_with_datasets(export_report):
