@@ -64,10 +64,12 @@ benchmark: install
 clean:
 	rm -rf $(VENV) build *.egg-info results
 
-# The report test renders the HTML page in headless Chromium: install it where apt-get is available (as root);
-# elsewhere the test is skipped with its reason. Never fails the build.
+# The report tests render the HTML page in headless Chromium, driven by Selenium through chromedriver: install
+# both Debian packages where apt-get is available (as root); elsewhere those tests are skipped with their reason.
+# Never fails the build.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	@{ command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; } && command -v chromedriver >/dev/null 2>&1 || \
 	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
-	    apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
-	  echo "chromium not installed (needs apt-get as root): the headless page test will be skipped"
+	    apt-get update -qq >/dev/null 2>&1 && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "chromium / chromium-driver not installed (needs apt-get as root): the browser tests of the report will be skipped"

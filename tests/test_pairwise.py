@@ -78,10 +78,11 @@ def test_holm_against_a_hand_computed_example():
 def test_rows_without_a_direction_form_their_own_family():
     """Baselines and counts (``higher_is_better`` None) are compared but adjusted apart and never win."""
     assert comparison_family(RowSpec("t", "acc", "none", True, True)) == "overview"
-    assert comparison_family(RowSpec("t_detect", "acc", "none", True, True)) == "t_detect"
+    assert comparison_family(RowSpec("t_detect", "acc", "none", True, True)) == "t_detect/lm_eval"
     assert comparison_family(RowSpec("t_detect", "acc", "none", True, True), include_auxiliary_tasks=True) == "overview"
-    assert comparison_family(RowSpec("t", "ece", "none", False, False)) == "t"
-    assert comparison_family(RowSpec("t", "length_spearman", "none", None, False)) == "t (no direction)"
+    assert comparison_family(RowSpec("t", "ece", "none", False, False)) == "t/confidence"
+    assert comparison_family(RowSpec("t", "tcb_log10", "none", True, False)) == "t/probe"
+    assert comparison_family(RowSpec("t", "length_spearman", "none", None, False)) == "t/difficulty (no direction)"
 
 
 def test_mcnemar_against_a_hand_count_and_scipy():
@@ -201,7 +202,7 @@ def test_pairwise_entries_pair_documents_and_count_discordant_ones(runs, report)
     assert found["p_value"] == pytest.approx(stats.binomtest(only_close, only_close + only_weak, 0.5).pvalue)
     assert found["ci_low"] <= found["diff"] <= found["ci_high"]
     confidence = entry(summary, "strong", "weak", "task_a", "confidence")
-    assert confidence["test"] == "paired_permutation" and confidence["p_value"] < 0.01 and confidence["family"] == "task_a"
+    assert confidence["test"] == "paired_permutation" and confidence["p_value"] < 0.01 and confidence["family"] == "task_a/probe"
 
 
 def test_holm_is_applied_across_the_overview_table(report):
@@ -231,7 +232,7 @@ def test_the_win_rate_counts_only_significant_wins(report):
 
 def test_detector_and_reference_tasks_stay_out_of_the_win_rate(runs, report, tmp_path):
     built, out, summary = report
-    assert entry(summary, "strong", "weak", "task_detect")["family"] == "task_detect"
+    assert entry(summary, "strong", "weak", "task_detect")["family"] == "task_detect/lm_eval"
     assert entry(summary, "strong", "weak", "task_ref")["significant_winner"] == "weak"  # computed, not counted
     assert "task_detect: acc ↑ (not in win rate)" in (out / "leaderboard.md").read_text()
     included = build_report([runs], tmp_path, n_resamples=300, seed=0, plots=False, include_auxiliary_tasks=True)

@@ -274,16 +274,16 @@ def test_task_table_contents_and_sort_order(runs, report):
     built, out = report
     text = (out / "leaderboard.md").read_text()
     header, *rows = markdown_rows(markdown_section(text, "probes_synth_logic"))
-    assert header[:4] == ["model", "acc ↑", "confidence ↑", "ece ↓"] and "bte_energy ↓" in header
+    assert header[:6] == ["model", "rank", "tie group", "acc ↑", "confidence ↑", "ece ↓"] and "bte_energy ↓" in header
     assert len(rows) == 2
-    accs = [float(r[1].split(" ")[0]) for r in rows]
+    accs = [float(r[3].split(" ")[0]) for r in rows]
     assert accs == sorted(accs, reverse=True)  # best first
     table = next(t for t in built.tables if t.task == "probes_synth_logic")
     for name, row in zip(table.models, rows):
         model = next(m for m in built.models if m.name == name)
         expected = model.tasks["probes_synth_logic"].metric("acc", "none")
         assert row[0] == markdown_escape(name)
-        assert row[1] == f"{expected.value:.3f} ± {expected.stderr:.3f}"
+        assert row[3] == f"{expected.value:.3f} ± {expected.stderr:.3f}"
     ece = header.index("ece ↓")
     assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", rows[0][ece])  # a CI where lm_eval gives no stderr
     assert rows[0][header.index("lcr_auroc ↑")].count("[") == 0  # reader rows: no CI
@@ -294,13 +294,13 @@ def test_overview_missing_tasks_and_csv(runs, report):
     built, out = report
     text = (out / "leaderboard.md").read_text()
     header, *rows = markdown_rows(text.split("\n## ", 1)[0])
-    assert header[:3] == ["model", "size", "mean win rate ↑"]
+    assert header[:4] == ["model", "size", "rank (95%)", "tie group"]
     gpt2 = next(r for r in rows if "gpt2" in r[0])
     proofwriter = header.index("probes_proofwriter: acc ↑")
     assert gpt2[proofwriter] == "—"  # not run: missing, not 0
     assert re.fullmatch(r"\d+(\.\d+)?K", gpt2[1])  # size from model_num_parameters
-    wins = [float(r[2]) for r in rows]
-    assert wins == sorted(wins, reverse=True) and built.overview.models[0] == rows[0][0]
+    assert [r[0] for r in rows] == [markdown_escape(m) for m in built.overview.models]
+    assert all(r[2] != "—" for r in rows)  # both ranked on the tasks both ran
     table = list(csv.reader(io.StringIO((out / "leaderboard.csv").read_text())))
     head, body = table[0], table[1:]
     gpt2_csv = next(r for r in body if "gpt2" in r[0])
@@ -370,7 +370,7 @@ def test_every_column_of_a_real_run_is_explained(report):
     for number, table in enumerate(built.tables, start=1):
         section = page.split(f'id="task-table-{number}"', 1)[1].split("</thead>", 1)[0]
         titles = re.findall(r'<th class="[^"]*" title="([^"]*)"', section)
-        assert titles[1:] == [html_escape(c.description) for c in table.columns], table.task
+        assert titles[3:] == [html_escape(c.description) for c in table.columns], table.task
         for column in table.columns:
             assert f'id="row-{column.metric}"' in glossary, column.metric
             assert column.label.endswith(("↑", "↓")) == meaning(column.metric).scored, column.label
@@ -380,6 +380,71 @@ def html_escape(text: str) -> str:
     """jinja2's autoescape."""
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
             .replace("'", "&#39;"))
+
+
+def test_a_sweeps_failed_pairs_are_listed_and_take_no_rank(runs, tmp_path):
+    """A sweep folder whose llama pair finished (the tiny model's run) and whose other model failed to load: the
+    status files are written by the sweep's own store; the report lists the failure and ranks only llama."""
+    from lm_eval_probes.sweep.config import parse_config
+    from lm_eval_probes.sweep.store import collect_status, pair_dir, record_status
+
+    out = tmp_path / "sweep"
+    config = parse_config({"output_dir": str(out), "tasks": ["probes_synth_logic"], "probes": "tcb+bte",
+                           "models": [{"name": "llama", "model_args": {"pretrained": "x"}},
+                                      {"name": "broken", "model_args": {"pretrained": "y"}}]})
+    finished = pair_dir(config, "llama", "probes_synth_logic")
+    shutil.copytree(next(runs["c"].rglob("results_*.json")).parent, finished)
+    record_status(config, "llama", "probes_synth_logic", "done")
+    error = "model failed to load: OSError: no model folder at /tmp/no-such-model\nTraceback (most recent call last): ..."
+    record_status(config, "broken", "probes_synth_logic", "failed", error=error, traceback="...")
+    assert collect_status(config)["counts"] == {"done": 1, "failed": 1, "pending": 0}
+    for given in (out / "runs", out):  # the runs folder or the sweep's folder
+        folder = tmp_path / f"report-{given.name}"
+        built = build_report([given], folder, n_resamples=20, plots=False)
+        assert len(built.models) == 1
+        summary = json.loads((folder / "summary.json").read_text())
+        expected = {"model": "broken", "task": "probes_synth_logic", "error": error.splitlines()[0]}
+        assert summary["failed"] == [expected] and [f.to_json() for f in built.failed] == [expected]
+        assert {r["model"] for r in summary["ranks"]} == {built.models[0].name}
+        markdown = (folder / "leaderboard.md").read_text()
+        assert "## Attempted without a result" in markdown
+        assert f"| broken | probes_synth_logic | {markdown_escape(expected['error'])} |" in markdown
+        rows = {r["model"]: r for r in csv.DictReader(io.StringIO((folder / "leaderboard.csv").read_text()))}
+        assert rows["broken"]["failed"] == f"probes_synth_logic: {expected['error']}" and rows["broken"]["rank_low"] == ""
+        assert rows[built.models[0].name]["failed"] == ""
+        page = (folder / "index.html").read_text()
+        assert 'id="failed-table"' in page and "no model folder at /tmp/no-such-model" in page
+
+
+def test_the_exports_of_real_runs(report):
+    """lm_eval's own samples files (multiple choice and generation): one Parquet row per document of the
+    correctness filter with the response; Every Eval Ever files that validate where the wheel's schemas are at hand."""
+    import pyarrow.parquet as pq
+
+    from lm_eval_probes.reports.tables import primary_samples
+    from test_report_publish import every_eval_ever_schemas
+
+    built, out = report
+    for model in built.models:
+        for task, result in model.tasks.items():
+            path = out / "details" / model_seed_label(model.name).replace("/", "__") / f"samples_{task}.parquet"
+            if not path.is_file():
+                path = next((out / "details").glob(f"*/samples_{task}.parquet"))
+            table = pq.read_table(path).to_pylist()
+            assert len(table) == len(primary_samples(result))
+            assert all(isinstance(row["response"], str) and row["prompt_hash"] for row in table)
+    files = sorted((out / "every_eval_ever").rglob("*.json"))
+    assert len(files) == sum(len(m.tasks) for m in built.models)
+    schemas = every_eval_ever_schemas()
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed") if schemas else None
+    if schemas is None:
+        pytest.skip("the every-eval-ever 0.3.0 wheel is not in /tmp/eee: fields checked in test_report_publish.py")
+    aggregate, instance = (jsonschema.Draft7Validator(schema) for schema in schemas)
+    for path in files:
+        aggregate.validate(json.loads(path.read_text()))
+    for path in (out / "every_eval_ever").rglob("*_samples.jsonl"):
+        for line in path.read_text().splitlines():
+            instance.validate(json.loads(line))
 
 
 def test_html_is_self_contained(report):
@@ -516,8 +581,11 @@ def test_page_renders_in_headless_chromium(report, tmp_path):
     check = json.loads(html_module.unescape(match.group(1)))
     pngs = list((out / "plots").glob("*.png"))
     assert check["images"] == len(pngs) and check["broken"] == 0
-    # overview, pairwise matrix, pairwise comparisons, robustness, support tokens, one per task
-    assert check["tables"] == 5 + len(built.tables)
+    # overview, pairwise matrix, trust matrix (where a trust row was compared), pairwise comparisons, robustness,
+    # support tokens, per task: its table, and its comparisons of every row where two models ran it
+    compared = sum(len(set(t.models)) > 1 for t in built.tables)
+    trust = any(any(row) for row in built.overview.trust_compared)
+    assert check["tables"] == 5 + trust + len(built.tables) + compared
     assert check["overviewRows"] == len(built.overview.models) == 2
     # the size column, largest first on the first click (the win rates of two tiny random models may tie at 0)
     sizes = dict(zip(built.overview.models, built.overview.num_parameters))

@@ -228,7 +228,8 @@ def test_every_header_has_its_declarations_description_as_title(report):
     tables = task_tables(root)
     assert set(tables) == {"task_mc", "task_gen", "task_detect"}
     for task, table in tables.items():
-        head, *columns = table.find_all("th")
+        head, rank, group, *columns = table.find_all("th")
+        assert rank.text().startswith("rank") and group.text().startswith("tie") and rank.attrs["title"]
         assert head.attrs["title"]  # the model column
         shown = [header_metric(th) for th in columns]
         assert shown == [c.metric for c in next(t for t in built.tables if t.task == task).columns]
@@ -239,7 +240,7 @@ def test_every_header_has_its_declarations_description_as_title(report):
         assert th.attrs.get("title", "").strip(), th.text()
         assert th.attrs["title"].strip() != th.text().strip(), th.text()
     overview = root.by_id("overview")
-    for th, column in zip(overview.find_all("th")[3:], built.overview.columns):
+    for th, column in zip(overview.find_all("th")[4:], built.overview.columns):
         assert th.attrs["title"].startswith(meaning(column.metric).description)
 
 
@@ -279,7 +280,7 @@ def test_no_arrow_on_rows_without_a_better_direction(report):
     root = parse((out / "index.html").read_text())
     checked = {True: 0, False: 0}
     for table in task_tables(root).values():
-        for th in table.find_all("th")[1:]:
+        for th in table.find_all("th")[3:]:
             metric, text = header_metric(th), th.text(skip_class="detail")
             row = ROWS_BY_NAME.get(metric)
             if row is not None and not row.scored:
@@ -314,12 +315,13 @@ def test_rows_without_a_direction_never_win_a_comparison(report):
     for entry in tokens:
         assert entry["p_holm"] < 0.05 and entry["diff"] > 5  # significant, long − short
         assert entry["higher_is_better"] is None and entry["significant_winner"] is None
-        assert entry["family"] == f"{entry['task']} (no direction)"
+        assert entry["family"] == f"{entry['task']}/probe (no direction)"
     for entry in summary["pairwise"]:
         if entry["metric"] in ROWS_BY_NAME and not ROWS_BY_NAME[entry["metric"]].scored:
             assert entry["significant_winner"] is None and entry["family"].endswith("(no direction)"), entry["metric"]
         elif entry["family"] != "overview":
-            assert entry["family"] == entry["task"], entry["metric"]
+            family = ROWS_BY_NAME[entry["metric"]].family if entry["metric"] in ROWS_BY_NAME else "lm_eval"
+            assert entry["family"] == f"{entry['task']}/{family}", entry["metric"]
     acc = next(e for e in summary["pairwise"] if e["metric"] == "acc" and e["task"] == "task_mc")
     assert acc["family"] == "overview" and acc["significant_winner"] == "long"  # a row with a direction still wins
     assert "(no direction)" in json.dumps(summary["pairwise_settings"]["families"])
@@ -329,20 +331,20 @@ def test_the_compact_view_shows_the_headline_columns_and_the_full_view_all(repor
     built, out = report
     root = parse((out / "index.html").read_text())
     tables = task_tables(root)
-    compact = {task: [header_metric(th) for th in table.find_all("th")[1:] if "extra" not in th.classes]
+    compact = {task: [header_metric(th) for th in table.find_all("th")[3:] if "extra" not in th.classes]
                for task, table in tables.items()}
     assert compact["task_mc"] == list(MC_COMPACT)
     assert compact["task_gen"] == ["exact_match", "confidence", "ece", "selective_auroc", "tcb_log10", "tcb_spearman"]
     assert compact["task_detect"] == ["acc", "confidence", "ece", "selective_auroc", "lcr_auroc", "corruption_auroc",
                                       "bte_energy"]
     for task, table in tables.items():
-        full = [header_metric(th) for th in table.find_all("th")[1:]]
+        full = [header_metric(th) for th in table.find_all("th")[3:]]
         built_table = next(t for t in built.tables if t.task == task)
         assert full == [c.metric for c in built_table.columns]  # the full view: every row of the task
         assert [c.metric for c in built_table.headline_columns] == compact[task]
-        extra = ["extra" in th.classes for th in table.find_all("th")[1:]]
+        extra = ["extra" in th.classes for th in table.find_all("th")[3:]]
         for tr in table.find_all("tr")[1:]:  # each row's cells hidden with their header
-            assert ["extra" in td.classes for td in tr.find_all("td")[1:]] == extra
+            assert ["extra" in td.classes for td in tr.find_all("td")[3:]] == extra
     page = (out / "index.html").read_text()
     assert page.count('class="full-view"') == 2 * len(tables)  # a checkbox and its label per table
     assert f"show all {len(MC_ROWS)} columns" in page and f"show the {len(MC_COMPACT)} headline columns" in page
@@ -423,6 +425,6 @@ def test_layout_in_headless_chromium(report, tmp_path, width):
     assert check["task"] == "task_mc"
     table = next(t for t in built.tables if t.task == check["task"])
     assert check["scrollWidth"] <= check["clientWidth"]  # tables scroll inside their own box, the page does not
-    assert check["compact"] == 1 + len(table.headline_columns) and check["full"] == 1 + len(table.columns)
+    assert check["compact"] == 3 + len(table.headline_columns) and check["full"] == 3 + len(table.columns)
     assert check["scrolled"] > 0  # the full table is wider than the window
     assert abs(check["firstLeft"] - check["boxLeft"]) < 1.5  # the model column stays at the box's left edge

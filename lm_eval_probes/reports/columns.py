@@ -75,6 +75,20 @@ class ColumnMeaning:
         return "higher is better" if self.direction else "lower is better"
 
 
+def paired_test(metric: str) -> str:
+    """How the leaderboard compares two models on ``metric`` (:mod:`.pairwise`), in a few words."""
+    from lm_eval_probes.reports.corpus_rows import corpus_row
+
+    row = ROWS_BY_NAME.get(metric)
+    if row is None or row.aggregation == "mean":
+        return ("McNemar's exact test when 0/1, else a paired permutation test; paired bootstrap interval"
+                if row is None else "paired permutation test; paired bootstrap interval")
+    corpus = corpus_row(metric)
+    if corpus is not None and corpus.resampled is not None:
+        return "recomputed on each resample: paired permutation test, paired bootstrap interval"
+    return "not compared"
+
+
 def meaning(metric: str, results_direction: bool | None = None) -> ColumnMeaning:
     """The meaning of ``metric``'s column; ``results_direction`` (the results file's ``higher_is_better``) is used
     only for a metric the plugin does not declare (lm_eval's correctness metrics: higher is better without it)."""
@@ -139,7 +153,11 @@ def _families() -> tuple[_Family, ...]:
                 "and what was probed.", RESPONSE_ROWS),
         _Family("calibration", "Calibration and selective prediction",
                 f"How well {CONFIDENCE.name} tracks correctness (tasks whose correctness is defined): its calibration "
-                "error, and how well it ranks right above wrong answers (selective prediction).",
+                "error, and how well it ranks right above wrong answers (selective prediction). PRR with tied "
+                "confidences: the expectation over every order of the tied documents (as AURC and the coverage area); "
+                "on a task whose documents are all right or all wrong it is undefined (the oracle is no better than "
+                "random), as selective AUROC is. lm-polygraph's own `prr` key is the raw prediction-rejection area, "
+                "which is this project's selective_cov_acc_area; this project's prr is the normalised ratio.",
                 CONFIDENCE_ROWS,
                 paper="\"Unsure but Certain\" (arXiv 2608.08791) for the set; ECE and temperature scaling: Guo et al., "
                       "\"On Calibration of Modern Neural Networks\" (ICML 2017); AURC: Geifman et al. (ICLR 2019); the "

@@ -32,6 +32,9 @@ RECORD_WIDTHS: dict[str, int] = {"confidence": 2, "ranked": 2, "partial": 3}
 Statistic = Callable[[np.ndarray, CalibrationOptions], float]
 """``statistic(rows, options)``: rows ``[n, width]`` of finite floats → the row's value (``nan`` if undefined)."""
 
+Resampled = Callable[[np.ndarray, CalibrationOptions], np.ndarray]
+"""``resampled(rows, options)``: ``[B, n, width]`` → ``[B]``, the row on every resample at once."""
+
 
 def _aggregation_statistic(name: str) -> Statistic:
     """Row ``name``'s own aggregation (as lm_eval ran it) on a record array; ``nan`` where it is undefined."""
@@ -97,7 +100,132 @@ def partial_spearman_resampled(resampled: np.ndarray, options: CalibrationOption
     return np.where(constant_z, r_xy, partial)
 
 
-Resampled = Callable[[np.ndarray, CalibrationOptions], np.ndarray]
+def _descending(resampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each resample's confidences (column 0) sorted descending, and its 0/1 correctness in that order."""
+    order = np.argsort(-resampled[..., 0], axis=-1, kind="stable")
+    confidence = np.take_along_axis(resampled[..., 0], order, axis=-1)
+    correct = np.take_along_axis(resampled[..., 1], order, axis=-1)
+    return confidence, correct
+
+
+def _tie_groups(sorted_values: np.ndarray) -> np.ndarray:
+    """``[B, n]`` ids of the runs of equal values of each (sorted) row, unique across rows."""
+    starts = np.ones(sorted_values.shape, dtype=bool)
+    starts[..., 1:] = sorted_values[..., 1:] != sorted_values[..., :-1]
+    return np.cumsum(starts.reshape(-1)).reshape(sorted_values.shape) - 1
+
+
+def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each element replaced by the mean of ``values`` over its group."""
+    flat = groups.reshape(-1)
+    sums = np.bincount(flat, weights=values.reshape(-1))
+    counts = np.bincount(flat)
+    return (sums / counts)[flat].reshape(values.shape)
+
+
+def _expected_cumulative_errors(resampled: np.ndarray) -> np.ndarray:
+    """``[B, n]`` expected errors among the k most confident, k = 1..n, ties broken at random (as
+    :func:`lm_eval_probes.probes.calibration.risk_coverage_curve`): inside a tied group each member carries the
+    group's mean error, so the running sum is errors before the group + (k − before)/m · e."""
+    confidence, correct = _descending(resampled)
+    return np.cumsum(_group_means(1.0 - correct, _tie_groups(confidence)), axis=-1)
+
+
+def aurc_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+    """AURC per resample: the mean over k of the risk of the k most confident; ``nan`` for no documents."""
+    n = resampled.shape[-2]
+    if n == 0:
+        return np.full(resampled.shape[0], np.nan)
+    return (_expected_cumulative_errors(resampled) / np.arange(1, n + 1)).mean(axis=-1)
+
+
+def coverage_area_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+    """The coverage–accuracy area (HELM's ``selective_cov_acc_area``) per resample: 1 − AURC."""
+    return 1.0 - aurc_resampled(resampled, options)
+
+
+def prr_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+    """The prediction rejection ratio per resample, (A − accuracy)/(A_oracle − accuracy); ``nan`` where a
+    resample's documents are all right or all wrong (as
+    :func:`~lm_eval_probes.probes.calibration.prediction_rejection_ratio_score`)."""
+    n = resampled.shape[-2]
+    if n == 0:
+        return np.full(resampled.shape[0], np.nan)
+    k = np.arange(1, n + 1)
+    correct = resampled[..., 1]
+    accuracy = correct.mean(axis=-1)
+    area = coverage_area_resampled(resampled, options)
+    oracle = (np.minimum(correct.sum(axis=-1, keepdims=True), k) / k).mean(axis=-1)
+    single_class = (correct == correct[..., :1]).all(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(single_class, np.nan, (area - accuracy) / np.where(single_class, 1.0, oracle - accuracy))
+
+
+def accuracy_at_coverage_resampled(coverage: float) -> Resampled:
+    """The selective accuracy of the ⌈coverage·n⌉ most confident documents per resample."""
+
+    def resampled_accuracy(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+        n = resampled.shape[-2]
+        if n == 0:
+            return np.full(resampled.shape[0], np.nan)
+        k = min(n, max(1, math.ceil(coverage * n - 1e-9)))
+        return 1.0 - _expected_cumulative_errors(resampled)[..., k - 1] / k
+
+    return resampled_accuracy
+
+
+def _bin_ece(resampled: np.ndarray, bins: np.ndarray, n_bins: int) -> np.ndarray:
+    """ECE = Σ_b |Σ_{i∈b} y_i − Σ_{i∈b} c_i| / n per resample, from each document's bin ``[B, n]``."""
+    n_resamples, n = bins.shape
+    if n == 0:
+        return np.full(n_resamples, np.nan)
+    flat = (np.arange(n_resamples)[:, None] * n_bins + bins).reshape(-1)
+    size = n_resamples * n_bins
+    gap = (np.bincount(flat, weights=resampled[..., 1].reshape(-1), minlength=size)
+           - np.bincount(flat, weights=resampled[..., 0].reshape(-1), minlength=size))
+    return np.abs(gap).reshape(n_resamples, n_bins).sum(axis=-1) / n
+
+
+def _ascending(resampled: np.ndarray) -> np.ndarray:
+    order = np.argsort(resampled[..., 0], axis=-1, kind="stable")
+    return np.take_along_axis(resampled, order[..., None], axis=-2)
+
+
+def ece_bins_resampled(n_bins: int, binning: str) -> Resampled:
+    """ECE with ``n_bins`` bins of ``binning`` (``uniform``, ``quantile`` or ``helm``, as
+    :func:`~lm_eval_probes.probes.calibration.reliability_diagram` draws them) per resample."""
+
+    def resampled_ece(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+        n = resampled.shape[-2]
+        if binning == "uniform":
+            edges = np.arange(n_bins + 1, dtype=np.float64)[1:] / n_bins
+            return _bin_ece(resampled, np.searchsorted(edges, resampled[..., 0], side="left"), n_bins)
+        ordered = _ascending(resampled)
+        confidence = ordered[..., 0]
+        if n == 0:
+            return np.full(resampled.shape[0], np.nan)
+        if binning == "quantile":  # a tie group goes to the bin of its mid-rank (first + last)/2
+            position = np.broadcast_to(np.arange(n), confidence.shape)
+            groups = _tie_groups(confidence)
+            mid = _group_means(position.astype(float), groups)
+            bins = np.minimum(np.floor(mid * n_bins / n).astype(np.intp), n_bins - 1)
+            return _bin_ece(ordered, bins, n_bins)
+        # helm: np.array_split's chunks of the sorted confidences, a boundary midway between chunks, the last at 1
+        chunks = min(n_bins, n)
+        ends = np.cumsum([len(part) for part in np.array_split(np.arange(n), chunks)])[:-1] - 1
+        boundaries = np.concatenate([(confidence[..., ends] + confidence[..., ends + 1]) / 2.0,
+                                     np.ones(confidence.shape[:-1] + (1,))], axis=-1)
+        bins = (confidence[..., :, None] > boundaries[..., None, :]).sum(axis=-1)
+        return _bin_ece(ordered, bins, chunks)
+
+    return resampled_ece
+
+
+def _ece_option_resampled(resampled: np.ndarray, options: CalibrationOptions | None = None) -> np.ndarray:
+    """ECE with the task's ``ece_bins`` and ``ece_binning`` per resample."""
+    options = options or CalibrationOptions()
+    return ece_bins_resampled(options.ece_bins, options.ece_binning)(resampled, options)
+
 
 
 @dataclass(frozen=True)
@@ -124,6 +252,13 @@ class CorpusRow:
 FAST_RESAMPLED: dict[str, Resampled] = {
     "probe_selective_auroc": auroc_resampled,
     "probe_corruption_confidence_auroc": auroc_resampled,
+    "probe_ece": _ece_option_resampled,
+    "probe_ece_10_bin": ece_bins_resampled(10, "helm"),
+    "probe_aurc": aurc_resampled,
+    "probe_prr": prr_resampled,
+    "probe_selective_cov_acc_area": coverage_area_resampled,
+    "probe_selective_acc_50": accuracy_at_coverage_resampled(0.5),
+    "probe_selective_acc_80": accuracy_at_coverage_resampled(0.8),
     "probe_spearman": spearman_resampled,
     "probe_partial_spearman": partial_spearman_resampled,
 }

@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 
 from lm_eval_probes.declarations import CONFIDENCE, ECE, SELECTIVE_AUROC
-from lm_eval_probes.reports.columns import ARROWS, glossary, meaning
+from lm_eval_probes.reports.columns import ARROWS, glossary, meaning, paired_test
 from lm_eval_probes.reports.plots import Figure
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import (
@@ -44,6 +44,8 @@ from lm_eval_probes.reports.tables import (
     win_text,
 )
 from lm_eval_probes.reports.pairwise import PairedComparison
+from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankInterval, group_text
+from lm_eval_probes.reports.sweep_status import FailedPair
 
 TEMPLATE = "leaderboard.html.j2"
 
@@ -69,6 +71,7 @@ class HtmlHead:
     css: str = ""
     tooltip: str = ""
     detail: str = ""
+    href: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class GlossaryEntry:
     arrow: str
     direction: str
     description: str
+    test: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,28 +166,54 @@ def _model_head(name: str, parts: NameParts) -> HtmlHead:
 MODEL_TOOLTIP = "the model: its sweep label, else lm_eval's model name (with its model_args where two runs share it)"
 
 
-def overview_table(view: Overview, parts: NameParts | None = None) -> HtmlTable:
+RANK_TOOLTIP = ("the bootstrap interval of the model's rank over the documents every ranked model ran (the same "
+                "resamples for every model); 1 = best")
+GROUP_TOOLTIP = ("tie group: models whose rank intervals overlap (connected runs) cannot be told apart on these "
+                 "documents; 1 = the best group")
+
+
+def rank_cells(rank: RankInterval | None, ranks: Mapping[str, RankInterval]) -> tuple[HtmlCell, HtmlCell]:
+    """The rank interval's cell (sorted by its point rank) and the tie group's (``—`` for an unranked model)."""
+    if rank is None:
+        return (HtmlCell(MISSING_TEXT, "", "missing", "no rank: no samples for the documents the others ran"),
+                HtmlCell(MISSING_TEXT, "", "missing"))
+    tooltip = (f"rank {rank.rank} on all {rank.n_documents} shared documents; interval {rank.text} over the resamples, "
+               f"{rank.n_models} models ranked")
+    return (HtmlCell(rank.text, f"{rank.rank}.{rank.rank_high:03d}", "rank", tooltip),
+            HtmlCell(str(rank.group), str(rank.group), "group", group_text(rank, ranks), group_text(rank, ranks)))
+
+
+def overview_table(view: Overview, parts: NameParts | None = None,
+                   ranks: Mapping[str, RankInterval] | None = None, anchors: Mapping[str, str] | None = None) -> HtmlTable:
+    """Models × each task's correctness row, with the overview's rank interval and tie group; each task's header
+    links to its full table (``anchors``: task → fragment)."""
     counted = view.counted or (True,) * len(view.columns)
+    ranks = ranks or {}
+    anchors = anchors or {}
     header = (HtmlHead("model", "name", MODEL_TOOLTIP),
-              HtmlHead("size", "", "number of parameters (lm_eval's model_num_parameters)"),
-              HtmlHead("mean win rate ↑", "", "mean over the counted columns of the fraction of compared models beaten "
-                       f"significantly (Holm-adjusted p < {view.alpha:g}); non-significant differences and ties count 0"),
+              HtmlHead("size", "size", "number of parameters (lm_eval's model_num_parameters)"),
+              HtmlHead("rank", "", RANK_TOOLTIP + " (the mean of the counted tasks' correctness rows)"),
+              HtmlHead("tie group", "", GROUP_TOOLTIP),
               *(HtmlHead(c.task + ("" if n else " ✗"), "" if n else "uncounted",
-                         c.description + ("" if n else " (a detector or reference task: shown, not counted in the win rate)"),
-                         c.label)
+                         c.description + ("" if n else " (a detector or reference task: shown, not counted in the ranks "
+                                                       "or win rate)") + " — click the name for the task's full table",
+                         c.label, anchors.get(c.task, ""))
                 for c, n in zip(view.columns, counted)))
     rows = []
     parts = parts or model_name_parts(view.models)
-    for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
-        size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "" if size else "missing")
-        win_cell = HtmlCell(f"{win:.3f}", repr(win)) if math.isfinite(win) else HtmlCell(UNDEFINED_TEXT, "", "undefined")
-        rows.append((_model_cell(name, parts), size_cell, win_cell, *(value_cell(c) for c in cells)))
+    for name, size, cells in zip(view.models, view.num_parameters, view.cells):
+        size_cell = HtmlCell(format_parameters(size), "" if size is None else str(size), "size" if size else "size missing")
+        rows.append((_model_cell(name, parts), size_cell, *rank_cells(ranks.get(name), ranks),
+                     *(value_cell(c) for c in cells)))
     return HtmlTable(header, tuple(rows))
 
 
-def pairwise_matrix_table(view: Overview, parts: NameParts | None = None) -> HtmlTable:
-    """Models × models: significant wins of the row's model over the column's / counted columns compared."""
+def pairwise_matrix_table(view: Overview, parts: NameParts | None = None, trust: bool = False) -> HtmlTable:
+    """Models × models: significant wins of the row's model over the column's / counted columns compared (with
+    ``trust``: over the trust rows of the counted tasks)."""
     parts = parts or model_name_parts(view.models)
+    wins_of, compared_of = (view.trust_wins, view.trust_compared) if trust else (view.wins, view.compared)
+    what = "trust rows" if trust else "columns"
     header = (HtmlHead("wins of ↓ over →", "name", "significant wins of the row's model over the column's model / "
                        "counted columns both were compared on"),
               *(_model_head(name, parts) for name in view.models))
@@ -191,21 +221,21 @@ def pairwise_matrix_table(view: Overview, parts: NameParts | None = None) -> Htm
     for i, name in enumerate(view.models):
         line = [_model_cell(name, parts)]
         for j, other in enumerate(view.models):
-            text = win_text(view, i, j)
+            text = win_text(view, i, j, trust)
             if text == MISSING_TEXT:
                 line.append(HtmlCell(text, "", "missing"))
             else:
-                wins = view.wins[i][j]
+                wins = wins_of[i][j]
                 line.append(HtmlCell(text, str(wins), "win" if wins else "",
-                                     f"{name} beats {other} significantly on {wins} of the {view.compared[i][j]} "
-                                     "columns both were compared on"))
+                                     f"{name} beats {other} significantly on {wins} of the {compared_of[i][j]} "
+                                     f"{what} both were compared on"))
         rows.append(tuple(line))
     return HtmlTable(tuple(header), tuple(rows))
 
 
 def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float, level: float,
                         parts: NameParts | None = None) -> HtmlTable:
-    """One line per pair and task on the task's correctness row."""
+    """One line per comparison (pair, task and row)."""
     header = tuple(HtmlHead(text, "name" if k < 4 or k >= 8 else "", tooltip)
                    for k, (text, tooltip) in enumerate(zip(comparison_header(level), COMPARISON_TOOLTIPS)))
     rows = []
@@ -227,22 +257,27 @@ def pairwise_html_table(comparisons: Sequence[PairedComparison], *, alpha: float
 
 
 COMPARISON_TOOLTIPS: tuple[str, ...] = (
-    "the task", "its correctness row [filter]", "the first model of the pair (by name)", "the second model",
+    "the task", "the row [filter]", "the first model of the pair (by name)", "the second model",
     "documents both ran, paired by doc_id", "difference of the row, a − b, with its paired-bootstrap interval",
-    "two-sided p-value of the difference", "p-value after Holm's correction across the overview",
-    "McNemar's exact test (0/1 rows) or a paired permutation test",
+    "two-sided p-value of the difference", "p-value after Holm's correction within its family (the overview's "
+    "correctness rows together; every other row within its task and row family)",
+    "McNemar's exact test (0/1 rows) or a paired permutation test (other mean rows; corpus rows recomputed on each)",
     "the model better with Holm-adjusted p < alpha; none when not significant")
 
 
-def task_html_table(table: TaskTable, parts: NameParts | None = None) -> HtmlTable:
-    """Every column of the task; the columns outside its compact view (:meth:`TaskTable.is_headline`) get the
-    class ``extra``."""
+def task_html_table(table: TaskTable, parts: NameParts | None = None,
+                    ranks: Mapping[str, RankInterval] | None = None) -> HtmlTable:
+    """Every column of the task, after each model's rank interval and tie group on its correctness row; the columns
+    outside its compact view (:meth:`TaskTable.is_headline`) get the class ``extra``."""
+    ranks = ranks or {}
     extra = ["" if table.is_headline(c) else "extra" for c in table.columns]
-    header = (HtmlHead("model", "name", MODEL_TOOLTIP),
+    header = (HtmlHead("model", "name", MODEL_TOOLTIP), HtmlHead("rank", "", RANK_TOOLTIP),
+              HtmlHead("tie group", "", GROUP_TOOLTIP),
               *(HtmlHead(_heading(c), css, c.description, "" if c.filter == "none" else f"[{c.filter}]")
                 for c, css in zip(table.columns, extra)))
     parts = parts or model_name_parts(table.models)
-    rows = tuple((_model_cell(name, parts), *(_with_class(value_cell(c), css) for c, css in zip(cells, extra)))
+    rows = tuple((_model_cell(name, parts), *rank_cells(ranks.get(name), ranks),
+                  *(_with_class(value_cell(c), css) for c, css in zip(cells, extra)))
                  for name, cells in zip(table.models, table.cells))
     note = f"Sorted by {table.sorted_by.label}." if table.sorted_by else "No correctness row: sorted by name."
     return HtmlTable(header, rows, table.task, note, sum(map(bool, extra)))
@@ -264,34 +299,38 @@ def glossary_sections(tables: Sequence[TaskTable]) -> tuple[GlossarySection, ...
     sections = []
     for group in glossary(shown):
         facts = tuple((k, v) for k, v in (("Formula", group.formula), ("Reads", group.reads), ("Source", group.paper)) if v)
-        entries = tuple(GlossaryEntry(e.name, e.arrow, e.direction_text, e.description) for e in group.entries)
+        entries = tuple(GlossaryEntry(e.name, e.arrow, e.direction_text, e.description, paired_test(e.name))
+                        for e in group.entries)
         sections.append(GlossarySection(group.key, group.title, group.summary, facts, entries))
     return tuple(sections)
 
 
 def robustness_table(rows: Sequence[RobustnessRow], parts: NameParts | None = None) -> HtmlTable:
-    names = {"primary": "acc", CONFIDENCE.name: "conf", ECE.name: "ECE", SELECTIVE_AUROC.name: "AUROC"}
-    meanings = {"primary": "the task's correctness row", **{k: f"{k}: {meaning(k).description}"
-                                                           for k in ROBUSTNESS_METRICS if k != "primary"}}
-    header = [HtmlHead("model", "name", MODEL_TOOLTIP), HtmlHead("task", "name", "the clean task"),
+    """One line per model, noised twin and row (correctness, confidence, ECE, selective AUROC): clean, noised and
+    Δ side by side, narrow enough for any page width."""
+    names = {CONFIDENCE.name: CONFIDENCE.name, ECE.name: ECE.name, SELECTIVE_AUROC.name: SELECTIVE_AUROC.name}
+    header = (HtmlHead("model", "name", MODEL_TOOLTIP), HtmlHead("task", "name", "the clean task"),
               HtmlHead("operator", "name", "the noise operator of the twin <task>_noise_<operator>"),
-              HtmlHead("metric", "name", "the task's correctness row [filter]")]
-    for key in ROBUSTNESS_METRICS:
-        header += [HtmlHead(f"clean {names[key]}", "", f"{meanings[key]}, on the clean task"),
-                   HtmlHead(f"noised {names[key]}", "", f"{meanings[key]}, on the noised twin"),
-                   HtmlHead(f"Δ {names[key]}", "", f"noised − clean of {meanings[key]}")]
+              HtmlHead("row", "name", "the task's correctness row [filter], the confidence, its ECE and selective AUROC"),
+              HtmlHead("clean", "", "the row on the clean task"), HtmlHead("noised", "", "the row on the noised twin"),
+              HtmlHead("Δ", "", "noised − clean"))
     out = []
     parts = parts or model_name_parts(sorted({r.model for r in rows}))
     for r in rows:
-        metric = r.primary_metric if r.filter == "none" else f"{r.primary_metric} [{r.filter}]"
-        line = [_model_cell(r.model, parts), _name_cell(r.base), _name_cell(r.operator), _name_cell(metric)]
         for key in ROBUSTNESS_METRICS:
+            if key == "primary":
+                metric = r.primary_metric if r.filter == "none" else f"{r.primary_metric} [{r.filter}]"
+                direction = ARROWS[True]
+            else:
+                metric, direction = names[key], meaning(key).arrow
             delta = r.delta[key]
-            line += [value_cell(r.clean[key]), value_cell(r.noised[key]),
-                     HtmlCell(format_delta(delta), repr(delta), "") if math.isfinite(delta)
-                     else HtmlCell(UNDEFINED_TEXT, "", "undefined")]
-        out.append(tuple(line))
-    return HtmlTable(tuple(header), tuple(out))
+            row_cell = HtmlCell(f"{metric} {direction}".strip(), metric, "name",
+                                "the task's correctness row" if key == "primary" else meaning(key).description)
+            out.append((_model_cell(r.model, parts), _name_cell(r.base), _name_cell(r.operator), row_cell,
+                        value_cell(r.clean[key]), value_cell(r.noised[key]),
+                        HtmlCell(format_delta(delta), repr(delta), "") if math.isfinite(delta)
+                        else HtmlCell(UNDEFINED_TEXT, "", "undefined")))
+    return HtmlTable(header, tuple(out))
 
 
 def support_table(rows: Sequence[SupportRow], parts: NameParts | None = None) -> HtmlTable:
@@ -315,6 +354,11 @@ def figure_section(title: str, note: str, figures: Sequence[Figure]) -> FigureSe
         {"title": f.title, "caption": f.caption, "base64": base64.b64encode(f.png).decode("ascii")} for f in figures))
 
 
+def task_anchor(index: int) -> str:
+    """The fragment of the ``index``-th (1-based) task section."""
+    return f"task-{index}"
+
+
 def render_page(
     *,
     title: str,
@@ -331,23 +375,45 @@ def render_page(
     level: float,
     pairwise: Sequence[PairedComparison] = (),
     pairwise_text: str = "",
+    statistics: str = "",
+    trust_text: str = "",
+    ranks: Mapping[str, Mapping[str, RankInterval]] | None = None,
+    failed: Sequence[FailedPair] = (),
+    task_comparisons: Mapping[str, Sequence[PairedComparison]] | None = None,
+    downloads: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> str:
-    """The whole page as one string (autoescaped)."""
+    """The whole page as one string (autoescaped). ``ranks``: task → model → interval (the overview under
+    :data:`~.ranks.OVERVIEW_TASK`); ``task_comparisons``: each task's every comparison; ``downloads``: per task,
+    (label, relative link) of the files written beside the page (details Parquet, Every Eval Ever JSON)."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
+    ranks = ranks or {}
+    task_comparisons = task_comparisons or {}
+    downloads = downloads or {}
     model_notes = [{"name": m.name, "size": format_parameters(m.num_parameters), "model_args": m.model_args,
                     "sources": m.sources, "replaced": m.replaced} for m in models]
     parts = model_name_parts([m.name for m in models])
+    anchors = {t.task: "#" + task_anchor(k) for k, t in enumerate(tables, start=1)}
+    has_trust = any(any(row) for row in view.trust_compared)
+    task_views = [{"table": task_html_table(t, parts, ranks.get(t.task)), "anchor": task_anchor(k),
+                   "comparisons": pairwise_html_table(task_comparisons[t.task], alpha=view.alpha, level=level, parts=parts)
+                   if task_comparisons.get(t.task) else None,
+                   "n_comparisons": len(task_comparisons.get(t.task, ())),
+                   "downloads": list(downloads.get(t.task, ()))}
+                  for k, t in enumerate(tables, start=1)]
     return environment.get_template(TEMPLATE).render(
-        title=title, version=version, overview=overview_table(view, parts),
-        task_tables=[task_html_table(t, parts) for t in tables], robustness=robustness_table(robustness, parts),
-        support=support_table(support, parts), pairwise_text=pairwise_text,
+        title=title, version=version, statistics=statistics,
+        overview=overview_table(view, parts, ranks.get(OVERVIEW_TASK), anchors),
+        task_views=task_views, robustness=robustness_table(robustness, parts),
+        support=support_table(support, parts), pairwise_text=pairwise_text, trust_text=trust_text,
         pairwise_matrix=pairwise_matrix_table(view, parts) if pairwise else None,
+        trust_matrix=pairwise_matrix_table(view, parts, trust=True) if pairwise and has_trust else None,
         pairwise=pairwise_html_table(pairwise, alpha=view.alpha, level=level, parts=parts) if pairwise else None,
+        failed=[f.to_json() for f in failed],
         glossary=glossary_sections(tables),
         figure_sections=[s for s in sections if s.figures or s.note], models=model_notes, tasks=[t.task for t in tables],
         notes=list(notes), n_resamples=n_resamples, seed=seed, level=level,

@@ -4,10 +4,27 @@ For a pair (a, b) and a task row, the documents are paired by ``doc_id`` in the 
 filter); documents only one model ran, or where either record is undefined, are left out.
 
 * **Difference** ``diff`` = row(a) − row(b) on the paired documents: the mean of the per-document
-  differences for mean rows (``acc``, ``exact_match``, ``confidence``, ``tcb_log10``, …), the row recomputed
-  on each model's paired records for the corpus rows computed over all resamples at once (``selective_auroc``,
-  ``corruption_confidence_auroc``, every ρ: :mod:`.corpus_rows`; ``ece``, ``aurc`` and ``selective_acc_*`` are
-  not compared yet).
+  differences for mean rows, the row recomputed on each model's paired records for corpus rows
+  (:mod:`.corpus_rows`, every resample at once).
+
+  Mean rows (lm_eval's acc, acc_norm, exact_match, … and the plugin's):
+  `tcb_log10`, `tcb_log10_min`, `tcb_ablation_ordered`, `tcb_cluster_log10`, `tcb_disperse_log10`, `bte_energy`,
+  `omega`, `margin`, `margin_min`, `confidence`, `reveal_step`, `response_tokens`.
+
+  Corpus rows, recomputed from the per-document records on every resample and permutation:
+  `tcb_spearman`, `tcb_spearman_partial`, `tcb_spearman_partial_prompt`, `bte_spearman`, `bte_spearman_partial`,
+  `bte_spearman_partial_prompt`, `omega_spearman`, `omega_spearman_partial`, `omega_spearman_partial_prompt`,
+  `margin_spearman`, `margin_spearman_partial`, `margin_spearman_partial_prompt`, `length_spearman`,
+  `prompt_length_spearman`, `ece`, `selective_auroc`, `aurc`, `selective_acc_50`, `selective_acc_80`, `prr`,
+  `ece_10_bin`, `selective_cov_acc_area`, `corruption_confidence_auroc`, `ece_at_step_25`,
+  `selective_auroc_at_step_25`, `ece_at_step_50`, `selective_auroc_at_step_50`, `ece_at_step_75`,
+  `selective_auroc_at_step_75`, `ece_at_step_100`, `selective_auroc_at_step_100`.
+
+  Not compared: `bte_profile`, `omega_trajectory`, `margin_support` (lists per document, no single number),
+  `empty_responses`, `answer_unlocated`, `difficulty_missing` (counts), `ece_scaled` (fitted out-of-fold: a
+  resample repeats documents across folds), `lcr_auroc`, `lcr_ece`, `corruption_auroc` (the reader's features
+  are not in the samples).
+
 * **Interval**: the paired percentile bootstrap (:mod:`.bootstrap`): one set of document indices per
   resample, applied to both models, so what the documents share cancels out of the difference.
   Seeded by (seed, "paired", model a's label, model b's label, task, filter): never a path, and independent
@@ -21,9 +38,11 @@ filter); documents only one model ran, or where either record is undefined, are 
   test of the per-document differences).
 * **Holm** (Holm, Scand. J. Statist. 1979): step-down adjusted p-values within a family — the headline
   rows of the tasks that enter the win rate form one family (the overview table); every other row is
-  adjusted within its own task (all its pairs and rows together), except the rows without a better direction
-  (baselines and counts, ``Row.scored`` False: ``higher_is_better`` ``None``), which form their task's
-  ``"<task> (no direction)"`` family and never name a winner.
+  adjusted within its task and its row family (``Row.family`` of its declaration: ``probe``, ``confidence``,
+  ``difficulty``, …; lm_eval's own rows: ``lm_eval``), all pairs together — the family ``"<task>/<family>"``;
+  the rows without a better direction (baselines and counts, ``Row.scored`` False: ``higher_is_better``
+  ``None``) form ``"<task>/<family> (no direction)"`` and never name a winner. Directions are the
+  declarations' (``ROWS_BY_NAME[name].higher_is_better`` where ``.scored``).
 
 Detector tasks (``*_detect``: clean and noised copies of one task's documents) and reference tasks
 (``*_ref``) do not enter the win rate unless asked (:data:`AUXILIARY_TASK`).
@@ -51,6 +70,8 @@ AUXILIARY_SUFFIXES: tuple[str, ...] = ("_detect", "_ref")
 """Task-name endings of detector and reference tasks, left out of the win rate by default."""
 OVERVIEW_FAMILY = "overview"
 NO_DIRECTION_SUFFIX = " (no direction)"
+STOCK_FAMILY = "lm_eval"
+"""The row family of lm_eval's own rows (``acc``, ``exact_match``, …) in a Holm family name."""
 MCNEMAR = "mcnemar_exact"
 PERMUTATION = "paired_permutation"
 
@@ -251,8 +272,8 @@ def compare_models(
 ) -> PairedComparison | None:
     """Model ``a`` against ``b`` on one task row over the documents both ran (paired by ``doc_id``);
     ``None`` when the row cannot be paired: no samples, neither a mean row nor a corpus row, or a corpus row
-    without an all-resamples-at-once form (``ece``, ``aurc``, ``selective_acc_*``: their loop over resamples and
-    permutations costs seconds per pair and task).
+    without an all-resamples-at-once form (a loop over resamples and permutations would cost seconds per pair
+    and task; every corpus row of :mod:`lm_eval_probes.rows` has one).
     ``p_holm`` is left equal to ``p_value``: :func:`pairwise_comparisons` adjusts it within its family."""
     result_a, result_b = a.tasks.get(task), b.tasks.get(task)
     if result_a is None or result_b is None or not result_a.samples or not result_b.samples:
@@ -299,11 +320,14 @@ class RowSpec:
 
 def comparison_family(spec: RowSpec, include_auxiliary_tasks: bool = False) -> str:
     """The Holm family of a row's comparisons: :data:`OVERVIEW_FAMILY` for the headline rows of the tasks in the
-    win rate; the task's name for its other rows with a direction; ``"<task> (no direction)"`` for its rows
-    without one (baselines, counts), so that these descriptive comparisons do not weaken the task's others."""
+    win rate; ``"<task>/<row family>"`` for its other rows with a direction (the row's declared family, lm_eval's
+    rows :data:`STOCK_FAMILY`); ``"<task>/<row family> (no direction)"`` for its rows without one (baselines,
+    counts), so that these descriptive comparisons do not weaken the others."""
     if spec.headline and spec.higher_is_better is not None and (include_auxiliary_tasks or not is_auxiliary_task(spec.task)):
         return OVERVIEW_FAMILY
-    return spec.task if spec.higher_is_better is not None else f"{spec.task}{NO_DIRECTION_SUFFIX}"
+    declared = ROWS_BY_NAME.get(spec.metric)
+    family = f"{spec.task}/{declared.family if declared is not None else STOCK_FAMILY}"
+    return family if spec.higher_is_better is not None else f"{family}{NO_DIRECTION_SUFFIX}"
 
 
 def pairwise_comparisons(

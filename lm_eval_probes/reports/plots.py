@@ -107,6 +107,20 @@ def _confidence_curves(
     return out
 
 
+RELIABILITY_MARKER_AREA = 360.0
+"""Marker area (points²) of the fullest bin of a reliability diagram; the others scale with their documents."""
+
+
+def marker_areas(counts: np.ndarray) -> np.ndarray:
+    """Marker areas proportional to the documents in each bin: the fullest bin gets
+    :data:`RELIABILITY_MARKER_AREA` points², a bin with a tenth of its documents a tenth of that (at least 4 points²,
+    so that a bin of one document stays visible)."""
+    counts = np.asarray(counts, dtype=float)
+    if counts.size == 0 or counts.max() <= 0:
+        return np.zeros(counts.shape)
+    return np.maximum(4.0, RELIABILITY_MARKER_AREA * counts / counts.max())
+
+
 def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
     """One reliability diagram per task with confidence records: per model, accuracy against mean
     confidence of each non-empty bin (the task's ECE binning), marker area ∝ documents in the bin."""
@@ -117,17 +131,17 @@ def reliability_figures(models: Sequence[ModelResults]) -> list[Figure]:
             options = CalibrationOptions.from_metadata(result.metadata)
             diagram = reliability_diagram(*pairs, n_bins=options.ece_bins, binning=options.ece_binning)
             filled = diagram.count > 0
-            line, = ax.plot(diagram.mean_confidence[filled], diagram.accuracy[filled], marker="o", markersize=3,
+            line, = ax.plot(diagram.mean_confidence[filled], diagram.accuracy[filled], linewidth=1,
                             label=plain_label(model.name))
-            ax.scatter(diagram.mean_confidence[filled], diagram.accuracy[filled], s=8 + 60 * diagram.count[filled] / max(1, diagram.count.sum()),
-                       color=line.get_color(), alpha=0.5)
+            ax.scatter(diagram.mean_confidence[filled], diagram.accuracy[filled], s=marker_areas(diagram.count[filled]),
+                       color=line.get_color(), alpha=0.45, edgecolors=line.get_color(), linewidths=0.8)
         ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
         ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="mean confidence in bin", ylabel="accuracy in bin",
                title=plain_label(f"Reliability: {task}"))
         ax.legend(fontsize=7)
         figures.append(Figure(_file_stem("reliability", task), f"Reliability diagram — {task}",
                               "Accuracy against mean confidence per confidence bin (the task's ECE bins); "
-                              "marker size ∝ documents in the bin; the dashed diagonal is perfect calibration.",
+                              "marker area ∝ documents in the bin (the fullest bin largest); the dashed diagonal is perfect calibration.",
                               _render(fig)))
     return figures
 

@@ -3,17 +3,23 @@
 Reads every ``results_*.json`` under the given folders (and the ``samples_*.jsonl`` beside them), merges
 the runs of each model, and writes into ``--out``:
 
-* ``leaderboard.md`` — the overview (each task's correctness row, size, mean win rate over significant
-  wins), the paired comparisons (:mod:`.pairwise`: the models × models win matrix and each pair's difference,
-  interval and Holm-corrected p on every correctness row), the robustness table for noised twins, the support
+* ``leaderboard.md`` — the overview (each task's correctness row, size, rank interval and tie group), the
+  paired comparisons (:mod:`.pairwise`: the models × models win matrices and each pair's difference, interval and
+  Holm-corrected p on every correctness row), the robustness table for noised twins, the support
   tokens (``probes=margin``), one table per task with every row, and the glossary (each row shown: its direction
   and description, and the summary, formula and paper of the probe that makes it; :mod:`.columns`);
-* ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr and CI columns);
-* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, and
-  ``pairwise``: every pair of models on every row that can be paired;
+* ``leaderboard.csv`` — one row per model, one column per task/metric (plus stderr, CI, rank and ``failed`` columns);
+* ``summary.json`` — everything above with stderr, CIs, sources, merges and the bootstrap settings, ``ranks``,
+  ``failed``, and ``pairwise``: every pair of models on every row that can be paired;
 * ``index.html`` — one self-contained page (tables sortable, headers titled with their row's description, task
   tables in a compact view with the rest one click away, the glossary, figures embedded);
-* ``plots/*.png`` — the figures.
+* ``plots/*.png`` — the figures;
+* ``details/<model>/samples_<task>.parquet`` — one row per document (:mod:`.details`);
+* ``every_eval_ever/data/<task>/<developer>/<model>/<uuid>.json`` (and ``_samples.jsonl``) — the Every Eval Ever
+  0.3.0 schema (:mod:`.every_eval_ever`).
+
+Every task and the overview carry each model's rank interval and tie group (:mod:`.ranks`); when the runs come from a
+sweep, the models × tasks it attempted without a result are listed (:mod:`.sweep_status`).
 
 Torch-free and lm_eval-free: only json, numpy/scipy/scikit-learn, matplotlib and jinja2.
 """
@@ -37,11 +43,17 @@ from lm_eval_probes.reports.pairwise import (
     NO_DIRECTION_SUFFIX,
     OVERVIEW_FAMILY,
     PERMUTATION,
+    STOCK_FAMILY,
     PairedComparison,
     RowSpec,
+    is_auxiliary_task,
     pairwise_comparisons,
 )
+from lm_eval_probes.reports.details import write_details
+from lm_eval_probes.reports.every_eval_ever import write_every_eval_ever
 from lm_eval_probes.reports.levels import CORRECT, LevelMean, level_markdown, level_means
+from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankColumn, RankInterval, rank_table, ranks_by_task
+from lm_eval_probes.reports.sweep_status import FailedPair, failed_pairs
 from lm_eval_probes.reports.reading import ModelResults, read_runs
 from lm_eval_probes.reports.tables import (
     BootstrapSettings,
@@ -50,6 +62,7 @@ from lm_eval_probes.reports.tables import (
     SupportRow,
     DIRECTION_LEGEND,
     TaskTable,
+    failed_markdown,
     glossary_markdown,
     leaderboard_csv,
     markdown_escape,
@@ -84,6 +97,8 @@ class Report:
     pairwise: tuple[PairedComparison, ...] = ()
     include_auxiliary_tasks: bool = False
     by_level: tuple[LevelMean, ...] = ()
+    ranks: tuple[RankInterval, ...] = ()
+    failed: tuple[FailedPair, ...] = ()
 
 
 def _notes(models: Sequence[ModelResults], bte_profiles: bool) -> list[str]:
@@ -142,6 +157,19 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         "models": models,
         "robustness": robustness,
         "support_tokens": support,
+        "rank_settings": {"method": "paired percentile bootstrap of each model's rank over the documents every ranked "
+                                    "model ran (the same resamples for every model)",
+                          "n_resamples": settings.n_resamples, "seed": settings.seed, "level": settings.level,
+                          "resample_key": ["ranks", "<task>", "<filter>"],
+                          "rank": "1 + the number of models with a strictly better mean on the resample",
+                          "group": "models sorted by their interval; an interval that starts after the highest rank of "
+                                   "the group so far opens the next group (connected runs of overlapping intervals)",
+                          "overview_task": OVERVIEW_TASK,
+                          "overview": "every ranked model on the counted tasks all of them ran with samples, by the mean "
+                                      "of its correctness rows over those tasks (lower-is-better rows negated); when "
+                                      "there is no such task, the models that ran every counted task"},
+        "ranks": [r.to_json() for r in report.ranks],
+        "failed": [f.to_json() for f in report.failed],
         "pairwise_settings": pairwise_settings(report, settings),
         "pairwise": [c.to_json(report.overview.alpha) for c in report.pairwise],
         "by_level": [m.to_json() for m in report.by_level],
@@ -169,11 +197,17 @@ def pairwise_text(report: Report, settings: BootstrapSettings) -> str:
 def pairwise_settings(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
     return {"alpha": report.overview.alpha, "correction": "holm",
             "families": {OVERVIEW_FAMILY: "the headline rows of the tasks in the win rate",
-                         "<task>": "every other row of that task with a better direction",
-                         f"<task>{NO_DIRECTION_SUFFIX}": "its rows without one (baselines, counts): no winner"},
-            "tests": {MCNEMAR: "0/1 rows: exact binomial test of the discordant documents at 1/2",
-                      PERMUTATION: f"other rows: {settings.n_resamples} random swaps of the two models' records per document"},
-            "interval": f"paired percentile bootstrap over the shared documents, {settings.n_resamples} resamples",
+                         "<task>/<row family>": "every other row of that task with a better direction, by the family "
+                                                "its declaration names (probe, confidence, difficulty, detector, "
+                                                f"trajectory; lm_eval's own rows: {STOCK_FAMILY})",
+                         f"<task>/<row family>{NO_DIRECTION_SUFFIX}": "its rows without one (baselines, counts): no winner"},
+            "tests": {MCNEMAR: "0/1 mean rows: exact binomial test of the discordant documents at 1/2",
+                      PERMUTATION: f"other mean rows and every corpus row: {settings.n_resamples} random swaps of the two "
+                                   "models' records per document, the row recomputed on each"},
+            "interval": f"paired percentile bootstrap over the shared documents, {settings.n_resamples} resamples (corpus "
+                        "rows recomputed from the per-document records on each)",
+            "directions": "each row's declaration (lm_eval_probes.rows: higher_is_better where scored); lm_eval's rows: "
+                          "the results file's higher_is_better",
             "win_rate": "significant wins only (Holm-adjusted p < alpha); non-significant differences and ties count 0",
             "include_auxiliary_tasks": report.include_auxiliary_tasks}
 
@@ -185,23 +219,49 @@ def headline_comparisons(report: Report) -> list[PairedComparison]:
     return sorted(found, key=lambda c: order[(c.task, c.metric, c.filter)])
 
 
+def statistics_line(settings: BootstrapSettings) -> str:
+    """The one line of statistics wording before the first table (the rest stands beside the paired comparisons)."""
+    return (f"Rank: the {settings.level:.0%} bootstrap interval of a model's rank over the documents all ranked models "
+            "ran; models in one tie group cannot be told apart. Values: ± lm_eval's standard error, or "
+            f"[{settings.level:.0%} bootstrap interval] ({settings.n_resamples} resamples, seed {settings.seed}); "
+            "`undefined`: undefined for the run; `—`: not run.")
+
+
+TRUST_TEXT = ("Trust rows: the corpus rows with a better direction (ECE, ECE 10-bin, AURC, PRR, selective AUROC, "
+              "selective accuracy, the coverage area, each ρ with difficulty), recomputed from the per-document records "
+              "on each resample and permutation, Holm-adjusted within each task's row family.")
+
+
+def task_comparisons(report: Report) -> dict[str, list[PairedComparison]]:
+    """Each task's every comparison, in the task table's column order, then by pair."""
+    order = {(t.task, c.metric, c.filter): k for t in report.tables for k, c in enumerate(t.columns)}
+    out: dict[str, list[PairedComparison]] = {}
+    for comparison in sorted(report.pairwise, key=lambda c: (order.get((c.task, c.metric, c.filter), 0), c.model_a, c.model_b)):
+        out.setdefault(comparison.task, []).append(comparison)
+    return out
+
+
 def markdown_page(report: Report, settings: BootstrapSettings) -> str:
+    by_task = ranks_by_task(report.ranks)
     parts = [
         "# Leaderboard", "",
-        f"Values: lm_eval's value ± its standard error where it gives one, otherwise "
-        f"[{settings.level:.0%} percentile bootstrap interval over documents] ({settings.n_resamples} resamples, "
-        f"seed {settings.seed}). `undefined`: the row is undefined for the run; `—`: not run. {DIRECTION_LEGEND} "
-        "What each row measures, its formula and its source: the Glossary at the end.", "",
-        overview_markdown(report.overview), "",
-        pairwise_text(report, settings), "",
+        statistics_line(settings) + f" {DIRECTION_LEGEND} Each row's formula and source: the Glossary at the end.", "",
+        overview_markdown(report.overview, by_task, settings.level), "",
     ]
+    if report.failed:
+        parts += ["## Attempted without a result", "",
+                  "The sweep attempted these models × tasks and has no result for them (they take no rank):", "",
+                  failed_markdown(report.failed), ""]
     if report.pairwise:
-        parts += ["## Paired comparisons", "",
+        parts += ["## Paired comparisons", "", pairwise_text(report, settings), "",
                   "Significant wins of the row's model over the column's model / columns compared (the overview's "
-                  "counted columns).", "", pairwise_matrix_markdown(report.overview), "",
-                  "Each task's correctness row, a − b on the documents both ran:", "",
+                  "counted columns).", "", pairwise_matrix_markdown(report.overview), ""]
+        if any(any(row) for row in report.overview.trust_compared):
+            parts += [f"The same on the trust rows of the counted tasks. {TRUST_TEXT}", "",
+                      pairwise_matrix_markdown(report.overview, trust=True), ""]
+        parts += ["Each task's correctness row, a − b on the documents both ran:", "",
                   pairwise_markdown(headline_comparisons(report), alpha=report.overview.alpha, level=settings.level), "",
-                  "Every other row's comparisons are in summary.json (`pairwise`).", ""]
+                  "Every other row's comparisons: summary.json (`pairwise`) and the page, under each task.", ""]
     if any(m.metric == CORRECT for m in report.by_level):
         parts += ["## By difficulty level", "",
                   f"Each task's correctness per difficulty level: mean [{settings.level:.0%} percentile bootstrap interval "
@@ -214,7 +274,7 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
         parts += ["## Support tokens", "", "`probes=margin`: the k smallest-margin tokens of each document, and how many "
                   "documents each token is a support token of.", "", support_markdown(report.support), ""]
     for table in report.tables:
-        parts += [f"## {markdown_escape(table.task)}", "", task_markdown(table), ""]
+        parts += [f"## {markdown_escape(table.task)}", "", task_markdown(table, by_task.get(table.task)), ""]
     if report.tables:
         parts += ["## Glossary", "", glossary_markdown(report.tables), ""]
     if report.notes:
@@ -256,7 +316,13 @@ def build_report(
     rows = [RowSpec(t.task, c.metric, c.filter, c.direction, c == t.sorted_by) for t in tables for c in t.columns]
     pairwise = pairwise_comparisons(models, rows, n_resamples=n_resamples, seed=seed, level=level,
                                     include_auxiliary_tasks=include_auxiliary_tasks)
-    view = overview(models, tables, pairwise, alpha=alpha, include_auxiliary_tasks=include_auxiliary_tasks)
+    rank_columns = [RankColumn(t.task, t.sorted_by.metric, t.sorted_by.filter, t.sorted_by.direction,
+                               include_auxiliary_tasks or not is_auxiliary_task(t.task))
+                    for t in tables if t.sorted_by is not None]
+    ranks = rank_table(models, rank_columns, n_resamples=n_resamples, seed=seed, level=level)
+    failed = failed_pairs(run_dirs, models)
+    view = overview(models, tables, pairwise, alpha=alpha, include_auxiliary_tasks=include_auxiliary_tasks,
+                    ranks=ranks_by_task(ranks).get(OVERVIEW_TASK))
     robustness = tuple(robustness_rows(models, settings))
     support = tuple(support_rows(models))
     by_level = tuple(level_means(models, settings))
@@ -281,18 +347,33 @@ def build_report(
                 (plot_dir / f"{figure.name}.png").write_bytes(figure.png)
             sections.append(html.figure_section(title_, note, figures))
     report = Report(Path(out), tuple(models), view, tables, robustness, support, tuple(_notes(models, bte_profiles or not plots)),
-                    pairwise, include_auxiliary_tasks, by_level)
+                    pairwise, include_auxiliary_tasks, by_level, ranks, failed)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "leaderboard.md").write_text(markdown_page(report, settings), encoding="utf-8")
     parameters = {m.name: m.num_parameters for m in models}
-    (out_dir / "leaderboard.csv").write_text(leaderboard_csv(view, tables, parameters), encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps(summary_json(report, settings), indent=2, ensure_ascii=False,
-                                                     allow_nan=False), encoding="utf-8")
+    (out_dir / "leaderboard.csv").write_text(leaderboard_csv(view, tables, parameters, ranks_by_task(ranks), failed), encoding="utf-8")
+    details = write_details(models, out_dir)
+    exported = write_every_eval_ever(models, tables, out_dir, generator=f"lm-eval-probes {VERSION}")
+    downloads: dict[str, list[tuple[str, str]]] = {}
+    for (model_name, task), path in sorted(details.items()):
+        downloads.setdefault(task, []).append((f"{model_name}: details (Parquet)", path.relative_to(out_dir).as_posix()))
+    for (model_name, task), paths in sorted(exported.items()):
+        downloads.setdefault(task, []).append((f"{model_name}: Every Eval Ever", paths[0].relative_to(out_dir).as_posix()))
+    summary = summary_json(report, settings)
+    summary["exports"] = {
+        "details": [{"model": m, "task": t, "path": p.relative_to(out_dir).as_posix()} for (m, t), p in sorted(details.items())],
+        "every_eval_ever": [{"model": m, "task": t, "paths": [p.relative_to(out_dir).as_posix() for p in paths]}
+                            for (m, t), paths in sorted(exported.items())],
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False, allow_nan=False),
+                                          encoding="utf-8")
     page = html.render_page(title=title, version=VERSION, view=view, tables=tables, robustness=robustness,
                             support=support, sections=sections, models=models, notes=report.notes, n_resamples=n_resamples,
                             seed=seed, level=level, pairwise=headline_comparisons(report),
-                            pairwise_text=pairwise_text(report, settings))
+                            pairwise_text=pairwise_text(report, settings), statistics=statistics_line(settings).replace("`", ""),
+                            trust_text=TRUST_TEXT, ranks=ranks_by_task(ranks), failed=failed,
+                            task_comparisons=task_comparisons(report), downloads=downloads)
     (out_dir / "index.html").write_text(page, encoding="utf-8")
     return report
 
@@ -300,9 +381,11 @@ def build_report(
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lm-eval-probes report",
-        description="Write a leaderboard (Markdown, CSV, JSON summary, one self-contained HTML page, PNG plots) from "
-                    "lm_eval results_*.json and samples_*.jsonl files (a sweep's output folder, or runs of "
-                    "`lm_eval --model hf-probes --log_samples`). Runs of the same model are merged. Needs no torch.",
+        description="Write a leaderboard (Markdown, CSV, JSON summary, one self-contained HTML page, PNG plots, "
+                    "per-document details as Parquet under details/, an Every Eval Ever export under every_eval_ever/) "
+                    "from lm_eval results_*.json and samples_*.jsonl files (a sweep's output folder, or runs of "
+                    "`lm_eval --model hf-probes --log_samples`). Runs of the same model are merged; a sweep's failed "
+                    "models x tasks are listed. Needs no torch.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders searched recursively for results_*.json (or the files)")
     p.add_argument("--out", required=True, help="output folder (created)")

@@ -19,10 +19,12 @@ from typing import Any
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
-from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning
+from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning, paired_test
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
+from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankInterval, group_text
+from lm_eval_probes.reports.sweep_status import FailedPair
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.declarations import (
     ANSWER_UNLOCATED,
@@ -278,12 +280,18 @@ class Overview:
     wins: tuple[tuple[int, ...], ...] = ()
     compared: tuple[tuple[int, ...], ...] = ()
     alpha: float = DEFAULT_ALPHA
+    trust_wins: tuple[tuple[int, ...], ...] = ()
+    trust_compared: tuple[tuple[int, ...], ...] = ()
+    """The same counts over the trust rows (:func:`is_trust_row`) of the counted tasks, each adjusted in its
+    task's row family."""
 
 
 def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable],
              comparisons: Sequence[PairedComparison] = (), *, alpha: float = DEFAULT_ALPHA,
-             include_auxiliary_tasks: bool = False) -> Overview:
-    """The overview from the task tables and the paired comparisons of their headline rows."""
+             include_auxiliary_tasks: bool = False, ranks: Mapping[str, RankInterval] | None = None) -> Overview:
+    """The overview from the task tables and the paired comparisons of their headline rows; rows sorted by the
+    overview's rank interval (``ranks``: model → its :data:`~.ranks.OVERVIEW_TASK` interval) where given, then by
+    mean win rate and name."""
     columns = tuple(t.sorted_by for t in tables if t.sorted_by is not None)
     counted = tuple(include_auxiliary_tasks or not is_auxiliary_task(c.task) for c in columns)
     by_name = {m.name: m for m in models}
@@ -300,10 +308,41 @@ def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable],
                 row.append(MISSING)
         cells.append(tuple(row))
     headline = {(c.task, c.metric, c.filter) for c, n in zip(columns, counted) if n}
+    wins, compared = win_counts(names, [c for c in comparisons if (c.task, c.metric, c.filter) in headline], alpha)
+    counted_tasks = {c.task for c, n in zip(columns, counted) if n}
+    trust_wins, trust_compared = win_counts(
+        names, [c for c in comparisons if c.task in counted_tasks and is_trust_row(c)], alpha)
+    win = [_win_rate(i, names, comparisons, headline, alpha) for i in range(len(names))]
+    ranks = ranks or {}
+
+    def position(i: int) -> tuple[Any, ...]:
+        rank = ranks.get(names[i])
+        by_rank = (0, rank.rank, rank.rank_low, rank.rank_high) if rank is not None else (1, 0, 0, 0)
+        return (*by_rank, 0 if math.isfinite(win[i]) else 1, -win[i] if math.isfinite(win[i]) else 0, names[i])
+
+    order = sorted(range(len(names)), key=position)
+    return Overview(columns, tuple(names[i] for i in order), tuple(by_name[names[i]].num_parameters for i in order),
+                    tuple(win[i] for i in order), tuple(cells[i] for i in order), counted,
+                    tuple(tuple(wins[i][j] for j in order) for i in order),
+                    tuple(tuple(compared[i][j] for j in order) for i in order), alpha,
+                    tuple(tuple(trust_wins[i][j] for j in order) for i in order),
+                    tuple(tuple(trust_compared[i][j] for j in order) for i in order))
+
+
+def is_trust_row(comparison: PairedComparison) -> bool:
+    """A corpus row with a better direction (calibration, selective prediction, ρ with difficulty, …): the rows
+    counted in the trust matrix."""
+    return comparison.higher_is_better is not None and corpus_row(comparison.metric) is not None
+
+
+def win_counts(names: Sequence[str], comparisons: Sequence[PairedComparison],
+               alpha: float) -> tuple[list[list[int]], list[list[int]]]:
+    """``wins[i][j]``: comparisons where ``names[i]`` beats ``names[j]`` significantly; ``compared[i][j]``: the
+    comparisons of the two with a defined adjusted p-value."""
     wins = [[0] * len(names) for _ in names]
     compared = [[0] * len(names) for _ in names]
     for comparison in comparisons:
-        if (comparison.task, comparison.metric, comparison.filter) not in headline or not math.isfinite(comparison.p_holm):
+        if not math.isfinite(comparison.p_holm):
             continue
         i, j = names.index(comparison.model_a), names.index(comparison.model_b)
         compared[i][j] += 1
@@ -312,12 +351,7 @@ def overview(models: Sequence[ModelResults], tables: Sequence[TaskTable],
         if winner is not None:
             wins[i][j] += winner == comparison.model_a
             wins[j][i] += winner == comparison.model_b
-    win = [_win_rate(i, names, comparisons, headline, alpha) for i in range(len(names))]
-    order = sorted(range(len(names)), key=lambda i: (0 if math.isfinite(win[i]) else 1, -win[i] if math.isfinite(win[i]) else 0, names[i]))
-    return Overview(columns, tuple(names[i] for i in order), tuple(by_name[names[i]].num_parameters for i in order),
-                    tuple(win[i] for i in order), tuple(cells[i] for i in order), counted,
-                    tuple(tuple(wins[i][j] for j in order) for i in order),
-                    tuple(tuple(compared[i][j] for j in order) for i in order), alpha)
+    return wins, compared
 
 
 def _win_rate(i: int, names: Sequence[str], comparisons: Sequence[PairedComparison],
@@ -460,20 +494,32 @@ def _markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str
 NOT_COUNTED = " (not in win rate)"
 
 
-def overview_markdown(view: Overview) -> str:
+def rank_texts(rank: RankInterval | None, ranks: Mapping[str, RankInterval]) -> tuple[str, str]:
+    """(``1–3``, ``1 (tied with 2 others)``) of a model's rank interval and tie group; ``—`` without a rank."""
+    if rank is None:
+        return MISSING_TEXT, MISSING_TEXT
+    return rank.text, f"{rank.group} ({group_text(rank, ranks)})"
+
+
+def overview_markdown(view: Overview, ranks: Mapping[str, Mapping[str, RankInterval]] | None = None,
+                      level: float = 0.95) -> str:
+    """Models × each task's correctness row, with the overview's rank interval and tie group."""
     counted = view.counted or (True,) * len(view.columns)
-    header = ["model", "size", "mean win rate ↑"] + [markdown_escape(f"{c.task}: {c.label}" + ("" if n else NOT_COUNTED))
-                                                    for c, n in zip(view.columns, counted)]
+    overview_ranks = (ranks or {}).get(OVERVIEW_TASK, {})
+    header = ["model", "size", f"rank ({level:.0%})", "tie group"] + [
+        markdown_escape(f"{c.task}: {c.label}" + ("" if n else NOT_COUNTED)) for c, n in zip(view.columns, counted)]
     rows = []
-    for name, size, win, cells in zip(view.models, view.num_parameters, view.win_rate, view.cells):
-        rows.append([markdown_escape(name), format_parameters(size),
-                     f"{win:.3f}" if math.isfinite(win) else UNDEFINED_TEXT] + [c.text() for c in cells])
+    for name, size, cells in zip(view.models, view.num_parameters, view.cells):
+        rows.append([markdown_escape(name), format_parameters(size), *rank_texts(overview_ranks.get(name), overview_ranks)]
+                    + [c.text() for c in cells])
     return _markdown_table(header, rows)
 
 
-def task_markdown(table: TaskTable) -> str:
-    header = ["model"] + [markdown_escape(c.label) for c in table.columns]
-    return _markdown_table(header, ([markdown_escape(name)] + [c.text() for c in cells]
+def task_markdown(table: TaskTable, ranks: Mapping[str, RankInterval] | None = None) -> str:
+    """The task's every row, with each model's rank interval and tie group on its correctness row."""
+    ranks = ranks or {}
+    header = ["model", "rank", "tie group"] + [markdown_escape(c.label) for c in table.columns]
+    return _markdown_table(header, ([markdown_escape(name), *rank_texts(ranks.get(name), ranks)] + [c.text() for c in cells]
                                     for name, cells in zip(table.models, table.cells)))
 
 
@@ -490,9 +536,14 @@ def robustness_markdown(rows: Sequence[RobustnessRow]) -> str:
     return _markdown_table(header, out)
 
 
-def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dict[str, int | None]) -> str:
+def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dict[str, int | None],
+                    ranks: Mapping[str, Mapping[str, RankInterval]] | None = None,
+                    failed: Sequence[FailedPair] = ()) -> str:
     """Wide CSV: one row per model, one column per (task, metric, filter) point value; then
-    ``<column> ci_low``/``ci_high``/``stderr`` where any model has one. Undefined is ``nan``, missing empty."""
+    ``<column> ci_low``/``ci_high``/``stderr`` where any model has one; then ``<task> rank_low``/``rank_high``/``group``
+    per ranked task (the overview's first, as ``rank_low``, ``rank_high``, ``group``), and ``failed``: the model's
+    attempted tasks without a result, ``task: error`` joined by `` | `` (a model with no result at all has a row
+    with only that). Undefined is ``nan``, missing empty."""
     columns = [c for t in tables for c in t.columns]
     cell_of: dict[tuple[str, Column], Cell] = {}
     for table in tables:
@@ -518,16 +569,39 @@ def leaderboard_csv(view: Overview, tables: Sequence[TaskTable], parameters: dic
             extra.append((column, "stderr"))
         if any(c.ci is not None for c in cells):
             extra += [(column, "ci_low"), (column, "ci_high")]
+    ranks = ranks or {}
+    overview_ranks = ranks.get(OVERVIEW_TASK, {})
+    ranked_tasks = [t.task for t in tables if t.task in ranks]
+    failures: dict[str, list[str]] = {}
+    for pair in failed:
+        failures.setdefault(pair.model, []).append(f"{pair.task}: {pair.error}")
+
+    def rank_values(rank: RankInterval | None) -> list[str]:
+        return ["", "", ""] if rank is None else [str(rank.rank_low), str(rank.rank_high), str(rank.group)]
+
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["model", "num_parameters", "mean_win_rate"] + [name_of(c) for c in columns]
-                    + [f"{name_of(c)} {part}" for c, part in extra])
+    writer.writerow(["model", "num_parameters", "rank_low", "rank_high", "group", "mean_win_rate"]
+                    + [name_of(c) for c in columns] + [f"{name_of(c)} {part}" for c, part in extra]
+                    + [f"{task} {part}" for task in ranked_tasks for part in ("rank_low", "rank_high", "group")]
+                    + ["failed"])
     for name, win in zip(view.models, view.win_rate):
         size = parameters.get(name)
-        writer.writerow([name, "" if size is None else size, repr(win) if math.isfinite(win) else "nan"]
+        writer.writerow([name, "" if size is None else size, *rank_values(overview_ranks.get(name)),
+                         repr(win) if math.isfinite(win) else "nan"]
                         + [value(cell_of.get((name, c), MISSING), "value") for c in columns]
-                        + [value(cell_of.get((name, c), MISSING), part) for c, part in extra])
+                        + [value(cell_of.get((name, c), MISSING), part) for c, part in extra]
+                        + [v for task in ranked_tasks for v in rank_values(ranks[task].get(name))]
+                        + [" | ".join(failures.get(name, []))])
+    width = 6 + len(columns) + len(extra) + 3 * len(ranked_tasks)
+    for name in sorted(set(failures) - set(view.models)):
+        writer.writerow([name] + [""] * (width - 1) + [" | ".join(failures[name])])
     return buffer.getvalue()
+
+
+def failed_markdown(failed: Sequence[FailedPair]) -> str:
+    return _markdown_table(["model", "task", "error"], ([markdown_escape(f.model), markdown_escape(f.task),
+                                                         markdown_escape(f.error)] for f in failed))
 
 
 def _code(name: str) -> str:
@@ -554,8 +628,9 @@ def glossary_markdown(tables: Sequence[TaskTable]) -> str:
                                                  ("Source", group.paper)) if text]
         if facts:
             parts += [f"- {name}: {_prose(text)}" for name, text in facts] + [""]
-        parts.append(_markdown_table(["row", "direction", "what it measures"], (
-            [_code(e.name) + (f" {e.arrow}" if e.arrow else ""), e.direction_text, markdown_escape(e.description)]
+        parts.append(_markdown_table(["row", "direction", "what it measures", "paired comparison"], (
+            [_code(e.name) + (f" {e.arrow}" if e.arrow else ""), e.direction_text, markdown_escape(e.description),
+             paired_test(e.name)]
             for e in group.entries)))
     return "\n".join(parts)
 
@@ -567,17 +642,20 @@ def support_markdown(rows: Sequence[SupportRow]) -> str:
                                      markdown_escape(support_text(r))] for r in rows))
 
 
-def win_text(view: Overview, i: int, j: int) -> str:
-    """``wins/compared`` of model i over model j; ``—`` on the diagonal and where they were never compared."""
-    if i == j or not view.compared or not view.compared[i][j]:
+def win_text(view: Overview, i: int, j: int, trust: bool = False) -> str:
+    """``wins/compared`` of model i over model j (on the trust rows with ``trust``); ``—`` on the diagonal and where
+    they were never compared."""
+    wins, compared = (view.trust_wins, view.trust_compared) if trust else (view.wins, view.compared)
+    if i == j or not compared or not compared[i][j]:
         return MISSING_TEXT
-    return f"{view.wins[i][j]}/{view.compared[i][j]}"
+    return f"{wins[i][j]}/{compared[i][j]}"
 
 
-def pairwise_matrix_markdown(view: Overview) -> str:
-    """Models × models: significant wins of the row's model over the column's model / columns compared."""
+def pairwise_matrix_markdown(view: Overview, trust: bool = False) -> str:
+    """Models × models: significant wins of the row's model over the column's model / columns compared (the
+    correctness rows, or with ``trust`` the trust rows)."""
     header = ["wins of ↓ over →"] + [markdown_escape(name) for name in view.models]
-    return _markdown_table(header, ([markdown_escape(name)] + [win_text(view, i, j) for j in range(len(view.models))]
+    return _markdown_table(header, ([markdown_escape(name)] + [win_text(view, i, j, trust) for j in range(len(view.models))]
                                     for i, name in enumerate(view.models)))
 
 
