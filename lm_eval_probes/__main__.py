@@ -163,6 +163,9 @@ def plugin_help(tasks_dir: str) -> str:
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
             ("lm-eval-probes-demo", "(its own command) the bundled models on the synthetic tasks, then the "
                                     "leaderboard; what make demo runs"),
+            ("--debug", "a bad probe, option, model folder or task name ends a run before torch loads, in one line "
+                        "(exit 2), and Ctrl-C in one line (exit 130); --debug (or LM_EVAL_PROBES_DEBUG=1) shows "
+                        "the traceback instead"),
         ]),
         "models (--model):\n" + _table([
             ("hf-probes", "lm_eval's hf (every hf model_arg: pretrained, dtype, gguf_file, parallelize, ...) "

@@ -136,7 +136,9 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
     # a killed run: one pair lost its folder mid-write (only a partial folder is left); the rest must not rerun
     lost = ("gpt2", "probes_synth_arith")
     kept = {key: (path.name, path.stat().st_mtime_ns) for key, path in written.items() if key != lost}
+    assert not (out / ".partial").exists(), "finished shards leave no empty .partial folders"
     partial = out / ".partial" / "gpt2" / "probes_synth_arith.999.deadbeef"
+    partial.parent.mkdir(parents=True)
     written[lost].parent.rename(partial)
     (partial / "results_truncated.json").write_text("{")
     caplog.clear()

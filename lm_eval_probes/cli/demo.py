@@ -129,6 +129,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _demo(argv)
+    except KeyboardInterrupt:  # before the sweep's first pair, or while the leaderboard is written
+        from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
+
+        stop_at_next_interrupt()
+        print("lm-eval-probes-demo: interrupted — rerun the same command to resume", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _demo(argv: list[str] | None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
