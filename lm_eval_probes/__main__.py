@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     stderr and exit 2, before torch is imported. Ctrl-C ends with one line and exit 130 (a second one at once)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = wants_debug(args)
-    args = [arg for arg in args if arg != DEBUG_FLAG]
+    if not args or args[0] != "sweep":  # the sweep reads its own --debug
+        args = [arg for arg in args if arg != DEBUG_FLAG]
     try:
         _dispatch(args, debug=debug)
     except KeyboardInterrupt:

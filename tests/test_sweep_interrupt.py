@@ -109,6 +109,10 @@ def test_the_sweep_command_says_one_line_and_exits_130(tmp_path, stand_in, resto
                                     f"(status: {tmp_path / 'out' / 'sweep_status.json'})")
     assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # while the command exits, a second Ctrl-C stops it
 
+    stand_in["stop_at"] = ("b", "probes_synth_logic")
+    with pytest.raises(SweepInterrupted, match="interrupted: 3 done, 1 pending"):  # --debug: the traceback
+        run_cli("lm-eval-probes", ["sweep", str(path), "--debug"])
+
 
 def test_a_missing_model_folder_fails_its_pairs_with_the_same_text_everywhere(tmp_path, restore_sigint, caplog):
     import logging
