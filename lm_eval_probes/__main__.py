@@ -164,6 +164,9 @@ def plugin_help(tasks_dir: str) -> str:
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
             ("lm-eval-probes-demo", "(its own command) the bundled models on the synthetic tasks, then the "
                                     "leaderboard; what make demo runs"),
+            ("--debug", "a bad probe, option, model folder or task name ends a run before torch loads, in one line "
+                        "(exit 2), and Ctrl-C in one line (exit 130); --debug (or LM_EVAL_PROBES_DEBUG=1) shows "
+                        "the traceback instead"),
         ]),
         "models (--model):\n" + _table([
             ("hf-probes", "lm_eval's hf (every hf model_arg: pretrained, dtype, gguf_file, parallelize, ...) "
@@ -188,8 +191,42 @@ def plugin_help(tasks_dir: str) -> str:
     return "\n\n".join(sections) + "\n" + "-" * 100 + "\n"
 
 
+DEBUG_FLAG = "--debug"
+"""Shows the traceback of an error the plugin reports in one line, and of a Ctrl-C (also ``LM_EVAL_PROBES_DEBUG=1``)."""
+DEBUG_VARIABLE = "LM_EVAL_PROBES_DEBUG"
+
+
+def wants_debug(args: list[str], environ: Any = None) -> bool:
+    """``--debug`` among the arguments, or ``LM_EVAL_PROBES_DEBUG`` set to 1/true/yes/on."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return DEBUG_FLAG in args or str(env.get(DEBUG_VARIABLE, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``lm-eval-probes``: the plugin's subcommands, else lm_eval's CLI after the preflight
+    (:mod:`lm_eval_probes.cli.preflight`): a bad probe, option, model folder or task name ends here with one line on
+    stderr and exit 2, before torch is imported. Ctrl-C ends with one line and exit 130 (a second one at once)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = wants_debug(args)
+    if not args or args[0] != "sweep":  # the sweep reads its own --debug
+        args = [arg for arg in args if arg != DEBUG_FLAG]
+    try:
+        _dispatch(args, debug=debug)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        from lm_eval_probes.cli.interrupt import stop_at_next_interrupt
+
+        stop_at_next_interrupt()
+        command = args[0] if args and args[0] in SUBCOMMANDS else "run"
+        print(f"lm-eval-probes {command}: interrupted" + (" — lm_eval writes its results when a run finishes, so this "
+              "run wrote none" if command == "run" else ""), file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _dispatch(args: list[str], *, debug: bool) -> None:
     if not args or args[0] in ("-h", "--help"):
         import lm_eval_probes
 
@@ -199,19 +236,37 @@ def main(argv: list[str] | None = None) -> None:
         import importlib
 
         raise SystemExit(importlib.import_module(SUBCOMMANDS[args[0]]).main(args[1:]))
-    from lm_eval.__main__ import cli_evaluate
 
     import lm_eval_probes
+    from lm_eval_probes.cli.preflight import PreflightError, preflight
+    from lm_eval_probes.harness.pretrained import ModelNotFound
+
+    args = rewrite_argv(args, lm_eval_probes.tasks_dir())
+    try:
+        preflight(args, tasks_dir=lm_eval_probes.tasks_dir())  # before torch: one line, exit 2
+    except PreflightError as error:
+        if debug:
+            raise
+        print(f"lm-eval-probes: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    from lm_eval.__main__ import cli_evaluate
+
     from lm_eval_probes.harness.registry import register_model_placeholder, register_rows
     from lm_eval_probes.tasks.manager import every_task_probed
 
     register_model_placeholder()
     register_rows()  # before any task is built
 
-    args = rewrite_argv(args, lm_eval_probes.tasks_dir())
     sys.argv = ["lm-eval-probes", *args]
-    with every_task_probed():
-        cli_evaluate()
+    try:
+        with every_task_probed():
+            cli_evaluate()
+    except ModelNotFound as error:  # raised by the wrapper for what the preflight could not see
+        if debug:
+            raise
+        print(f"lm-eval-probes: error: pretrained: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
     assert all(shards[key] == expected[key] for key in good)
     assert summary["counts"] == {"done": 4, "failed": 2, "pending": 0}
     failed = [p for p in summary["pairs"] if p["state"] == "failed"]
-    assert {p["model"] for p in failed} == {"broken"} and all("model failed to load" in p["error"] for p in failed)
+    assert {p["model"] for p in failed} == {"broken"}
+    assert all(p["error"] == f"model failed to load: no model folder at {tmp_path / 'no-such-model'}" for p in failed)
     assert json.loads((out / "sweep_status.json").read_text())["counts"] == summary["counts"]
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
     assert any("llama × probes_synth_logic: done in" in line and "ETA" in line for line in progress)
@@ -135,7 +136,9 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
     # a killed run: one pair lost its folder mid-write (only a partial folder is left); the rest must not rerun
     lost = ("gpt2", "probes_synth_arith")
     kept = {key: (path.name, path.stat().st_mtime_ns) for key, path in written.items() if key != lost}
+    assert not (out / ".partial").exists(), "finished shards leave no empty .partial folders"
     partial = out / ".partial" / "gpt2" / "probes_synth_arith.999.deadbeef"
+    partial.parent.mkdir(parents=True)
     written[lost].parent.rename(partial)
     (partial / "results_truncated.json").write_text("{")
     caplog.clear()
@@ -149,6 +152,7 @@ def test_shards_resume_and_failures(tiny_model_dir, tmp_path, caplog):
     assert sum("already done, skipped" in line for line in lines) == 3
     assert any("gpt2 × probes_synth_arith: done" in line for line in lines)
     assert again["counts"] == {"done": 4, "failed": 2, "pending": 0}  # the broken model was retried, failed again
+    assert not (out / ".partial").exists(), "a finished sweep leaves no empty .partial folders"
 
     # the sweep's output is a report's input: one row per model, runs merged
     from lm_eval_probes.reports import build_report

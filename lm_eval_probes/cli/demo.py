@@ -129,19 +129,36 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _demo(argv)
+    except KeyboardInterrupt:  # before the sweep's first pair, or while the leaderboard is written
+        from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
+
+        stop_at_next_interrupt()
+        print("lm-eval-probes-demo: interrupted — rerun the same command to resume", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _demo(argv: list[str] | None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 
     from lm_eval_probes.cli.console import tidy_console
+    from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
     from lm_eval_probes.reports.report import build_report
     from lm_eval_probes.sweep.config import parse_config
-    from lm_eval_probes.sweep.runner import run_sweep
+    from lm_eval_probes.sweep.runner import SweepInterrupted, run_sweep
 
     config = parse_config(sweep_config(args))
     leaderboard = Path(args.output_path) / "leaderboard"
     with tidy_console():  # lm_eval's repeated notices once; warnings name the pair and the row
-        status = run_sweep(config)
+        try:
+            status = run_sweep(config)
+        except SweepInterrupted as interrupted:
+            stop_at_next_interrupt()  # a second Ctrl-C while exiting stops at once
+            print(f"{interrupted} (status: {config.output_dir / 'sweep_status.json'})", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED) from None
         report = build_report([config.output_dir / "runs"], leaderboard, n_resamples=args.resamples)
     print((leaderboard / "leaderboard.md").read_text(encoding="utf-8").split("\n## ", 2)[0].strip())
     print(f"\n{len(report.models)} model(s), {len(report.tables)} task(s); sweep status: {config.output_dir / 'sweep_status.json'}")

@@ -1,12 +1,13 @@
 """lm_eval's registries: the models' lazy placeholders and the probe rows as metrics and aggregations.
 
 * :func:`register_model_placeholder` — lazy ``hf-probes`` / ``hf-probes-diffusion`` entries (0.4.13 has no plugin
-  discovery: the ``.pth`` autoload calls it at interpreter start; ``setup.cfg`` also declares the ``lm_eval.models``
-  entry points for the harness's discovery after 0.4.13);
+  discovery: the finder the ``.pth`` puts on ``sys.meta_path``, ``_lm_eval_probes_autoload``, calls it when
+  ``lm_eval.api.registry`` is first imported; ``setup.cfg`` also declares the ``lm_eval.models`` entry points for
+  an lm_eval that discovers them, and then the finder stands aside);
 * :func:`register_rows` — every row of :mod:`lm_eval_probes.rows` as a metric, and the plugin's aggregations
   (lm_eval auto-imports its built-ins only into an empty registry, so those come first).
 
-Importing this module is cheap (no torch, no lm_eval): the ``.pth`` imports it at every interpreter start.
+Importing this module is cheap (no torch, no lm_eval); nothing imports it at interpreter start.
 """
 
 from __future__ import annotations

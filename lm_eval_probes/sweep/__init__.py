@@ -7,9 +7,14 @@ few-shot count, batch-size policy and task metadata, and writes lm_eval's own fi
 the leaderboard.
 
 * **Atomic, resumable.** A pair is written into ``<output_dir>/.partial/`` and moved into place with one
-  ``os.replace``; a pair whose folder exists is finished and skipped on a rerun. A crash or Ctrl-C leaves at
-  most a partial folder, which is ignored and redone.
-* **Failures recorded, sweep goes on.** A model that fails to load (bad name, unsupported architecture,
+  ``os.replace``; a pair whose folder exists is finished and skipped on a rerun. A crash leaves at most a partial
+  folder, which is ignored and redone; a finished sweep leaves none.
+* **Ctrl-C is an answer.** The status being written is finished, ``sweep_status.json`` is written
+  (``"interrupted": true``), the pair in progress stays pending (its attempt folder removed), and the command
+  prints ``interrupted: N done, M pending — rerun the same command to resume`` and exits 130; a second Ctrl-C
+  stops it at once.
+* **Failures recorded, sweep goes on.** A model that fails to load (a missing folder — said as such, by
+  :func:`lm_eval_probes.harness.pretrained.check_pretrained` before anything loads —, unsupported architecture,
   out of memory) or a pair that fails to evaluate is recorded with its error in
   ``<output_dir>/status/<model>__<task>.json`` (collected into ``<output_dir>/sweep_status.json``); the
   other pairs still run; failed pairs are retried by the next run.

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lm_eval_probes.cli.console import tidy_console
+from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 from lm_eval_probes.sweep.config import Shard, SweepConfigError, load_config
 from lm_eval_probes.sweep.store import is_finished
-from lm_eval_probes.sweep.runner import run_sweep
+from lm_eval_probes.sweep.runner import SweepInterrupted, run_sweep
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -67,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
                    "into one afterwards)")
     p.add_argument("--check", action="store_true", help="validate the config and list this shard's pairs and their "
                    "state, load nothing")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a Ctrl-C (also LM_EVAL_PROBES_DEBUG=1)")
     return p
 
 
@@ -88,6 +90,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SweepConfigError, FileNotFoundError) as error:
         print(f"lm-eval-probes sweep: error: {error}", file=sys.stderr)
         return 2
+    except SweepInterrupted as interrupted:
+        from lm_eval_probes.__main__ import wants_debug
+
+        if args.debug or wants_debug([]):
+            raise
+        stop_at_next_interrupt()  # a second Ctrl-C while exiting stops at once
+        print(f"{interrupted} (status: {config.output_dir / 'sweep_status.json'})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the first pair (reading lm_eval's task index)
+        from lm_eval_probes.__main__ import wants_debug
+
+        if args.debug or wants_debug([]):
+            raise
+        stop_at_next_interrupt()
+        print("interrupted before any pair ran — rerun the same command to start", file=sys.stderr)
+        return EXIT_INTERRUPTED
     counts = summary["counts"]
     print(f"{counts['done']} done, {counts['failed']} failed, {counts['pending']} pending (all shards): "
           f"{config.output_dir / 'sweep_status.json'}")

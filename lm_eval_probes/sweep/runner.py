@@ -3,17 +3,21 @@ recorded and the sweep going on, one progress line per pair with its ETA."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import logging
 import difflib
+import logging
 import math
 import os
 import shutil
 import time
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any
 
+from lm_eval_probes.cli.interrupt import deferred_interrupt, restore_interrupt, stop_at_next_interrupt
+from lm_eval_probes.harness.pretrained import ModelNotFound, check_pretrained, hub_offline
 from lm_eval_probes.sweep.config import SWEEP_KEY, Shard, SweepConfig, SweepConfigError, SweepModel
 from lm_eval_probes.sweep.store import collect_status, is_finished, pair_dir, record_status
 
@@ -66,6 +70,23 @@ class Progress:
         return text
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C, after ``sweep_status.json`` was written; ``summary`` is :func:`collect_status`'s
+    (``interrupted: true``) and ``str()`` the line the commands print."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__(interrupted_line(summary))
+        self.summary = summary
+
+
+def interrupted_line(summary: dict[str, Any]) -> str:
+    """``interrupted: N done, M pending — rerun the same command to resume`` (failed pairs, which a rerun retries,
+    are counted when there are any)."""
+    counts = summary["counts"]
+    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    return f"interrupted: {counts['done']} done, {counts['pending']} pending{failed} — rerun the same command to resume"
+
+
 def check_tasks(config: SweepConfig, task_manager: Any) -> None:
     """Every task name known to lm_eval (with the plugin's tasks), before any model loads.
 
@@ -82,15 +103,48 @@ def check_tasks(config: SweepConfig, task_manager: Any) -> None:
 
 
 def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard) -> None:
-    """Run one pair and move its lm_eval files into place atomically."""
-    import lm_eval
-    from lm_eval.loggers import EvaluationTracker
-
+    """Run one pair and move its lm_eval files into place atomically; its attempt folder in ``.partial/`` is removed
+    whatever happens."""
     partial_root = config.output_dir / ".partial" / model.name
     for stale in partial_root.glob(f"{task}.*"):
         shutil.rmtree(stale, ignore_errors=True)  # a killed earlier attempt of this pair
     partial = partial_root / f"{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    partial.mkdir(parents=True)
+    _make_folder(partial)
+    try:
+        _evaluate_into(config, lm, model, task, task_manager, shard, partial)
+    finally:  # done, failed or interrupted: nothing of this attempt stays in .partial/
+        shutil.rmtree(partial, ignore_errors=True)
+        remove_empty_partials(config)
+
+
+def _make_folder(folder: Path) -> None:
+    for attempt in range(3):  # another shard may remove an empty parent between the two steps of mkdir
+        try:
+            folder.mkdir(parents=True)
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+
+
+def remove_empty_partials(config: SweepConfig) -> None:
+    """Remove the empty folders of ``<output_dir>/.partial/`` and ``.partial`` itself when it is empty (a running
+    shard's attempt, which has files, stays)."""
+    root = config.output_dir / ".partial"
+    if not root.is_dir():
+        return
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+
+
+def _evaluate_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
+                   partial: Path) -> None:
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
     tracker = EvaluationTracker(output_path=str(partial))
     model_args = config.model_args(model)
     results = lm_eval.simple_evaluate(
@@ -102,7 +156,6 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
         torch_random_seed=config.seeds[2], fewshot_random_seed=config.seeds[3],
     )
     if results is None:  # a non-zero rank of a distributed run: rank 0 writes
-        shutil.rmtree(partial, ignore_errors=True)
         return
     samples = results.pop("samples", None)
     device = getattr(lm, "device", None)
@@ -120,7 +173,6 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     final = pair_dir(config, model.name, task)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(files, final)  # the pair appears complete or not at all
-    shutil.rmtree(partial, ignore_errors=True)
 
 
 def model_device(config: SweepConfig) -> str:
@@ -141,7 +193,30 @@ def model_device(config: SweepConfig) -> str:
     return default
 
 
+def check_model_folder(model: SweepModel) -> None:
+    """``pretrained=`` of a Hugging Face model type is there (:func:`~lm_eval_probes.harness.pretrained.check_pretrained`;
+    offline as ``HF_HUB_OFFLINE`` says).
+
+    Raises:
+        ModelNotFound: what is missing, in one line.
+    """
+    if model.model not in ("hf", "hf-auto", "huggingface", "hf-probes", "hf-probes-diffusion"):
+        return
+    args = model.model_args
+    gguf, subfolder = args.get("gguf_file"), args.get("subfolder")
+    check_pretrained(args.get("pretrained"), offline=hub_offline(), gguf_file=str(gguf) if gguf else None,
+                     subfolder=str(subfolder) if subfolder else None)
+
+
+def load_failure(error: BaseException) -> str:
+    """The one-line error of a model that failed to load, as the FAILED line and ``sweep_status.json`` carry it."""
+    if isinstance(error, ModelNotFound):
+        return f"model failed to load: {error}"
+    return f"model failed to load: {type(error).__name__}: {error}"
+
+
 def _load_model(config: SweepConfig, model: SweepModel) -> Any:
+    check_model_folder(model)
     import lm_eval.api.registry
 
     import lm_eval_probes  # noqa: F401  (registers hf-probes)
@@ -154,9 +229,12 @@ def _load_model(config: SweepConfig, model: SweepModel) -> Any:
 def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any | None = None) -> dict[str, Any]:
     """Run this shard's unfinished pairs, one model load per model; returns :func:`collect_status`.
 
-    A model that fails to load fails all its pairs in this shard (recorded, not raised); a pair that fails
-    to evaluate is recorded and the next one runs. ``KeyboardInterrupt`` propagates (the pair in progress
-    stays unfinished and is redone next time).
+    A model that fails to load fails all its pairs in this shard (recorded, not raised; a ``pretrained=`` that
+    is not there fails with what is missing, :func:`check_model_folder`); a pair that fails to evaluate is recorded
+    and the next one runs. A Ctrl-C (``KeyboardInterrupt``) lets the status being written finish, writes
+    ``sweep_status.json`` (``interrupted: true``) and raises :class:`SweepInterrupted`; the pair in progress stays
+    pending, its attempt folder removed, and is redone by the next run. A finished sweep leaves no ``.partial/``
+    folder behind (another shard's running attempt excepted).
 
     Args:
         task_manager: a :class:`~lm_eval_probes.tasks.manager.ProbeTaskManager` with the plugin's tasks on its
@@ -165,6 +243,7 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
 
     Raises:
         SweepConfigError: an unknown task name (checked before any model loads).
+        SweepInterrupted: Ctrl-C (a :class:`KeyboardInterrupt`), after ``sweep_status.json`` is written.
         ValueError: a ``task_manager`` that is not a ProbeTaskManager or has other task metadata.
     """
     import lm_eval_probes
@@ -179,6 +258,26 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
     elif dict(task_manager.metadata or {}) != dict(config.metadata):
         raise ValueError(f"task_manager has task metadata {task_manager.metadata!r}, the sweep config {dict(config.metadata)!r}")
     check_tasks(config, task_manager)
+    try:
+        _run_pairs(config, shard, task_manager)
+    except KeyboardInterrupt:
+        previous = stop_at_next_interrupt()  # a second Ctrl-C stops at once
+        try:
+            summary = collect_status(config, interrupted=True)
+        finally:
+            restore_interrupt(previous)
+        raise SweepInterrupted(summary) from None
+    remove_empty_partials(config)
+    return collect_status(config)
+
+
+def _shown(message: str) -> str:
+    """An error as the progress line shows it: its first line, at most 300 characters."""
+    first = (message.splitlines() or [""])[0]
+    return first if len(first) <= 300 else first[:299] + "…"
+
+
+def _run_pairs(config: SweepConfig, shard: Shard, task_manager: Any) -> None:
     mine = shard.select(config.pairs())
     logger.info("sweep %s: %d of %d pairs in shard %s", config.output_dir, len(mine), len(config.pairs()), shard)
     progress = Progress(len(mine))
@@ -197,10 +296,12 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
         try:
             lm = _load_model(config, model)
         except Exception as error:  # noqa: BLE001  (any load failure is recorded; the sweep goes on)
-            message = f"model failed to load: {type(error).__name__}: {error}"
+            message = load_failure(error)
+            details = {} if isinstance(error, ModelNotFound) else {"traceback": traceback.format_exc()[-4000:]}
             for task in todo:
-                record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
-                progress.line(model_name, task, f"FAILED ({message[:200]})", time.monotonic() - started)
+                with deferred_interrupt():  # the status is written whole
+                    record_status(config, model_name, task, "failed", error=message, **details)
+                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
                 started = time.monotonic()
             continue
         load_seconds = time.monotonic() - started
@@ -210,15 +311,14 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
                 _evaluate_pair(config, lm, model, task, task_manager, shard)
             except Exception as error:  # noqa: BLE001
                 message = f"{type(error).__name__}: {error}"
-                record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
-                progress.line(model_name, task, f"FAILED ({message[:200]})", time.monotonic() - started + load_seconds)
+                with deferred_interrupt():
+                    record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
+                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started + load_seconds)
             else:
                 seconds = time.monotonic() - started + load_seconds
-                record_status(config, model_name, task, "done", seconds=round(seconds, 3), shard=str(shard),
-                              results_dir=str(pair_dir(config, model_name, task)))
-                progress.line(model_name, task, "done", seconds)
+                with deferred_interrupt():
+                    record_status(config, model_name, task, "done", seconds=round(seconds, 3), shard=str(shard),
+                                  results_dir=str(pair_dir(config, model_name, task)))
+                    progress.line(model_name, task, "done", seconds)
             load_seconds = 0.0
         del lm
-    return collect_status(config)
-
-

@@ -40,9 +40,10 @@ def record_status(config: SweepConfig, model: str, task: str, state: str, **deta
     return entry
 
 
-def collect_status(config: SweepConfig) -> dict[str, Any]:
+def collect_status(config: SweepConfig, *, interrupted: bool = False) -> dict[str, Any]:
     """Every pair's state: ``done`` (folder present), ``failed`` (its last error), ``pending``; written to
-    ``<output_dir>/sweep_status.json`` and returned."""
+    ``<output_dir>/sweep_status.json`` and returned, with ``interrupted`` (whether a Ctrl-C ended the run that
+    wrote it)."""
     pairs = []
     for model, task in config.pairs():
         entry: dict[str, Any] = {"model": model, "task": task, "state": "pending"}
@@ -55,7 +56,7 @@ def collect_status(config: SweepConfig) -> dict[str, Any]:
             entry.pop("traceback", None)
         pairs.append(entry)
     counts = {state: sum(p["state"] == state for p in pairs) for state in ("done", "failed", "pending")}
-    summary = {"output_dir": str(config.output_dir), "counts": counts, "pairs": pairs}
+    summary = {"output_dir": str(config.output_dir), "counts": counts, "interrupted": interrupted, "pairs": pairs}
     _write_json_atomically(config.output_dir / "sweep_status.json", summary)
     return summary
 
