@@ -1,7 +1,8 @@
 """lm-eval-probes: hidden-state probes (δ_TCB, BTE, …) reported next to accuracy in lm-evaluation-harness.
 
 Importing this package has no side effects and imports neither torch nor lm_eval. A regular install
-registers the ``hf-probes`` model with lm_eval at interpreter start (a ``.pth`` file); elsewhere (an
+registers the ``hf-probes`` model with lm_eval when lm_eval's model registry is first imported (a ``.pth`` file puts
+an import finder on ``sys.meta_path``, which imports nothing itself); elsewhere (an
 editable install) call :func:`register` once. ``TASKS_DIR`` is the folder of the packaged task YAMLs,
 for ``ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)`` or ``--include_path``.
 """

@@ -74,7 +74,8 @@ def assert_same_probe(got, want, rel: float = 1e-4) -> None:
     if want.n_tokens == 0:
         assert math.isnan(got.get("tcb_log10_mean")) and math.isnan(got.get("bte_energy"))
         return
-    for name in ("tcb_log10_mean", "tcb_log10_min", "entropy", "bte_energy", "mean_token_logprob"):
+    assert got.mean_token_logprob == pytest.approx(want.mean_token_logprob, rel=rel, abs=1e-6)
+    for name in ("tcb_log10_mean", "tcb_log10_min", "entropy", "bte_energy"):
         assert got.get(name) == pytest.approx(want.get(name), rel=rel, abs=1e-6), name
     assert got.get("tcb_argmin") == want.get("tcb_argmin")
     if want.get("bte_profile") is None:
@@ -180,8 +181,8 @@ def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode,
             assert np.mean(probe.token_logprobs) == pytest.approx(probe.mean_token_logprob, rel=1e-6)
             assert list(probe.token_ends) == sorted(probe.token_ends) and probe.token_ends[-1] == len(text)
             tail = probe.get("tail_states").values
-            assert tail.shape[:2] == (len(probe.get("answer_states").layers), min(n, lm.probe_config.reader_tail))
-            if n <= lm.probe_config.reader_tail:  # the tail is the whole response: its mean is answer_states
+            assert tail.shape[:2] == (len(probe.get("answer_states").layers), min(n, lm.probe_config.options_of("reader").tail))
+            if n <= lm.probe_config.options_of("reader").tail:  # the tail is the whole response: its mean is answer_states
                 assert_same_states(probe.get("tail_states").mean_positions(0, n), probe.get("answer_states"), rtol=2e-3)
     assert any(t.probe.n_tokens < 10 for t in texts), "the stop strings should have cut some rows"
 
@@ -343,11 +344,11 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
-    layers = config.options_of("reader").resolved_layers(readout.num_layers)
+    layers = lm.whole.prompt_layers
     rows_in = [torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 0]]), torch.tensor([[20, 21, 22, 23, 24]])]
     with hidden_state_tap(lm.model) as tap:
-        rows = LoglikelihoodRows(tap, readout, config, layers)
-        cut = LoglikelihoodRows(tap, readout, config, layers)
+        rows = LoglikelihoodRows(tap, readout, config, lm.whole)
+        cut = LoglikelihoodRows(tap, readout, config, lm.whole)
         cut.note_requests([(("d", " z"), [30, 0], [31]), (("e", " cut"), [40, 41, 42, 43], [44, 45])], max_length=4)
         assert cut.new_batch(torch.ones(2, 4, dtype=torch.long)) == 0  # rows of no request (batch-size search)
         assert cut.new_batch(torch.tensor([[30, 0, 0]])) == 1  # [30, 0]: a real trailing 0, reads 1 position

@@ -59,3 +59,12 @@ def test_console_script_argv_rewrite():
     assert argv == ["--model", "hf-probes", "--model_args", "pretrained=m,probes=tcb+bte,dtype=float32", "--tasks", "t", "--include_path", "/T"]
     assert rewrite_argv(["--tasks", "t", "--include_path", "/mine"], "/T")[-1] == "/mine"
     assert rewrite_argv(["--help"], "/T") == ["--help"]
+
+
+def test_a_missing_model_folder_is_named_before_anything_loads(tmp_path):
+    from lm_eval_probes.harness.pretrained import ModelNotFound
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+
+    for wrapper in (ProbeHFLM, DiffusionProbeHFLM):
+        with pytest.raises(ModelNotFound, match=f"no model folder at {tmp_path / 'no' / 'such'}"):
+            wrapper(pretrained=str(tmp_path / "no" / "such"), probes="none")

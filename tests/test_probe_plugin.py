@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +73,6 @@ def test_hnorm_in_results_samples_help_and_report(hnorm_installed, tiny_model_di
     import lm_eval_probes
     from lm_eval_probes.__main__ import plugin_help
     from lm_eval_probes.models.autoregressive import ProbeHFLM
-    from lm_eval_probes.reports.report import main as report_main
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4, probes="tcb+hnorm")
     tracker = EvaluationTracker(output_path=str(tmp_path / "run"))
@@ -98,7 +100,11 @@ def test_hnorm_in_results_samples_help_and_report(hnorm_installed, tiny_model_di
     help_text = plugin_help("TASKS")
     assert "hnorm" in help_text and "probe_hnorm_ord=2.0" in help_text and "example plugin" in help_text
 
-    assert report_main([str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    # the report as a user runs it: a new process, the plugin installed (its distribution and source on the path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(EXAMPLE_PLUGIN_SOURCE)])}
+    done = subprocess.run([sys.executable, "-m", "lm_eval_probes", "report", str(tmp_path / "run"), "--out",
+                           str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
     page = (tmp_path / "report" / "index.html").read_text()
     assert "hnorm" in (tmp_path / "report" / "leaderboard.md").read_text()
     assert "mean L2 norm of the last hidden state over the response positions" in page

@@ -1,7 +1,7 @@
 """Everything that touches lm_eval's internals (0.4.13), and the list of them: the one place to revisit on an upgrade.
 
-Modules: :mod:`.registry` (models and rows in lm_eval's registries; cheap, imported by the ``.pth`` at interpreter
-start), :mod:`.hflm` (the HFLM machinery both wrappers hook into: the cache-hook tap, the response-cache table,
+Modules: :mod:`.registry` (models and rows in lm_eval's registries; cheap, imported when lm_eval's registry is first
+imported, by the finder the ``.pth`` installs), :mod:`.hflm` (the HFLM machinery both wrappers hook into: the cache-hook tap, the response-cache table,
 ranks, the unprobed-task warning). The task side of that list lives with the tasks (:mod:`lm_eval_probes.tasks.manager`:
 probe rows for any task, the class swap and the task manager), which import this package, never the reverse.
 

@@ -78,6 +78,7 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
+from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
@@ -105,6 +106,8 @@ class ProbeHFLM(HFLM):
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
         plugin_args, hf_args = split_model_args(kwargs)
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
+        check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
+                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)

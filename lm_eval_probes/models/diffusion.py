@@ -62,6 +62,7 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
+from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
@@ -143,6 +144,8 @@ class DiffusionProbeHFLM(HFLM):
                 f"hf-probes-diffusion supports probes {SUPPORTED_PROBES} (or none), got {unsupported}: the lens "
                 "probes need an autoregressive next-token readout"
             )
+        check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
+                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
         if hf_args.get("backend", "default") not in ("default", "causal"):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
