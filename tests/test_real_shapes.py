@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,12 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-from shapes import FORBIDDEN_LOGIT, SHAPES, build_model, model_config, offline_tokenizer, resolve  # noqa: E402
+_spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_shapes", BENCHMARKS / "shapes.py")
+shapes = importlib.util.module_from_spec(_spec)  # not on sys.path: benchmarks/calibration.py would shadow a package
+sys.modules[_spec.name] = shapes  # its dataclasses look their module up
+_spec.loader.exec_module(shapes)
+FORBIDDEN_LOGIT, SHAPES, build_model, model_config = shapes.FORBIDDEN_LOGIT, shapes.SHAPES, shapes.build_model, shapes.model_config
+offline_tokenizer, resolve = shapes.offline_tokenizer, shapes.resolve
 
 
 @pytest.mark.parametrize("name, widths", [

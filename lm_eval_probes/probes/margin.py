@@ -20,7 +20,6 @@ Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -199,7 +198,7 @@ def head_margins(
             query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
     lead = keys.shape[:-2]
     per_head = []
-    for index in itertools.product(*(range(size) for size in lead)):  # one head (and batch row) at a time
+    for index in _indices(lead):  # one head (and batch row) at a time
         norm = None if query_norm is None else (_pick(query_norm[0], index, lead), query_norm[1], query_norm[2])
         per_head.append(_one_head_margins(
             _pick(query_inputs, index, lead), _pick(keys, index, lead), _pick(weights, index, lead), scale=scale,
@@ -215,6 +214,14 @@ def head_margins(
 WORK_ELEMENTS = 1 << 23
 """Elements of the largest transient of :func:`head_margins` beside its ``[chunk, p, p]`` products: the flattened
 outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64)."""
+
+
+def _indices(lead: torch.Size) -> list[tuple[int, ...]]:
+    """Every index of a tensor of shape ``lead``, in row-major order (``()`` once for an empty shape)."""
+    out: list[tuple[int, ...]] = [()]
+    for size in lead:
+        out = [index + (i,) for index in out for i in range(size)]
+    return out
 
 
 def _pick(value: Tensor, index: tuple[int, ...], lead: torch.Size) -> Tensor:
