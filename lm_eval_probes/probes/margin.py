@@ -67,9 +67,12 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         if valid.shape != queries.shape[:-1]:
             raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
         allowed = allowed & valid.bool().unsqueeze(-2)
-    logits = logits.masked_fill(~allowed, -math.inf)
+    logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
     weights = torch.softmax(logits, dim=-1)
-    return torch.nan_to_num(weights, nan=0.0)  # a row without any allowed s: softmax of all −inf
+    del logits  # [..., T, T]: at most two of them alive at once
+    if weights.requires_grad and torch.is_grad_enabled():  # softmax's backward reads its output
+        return torch.nan_to_num(weights, nan=0.0)
+    return weights.nan_to_num_(nan=0.0)  # a row without any allowed s: softmax of all −inf
 
 
 def attention_covariance(x: Tensor, weights: Tensor) -> Tensor:
@@ -163,7 +166,8 @@ def head_margins(
         valid: optional bool ``[..., T]``; margins of invalid positions are ``nan``.
         positions: optional int64 ``[n]``: ``weights`` is ``[..., n, T]``, the rows of these query positions only
             (the margins of a subset of positions; e.g. a sampled estimate of a mean over positions).
-        chunk: query positions processed at once (memory ≈ (T + chunk) · p² floats per head and row).
+        chunk: query positions processed at once; heads (and batch rows) one at a time. Transient memory
+            ≈ :data:`WORK_ELEMENTS` + 3 · chunk · p² floats, whatever T and the number of heads.
         query_norm: for a head whose queries are RMS-normalised before the rotation (Gemma-3's ``q_norm``):
             ``(v, g, eps)`` with ``v [..., T, p]`` the norm's inputs (projection and bias), ``g [p]`` its
             effective weight and ``eps``, so q_t = R_t (g ⊙ v_t / r_t), r_t = (mean(v_t²) + eps)^½. The
@@ -192,31 +196,112 @@ def head_margins(
             valid = valid[..., positions]
         if query_norm is not None:
             query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
-    outer = (query_inputs[..., :, None] * keys[..., None, :]).flatten(-2)  # [..., T, p²]: u_s k_sᵀ, flattened
-    parts = []
-    for lo in range(0, rows, chunk):
-        hi = min(rows, lo + chunk)
-        alpha = weights[..., lo:hi, :]  # [..., c, T]
-        second = (alpha @ outer).unflatten(-1, (dim, dim))  # Σ_s α_ts u_s k_sᵀ: one matmul
-        mean_u, mean_k = alpha @ query_inputs, alpha @ keys  # [..., c, p]
-        cross = second - alpha.sum(-1)[..., None, None] * mean_u[..., :, None] * mean_k[..., None, :]
-        if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
-            v, gain, eps = query_norm
-            v = v[..., lo:hi, :]
-            r_sq = v.pow(2).mean(-1) + eps  # [..., c]
-            projected = (v.unsqueeze(-2) @ cross).squeeze(-2)  # v_tᵀ C_t: [..., c, p]
-            cross = cross - v[..., :, None] * projected[..., None, :] / (dim * r_sq)[..., None, None]
-            cross = gain[:, None] * cross / r_sq.sqrt()[..., None, None]
-        if rotation is not None:
-            cos, sin = (r[..., lo:hi, :, None] for r in rotation)  # rotate the query index (rows)
-            cross = cross * cos + rotate_half(cross, dim=-2) * sin
-        eye = torch.eye(dim, dtype=cross.dtype, device=cross.device)
-        parts.append(torch.linalg.slogdet(eye - scale * cross).logabsdet)
-    margins = torch.cat(parts, dim=-1) if parts else keys.new_empty(keys.shape[:-1])
+    lead = keys.shape[:-2]
+    per_head = []
+    for index in _indices(lead):  # one head (and batch row) at a time
+        norm = None if query_norm is None else (_pick(query_norm[0], index, lead), query_norm[1], query_norm[2])
+        per_head.append(_one_head_margins(
+            _pick(query_inputs, index, lead), _pick(keys, index, lead), _pick(weights, index, lead), scale=scale,
+            rotation=None if rotation is None else (_pick(rotation[0], index, lead), _pick(rotation[1], index, lead)),
+            chunk=chunk, query_norm=norm))
+    margins = torch.stack(per_head).reshape(*lead, rows) if per_head else keys.new_empty((*lead, rows))
     undefined = weights.sum(-1) == 0
     if valid is not None:
         undefined = undefined | ~valid.bool()
     return margins.masked_fill(undefined, math.nan)
+
+
+WORK_ELEMENTS = 1 << 23
+"""Elements of the largest transient of :func:`head_margins` beside its ``[chunk, p, p]`` products: the flattened
+outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64)."""
+
+
+def _indices(lead: torch.Size) -> list[tuple[int, ...]]:
+    """Every index of a tensor of shape ``lead``, in row-major order (``()`` once for an empty shape)."""
+    out: list[tuple[int, ...]] = [()]
+    for size in lead:
+        out = [index + (i,) for index in out for i in range(size)]
+    return out
+
+
+def _pick(value: Tensor, index: tuple[int, ...], lead: torch.Size) -> Tensor:
+    """``value[index]`` of a tensor whose leading dims broadcast against ``lead`` (a view; no copy)."""
+    return torch.broadcast_to(value, (*lead, *value.shape[-2:]))[index]
+
+
+def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float, rotation: tuple[Tensor, Tensor] | None,
+                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None) -> Tensor:
+    """:func:`head_margins` of one head: u, keys ``[T, p]``, weights ``[n, T]``, rotation and the norm's inputs
+    ``[n, p]`` (already cut to the rows' positions) → ``[n]`` log|det| (no nan masking).
+
+    Per chunk of query positions, C_t is summed only over the prefix any of them attends to (the columns up to the
+    chunk's last nonzero weight: half the products of a causal pass), one matrix product ``[c, S] @ [S, p²]`` per
+    block of S prefix positions with their flattened outer products u_s k_sᵀ (built once per head when all T of them
+    fit in :data:`WORK_ELEMENTS`, else per block). Without autograd the corrections (means, query norm, rotation,
+    I − scale·X) run in place on the ``[c, p, p]`` products. Transient memory: :data:`WORK_ELEMENTS` plus about three
+    ``[c, p, p]`` per chunk, whatever T and the number of heads."""
+    rows, length, dim = weights.shape[0], keys.shape[0], keys.shape[-1]
+    in_place = not (torch.is_grad_enabled() and (u.requires_grad or keys.requires_grad or weights.requires_grad
+                                                 or (query_norm is not None and query_norm[0].requires_grad)))
+    block = max(1, WORK_ELEMENTS // (dim * dim))
+    outer_all = _outer(u, keys) if length <= block else None  # [T, p²], reused by every chunk
+    parts = []
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        attended = torch.nonzero(weights[lo:hi].detach().ne(0).any(0))
+        span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
+        alpha = weights[lo:hi, :span]  # [c, S]
+        second = None  # Σ_s α_ts u_s k_sᵀ, [c, p²]
+        for start in range(0, span, block):
+            stop = min(span, start + block)
+            outer = outer_all[start:stop] if outer_all is not None else _outer(u[start:stop], keys[start:stop])
+            if second is None:
+                second = alpha[:, start:stop] @ outer
+            elif in_place:
+                second.addmm_(alpha[:, start:stop], outer)
+            else:
+                second = second + alpha[:, start:stop] @ outer
+        cross = second.unflatten(-1, (dim, dim))
+        mean_u, mean_k = alpha @ u[:span], alpha @ keys[:span]  # [c, p]
+        correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]
+        cross = cross.baddbmm_(correction, mean_k[:, None, :], alpha=-1) if in_place else \
+            cross - correction * mean_k[:, None, :]
+        if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
+            v, gain, eps = query_norm
+            v = v[lo:hi]
+            r_sq = v.pow(2).mean(-1) + eps  # [c]
+            projected = (v.unsqueeze(-2) @ cross).squeeze(-2)  # v_tᵀ C_t: [c, p]
+            scaled_v = (v / (dim * r_sq)[:, None])[:, :, None]
+            factor = gain[None, :, None] / r_sq.sqrt()[:, None, None]  # [c, p, 1]
+            if in_place:
+                cross.baddbmm_(scaled_v, projected[:, None, :], alpha=-1).mul_(factor)
+            else:
+                cross = (cross - scaled_v * projected[:, None, :]) * factor
+        if rotation is not None:  # R_t X: rows (v₁; v₂) → (v₁ cos₁ − v₂ sin₁; v₂ cos₂ + v₁ sin₂)
+            cos, sin = (r[lo:hi, :, None] for r in rotation)
+            cross = _rotate_rows(cross, cos, sin) if in_place else cross * cos + rotate_half(cross, dim=-2) * sin
+        if in_place:  # I − scale · X
+            matrix = cross.mul_(-scale)
+            matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        else:
+            matrix = torch.eye(dim, dtype=cross.dtype, device=cross.device) - scale * cross
+        parts.append(torch.linalg.slogdet(matrix).logabsdet)
+    return torch.cat(parts) if parts else keys.new_empty(0)
+
+
+def _outer(u: Tensor, keys: Tensor) -> Tensor:
+    """``[S, p²]``: the flattened u_s k_sᵀ of each position."""
+    return (u[:, :, None] * keys[:, None, :]).flatten(-2)
+
+
+def _rotate_rows(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x·cos + rotate_half(x, dim=-2)·sin for ``x [c, p, p]`` and cos, sin ``[c, p, 1]``, in two passes."""
+    half = x.shape[-2] // 2
+    top, bottom = x[:, :half], x[:, half:]
+    out = torch.empty_like(x)
+    torch.mul(top, cos[:, :half], out=out[:, :half]).addcmul_(bottom, sin[:, :half], value=-1.0)
+    torch.mul(bottom, cos[:, half:], out=out[:, half:]).addcmul_(top, sin[:, half:])
+    return out
 
 
 def rotate_half(v: Tensor, *, dim: int = -1) -> Tensor:

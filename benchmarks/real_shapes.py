@@ -1,0 +1,313 @@
+"""Memory and time of each probe at the real widths of 7–9B models (built in-process: ``benchmarks/shapes.py``).
+
+    python benchmarks/real_shapes.py memory [--shapes llama3-8b ...] [--layers 2 4] [--tasks mc gen] [--probes ...]
+    python benchmarks/real_shapes.py time   [--shapes llama3-8b ...] [--layers 2 4] [--tasks mc gen] [--repeats 2]
+
+``memory``: every (shape, layers, task, probes) in a fresh process (one configuration per process: the peak
+resident memory is that configuration's own), RSS sampled every 5 ms during ``simple_evaluate``; printed per row:
+the peak over the model's loaded RSS, the extra peak over ``probes=none`` of the same shape, layers and task,
+and the memory model's figure for it (:func:`predicted_extra`, the formula of ``docs/performance.md``) with the
+measured / predicted ratio; the longest request's tokens T and the batch B come from the run itself (a hook on
+the model's forward). ``time``: per (shape, layers, task) one process that builds the model once and then, in
+each repeat, runs plain ``hf`` and every probe setting one after the other (a fresh wrapper each time, warmed
+on one document first, so one-time copies are not timed); the best wall time of the repeats counts; printed:
+seconds and the ratio over plain ``hf`` (and over ``probes=none``).
+
+Tasks: ``mc`` = ``probes_synth_logic`` (multiple choice), ``gen`` = ``probes_synth_arith_gen`` (generation,
+``--max_gen_toks`` tokens). The text is tokenised by SmolLM2's tokenizer (offline; real lengths); the models keep
+their real vocabulary (``shapes.confine_to_tokenizer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shapes import SHAPES, Shape, resolve  # noqa: E402
+
+TASKS = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen"}
+PROBES = ("none", "tcb+bte", "tcb", "bte", "omega", "margin", "reader", "all")
+GIB = 2**30
+
+
+class PeakRss(threading.Thread):
+    """Samples this process's RSS every 5 ms until stopped; ``peak`` is the largest seen."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self._proc, self._done, self.peak = psutil.Process(), threading.Event(), 0
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+            time.sleep(0.005)
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return max(self.peak, self._proc.memory_info().rss)
+
+
+# --------------------------------------------------------------------------------------------- the memory model
+
+def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens: int, dtype_bytes: int,
+                    chunk_positions: int = 64, omega_depth: int = 5, margin_chunk: int = 64) -> float:
+    """Bytes a probe setting adds to the peak over ``probes=none`` (the formulas of docs/performance.md).
+
+    B = ``batch``, T = ``tokens`` (the longest request), L = ``layers``, d, V, H heads, H_kv, p = head width,
+    c = ``chunk_positions``, b = the model's bytes per value.
+    """
+    d, vocab, heads, kv, p = shape.hidden, shape.vocab, shape.heads, shape.kv_heads, shape.head_dim
+    lens_copy = 4 * vocab * d if dtype_bytes != 4 else 0  # the float32 W of the lens (none for a float32 model)
+    states = (layers + 1) * batch * tokens * d * dtype_bytes  # the forward's hidden states of every layer
+    tcb = lens_copy + states + 20 * chunk_positions * vocab  # logits (4 B) + two float64 tensors per position
+    bte = lens_copy + states + 24 * chunk_positions * vocab  # five float32 buffers + the final logits
+    m = min(omega_depth, layers)
+    # Ω: the source layers' states of the batch in float32 through m blocks (two activations of the widest
+    # block, the FFN's), then the lens of each source layer at the response positions
+    omega = lens_copy + states + 4 * batch * tokens * (2 * d + 2 * shape.ffn) + 24 * chunk_positions * vocab
+    margin = 8 * ((heads + kv) * p * d  # float64 copies of W_Q, W_K
+                  + tokens * d + 6 * heads * tokens * p  # the inputs, u, the keys (and their repeat), queries, rotations
+                  + 2 * heads * tokens * tokens  # the attention weights (logits, then their softmax)
+                  + (1 << 23) + 3 * margin_chunk * p * p)  # head_margins' outer-product block and chunk products
+    reader = 0.0
+    values = {"none": 0.0, "tcb": tcb, "bte": bte, "tcb+bte": max(tcb, bte), "omega": omega, "margin": margin,
+              "reader": reader}
+    if probe == "all":
+        return max(values["tcb+bte"], omega, lens_copy + margin)
+    if probe not in values:
+        raise ValueError(f"unknown probe setting {probe!r}")
+    return values[probe]
+
+
+# --------------------------------------------------------------------------------------------- one process
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Shape]:
+    import torch
+
+    from shapes import build_model, offline_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = resolve(args.shape)
+    tokenizer = offline_tokenizer(args.tokenizer, mask=shape.diffusion is not None)
+    model = build_model(shape, args.layers, tokenizer=tokenizer, dtype=args.dtype, device=args.device)
+    return model, tokenizer, shape
+
+
+def wrapper(name: str, model: Any, tokenizer: Any, shape: Shape, args: argparse.Namespace) -> Any:
+    """Plain ``hf`` (``name == "hf"``), ``hf-probes`` with ``probes=name``, or ``hf-probes-diffusion``."""
+    from lm_eval.models.huggingface import HFLM
+
+    common = {"pretrained": model, "tokenizer": tokenizer, "batch_size": args.batch_size, "device": args.device}
+    if args.max_length:
+        common["max_length"] = args.max_length
+    if name == "hf":
+        return HFLM(**common)
+    probes = {"tcb+bte": "tcb,bte", "all": "all"}.get(name, name)
+    if shape.diffusion is not None:
+        from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+
+        return DiffusionProbeHFLM(**common, probes=probes, diffusion_family=shape.diffusion,
+                                  diffusion_steps=args.diffusion_steps, diffusion_mc_samples=args.diffusion_mc_samples)
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    return ProbeHFLM(**common, probes=probes)
+
+
+class LongestForward:
+    """A pre-hook on the model: the largest batch and sequence length it was called with."""
+
+    def __init__(self, model: Any) -> None:
+        self.batch = self.tokens = 0
+        self.handle = model.register_forward_pre_hook(self.seen, with_kwargs=True)
+
+    def seen(self, _module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.ndim == 2:
+            self.batch, self.tokens = max(self.batch, ids.shape[0]), max(self.tokens, ids.shape[1])
+
+
+_TASKS: dict[tuple[str, int], Any] = {}
+
+
+def evaluate(lm: Any, task: str, limit: int, args: argparse.Namespace) -> None:
+    """``lm_eval.evaluator.evaluate`` on ``task``'s first ``limit`` documents. The task is built once per process
+    (the synthetic tasks generate their documents when built: ~10 s here) and lm_eval's own task folder is not
+    indexed (``include_defaults=False``: ~2 min of CPU); what ``simple_evaluate`` adds (the environment report,
+    a few more seconds) is left out. ``max_gen_toks`` as ``simple_evaluate``'s ``gen_kwargs`` sets it."""
+    import lm_eval.evaluator
+    from lm_eval.tasks import TaskManager
+
+    import lm_eval_probes
+
+    key = (task, args.max_gen_toks)
+    if key not in _TASKS:
+        loaded = TaskManager(include_path=lm_eval_probes.TASKS_DIR, include_defaults=False).load([task])
+        for task_obj in loaded["tasks"].values():
+            if task_obj.get_config("output_type") == "generate_until":
+                task_obj.set_config(key="generation_kwargs", value={"max_gen_toks": args.max_gen_toks}, update=True)
+            if task_obj.get_config("num_fewshot") is None:
+                task_obj.set_config(key="num_fewshot", value=0)
+            task_obj.set_fewshot_seed(seed=1234)
+        _TASKS[key] = loaded
+    lm_eval.evaluator.evaluate(lm=lm, task_dict=_TASKS[key], limit=limit, bootstrap_iters=0, log_samples=False,
+                               verbosity="ERROR")
+
+
+def memory_worker(args: argparse.Namespace) -> None:
+    """One (shape, layers, task, probes) in this process; prints one JSON line."""
+    import psutil
+    import torch
+
+    model, tokenizer, shape = build(args)
+    lm = wrapper(args.probes, model, tokenizer, shape, args)
+    longest = LongestForward(model)
+    if args.device != "cpu":
+        torch.cuda.reset_peak_memory_stats()
+    loaded = psutil.Process().memory_info().rss
+    sampler = PeakRss()
+    sampler.start()
+    start = time.perf_counter()
+    evaluate(lm, TASKS[args.task], args.limit, args)
+    wall = time.perf_counter() - start
+    peak = sampler.stop()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    line = {"shape": args.shape, "layers": args.layers, "task": args.task, "probes": args.probes, "limit": args.limit,
+            "batch": longest.batch, "tokens": longest.tokens, "dtype": args.dtype, "wall_s": wall,
+            "weights_gib": weights / GIB, "loaded_gib": loaded / GIB, "peak_gib": peak / GIB, "delta_gib": (peak - loaded) / GIB}
+    if args.device != "cpu":
+        line["cuda_max_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    print(json.dumps(line), flush=True)
+
+
+def time_worker(args: argparse.Namespace) -> None:
+    """One (shape, layers, task): every setting in turn, ``--repeats`` times; prints one JSON line per setting."""
+    model, tokenizer, shape = build(args)
+    settings = ["hf", *args.probes_list] if shape.diffusion is None else list(args.probes_list)
+    best: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for name in settings:
+            lm = wrapper(name, model, tokenizer, shape, args)
+            evaluate(lm, TASKS[args.task], 1, args)  # warm-up: the lens's float32 W, kernels, the task's documents
+            start = time.perf_counter()
+            evaluate(lm, TASKS[args.task], args.limit, args)
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+            del lm
+            gc.collect()
+    base = best.get("hf", best.get("none"))
+    for name in settings:
+        print(json.dumps({"shape": args.shape, "layers": args.layers, "task": args.task, "setting": name,
+                          "limit": args.limit, "dtype": args.dtype, "wall_s": best[name], "ratio_hf": best[name] / base,
+                          "ratio_none": best[name] / best["none"] if "none" in best else None}), flush=True)
+
+
+# --------------------------------------------------------------------------------------------- the sweep
+
+def run_worker(mode: str, args: argparse.Namespace, **overrides: Any) -> list[dict[str, Any]]:
+    fields = {**vars(args), **overrides}
+    command = [sys.executable, __file__, f"--{mode}_worker", "--shape", fields["shape"], "--layers", str(fields["layers"]),
+               "--task", fields["task"], "--limit", str(fields["limit"]), "--batch_size", str(fields["batch_size"]),
+               "--dtype", fields["dtype"], "--threads", str(fields["threads"]), "--tokenizer", fields["tokenizer"],
+               "--max_gen_toks", str(fields["max_gen_toks"]), "--device", fields["device"],
+               "--probes", fields.get("probes_one") or "none", "--repeats", str(fields["repeats"]),
+               "--probes_list", *fields["probes"]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        return [{"failed": last[-1] if last else f"exit status {done.returncode}", **overrides}]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def memory(args: argparse.Namespace) -> None:
+    print(f"{'shape':12s} {'L':>2s} {'task':4s} {'probes':8s} {'B':>2s} {'T':>5s} {'Δpeak GiB':>9s} {'extra GiB':>9s} "
+          f"{'model GiB':>9s} {'ratio':>6s}")
+    for name in args.shapes:
+        for layers in args.layers:
+            for task in args.tasks:
+                base = None
+                for probes in ["none", *[p for p in args.probes if p != "none"]]:
+                    row = run_worker("memory", args, shape=name, layers=layers, task=task, probes_one=probes)[0]
+                    if "failed" in row:
+                        print(f"{name:12s} {layers:2d} {task:4s} {probes:8s} failed: {row['failed'][:160]}", flush=True)
+                        continue
+                    if probes == "none":
+                        base = row
+                    extra = row["peak_gib"] - base["peak_gib"] if base else float("nan")
+                    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[args.dtype]
+                    model = predicted_extra(probes, resolve(name), layers=layers, batch=row["batch"], tokens=row["tokens"],
+                                            dtype_bytes=dtype_bytes) / GIB
+                    row.update(extra_gib=extra, model_gib=model, ratio=extra / model if model else None)
+                    ratio = f"{extra / model:6.2f}" if model else "     -"
+                    print(f"{name:12s} {layers:2d} {task:4s} {probes:8s} {row['batch']:2d} {row['tokens']:5d} "
+                          f"{row['delta_gib']:9.2f} {extra:9.2f} {model:9.2f} {ratio}", flush=True)
+                    print(json.dumps(row), flush=True)
+
+
+def timing(args: argparse.Namespace) -> None:
+    for name in args.shapes:
+        for layers in args.layers:
+            for task in args.tasks:
+                for row in run_worker("time", args, shape=name, layers=layers, task=task):
+                    if "failed" in row:
+                        print(f"{name} {layers} {task} failed: {row['failed'][:200]}", flush=True)
+                        continue
+                    print(f"{name:12s} {layers:2d} {task:4s} {row['setting']:8s} {row['wall_s']:8.1f} s "
+                          f"× hf {row['ratio_hf']:5.2f}  × none {row['ratio_none'] or float('nan'):5.2f}", flush=True)
+                    print(json.dumps(row), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", nargs="?", choices=("memory", "time"))
+    parser.add_argument("--shapes", nargs="*", default=["llama3-8b"], help=f"of {', '.join(SHAPES)} (NAME/DIVISOR: scaled)")
+    parser.add_argument("--layers", nargs="*", type=int, default=[2])
+    parser.add_argument("--tasks", nargs="*", default=["mc"], choices=list(TASKS))
+    parser.add_argument("--probes", nargs="*", default=list(PROBES), help="probe settings (none first, always run)")
+    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--batch_size", default="4")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max_gen_toks", type=int, default=16)
+    parser.add_argument("--max_length", type=int, default=0)
+    parser.add_argument("--tokenizer", default="smollm2", choices=("smollm2", "tiny"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--diffusion_steps", type=int, default=8)
+    parser.add_argument("--diffusion_mc_samples", type=int, default=2)
+    for hidden in ("--memory_worker", "--time_worker"):
+        parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    parser.add_argument("--probes_list", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_worker or args.time_worker:
+        args.layers = args.layers[0]
+        args.batch_size = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
+        if args.memory_worker:
+            args.probes = args.probes[0]
+            memory_worker(args)
+        else:
+            args.probes_list = [p for p in args.probes_list if p != "hf"]
+            time_worker(args)
+        return
+    if args.mode is None:
+        parser.error("memory or time")
+    (memory if args.mode == "memory" else timing)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``benchmarks/shapes.py``: real-width models built in-process (tiny versions here; the real widths in a slow test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_shapes", BENCHMARKS / "shapes.py")
+shapes = importlib.util.module_from_spec(_spec)  # not on sys.path: benchmarks/calibration.py would shadow a package
+sys.modules[_spec.name] = shapes  # its dataclasses look their module up
+_spec.loader.exec_module(shapes)
+FORBIDDEN_LOGIT, SHAPES, build_model, model_config = shapes.FORBIDDEN_LOGIT, shapes.SHAPES, shapes.build_model, shapes.model_config
+offline_tokenizer, resolve = shapes.offline_tokenizer, shapes.resolve
+
+
+@pytest.mark.parametrize("name, widths", [
+    ("llama3-8b", dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256)),
+    ("qwen2.5-7b", dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064)),
+    ("gemma3-4b", dict(hidden_size=2560, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=10240, vocab_size=262144)),
+    ("llada-8b", dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, head_dim=128, intermediate_size=12288, vocab_size=126464)),
+    ("dream-7b", dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064)),
+])
+def test_configs_carry_the_published_widths(name, widths):
+    config = model_config(SHAPES[name], 3, pad=1, eos=0)
+    assert {key: getattr(config, key) for key in widths} == widths and config.num_hidden_layers == 3
+    assert config.model_type == {"llama3-8b": "llama", "llada-8b": "llama", "gemma3-4b": "gemma3_text"}.get(name, "qwen2")
+
+
+@pytest.mark.parametrize("name", ["llama3-8b/64", "qwen2.5-7b/64", "gemma3-4b/32", "llada-8b/64"])
+def test_a_scaled_shape_is_built_in_bfloat16_with_random_weights_confined_to_the_tokenizer(name):
+    shape = resolve(name)
+    tokenizer = offline_tokenizer("tiny", mask=shape.diffusion is not None)
+    model = build_model(shape, 2, tokenizer=tokenizer)
+    params = list(model.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    assert sum(p.numel() for p in params) == shape.parameters(2)
+    weight = model.get_output_embeddings().weight.float()
+    assert weight.std().item() == pytest.approx(0.02, rel=0.05) and len(torch.unique(weight[:64], dim=0)) == 64
+    ids = torch.tensor([tokenizer("Anne is kind. Is Anne smart?").input_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape[-1] == shape.vocab > len(tokenizer)
+    assert (logits[..., len(tokenizer):] == FORBIDDEN_LOGIT).all() and (logits[..., : len(tokenizer)] > FORBIDDEN_LOGIT).all()
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert int(out.max()) < len(tokenizer)
+    again = build_model(shape, 2, tokenizer=tokenizer)  # seeded: the same weights
+    assert torch.equal(again.get_output_embeddings().weight, model.get_output_embeddings().weight)
+
+
+def test_hflm_takes_the_built_object():
+    from lm_eval.models.huggingface import HFLM
+
+    tokenizer = offline_tokenizer("tiny")
+    model = build_model("llama3-8b/64", 1, tokenizer=tokenizer)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=2, device="cpu")
+    (logprob, _), = lm._loglikelihood_tokens(
+        [(("a", "b"), tokenizer("Anne is").input_ids, tokenizer(" kind").input_ids)], disable_tqdm=True)
+    assert logprob < 0
+
+
+@pytest.mark.slow
+def test_a_real_width_layer_is_built_without_a_float32_copy():
+    """One Llama-3-8B-width layer (2.36 GiB of bfloat16 weights) peaks at the weights plus the imports."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "shapes.py"), "llama3-8b", "--layers", "1"],
+                          capture_output=True, text=True, check=True)
+    extra = float(done.stdout.split("peak − before − weights = ")[1].split(" GiB")[0])
+    assert extra < 0.6, done.stdout  # a float32 copy would add 4.7 GiB
