@@ -239,12 +239,13 @@ ALIAS_VALUES = {"steps": 4, "gen_length": 8, "block_length": 8, "mask_id": 5, "c
 
 
 @pytest.mark.parametrize("name", sorted(set(ALIASES) | set(REFUSED)))
-def test_authors_names_never_reach_the_model_class(no_loading, name):
+def test_authors_names_never_reach_the_model_class(no_loading, name, tmp_path):
     """Each author's name is read as the plugin's option or refused with a ValueError: never a TypeError."""
     value = ALIAS_VALUES.get(name, "x")
     family = "dream" if name in ("alg", "alg_temp", "top_p", "top_k") else "llada"
+    (tmp_path / "config.json").write_text("{}")  # a model folder: the load (refused here) is reached
     with pytest.raises((Loading, ValueError)) as raised:
-        DiffusionProbeHFLM(pretrained="/does/not/exist", device="cpu", diffusion_family=family, **{name: value})
+        DiffusionProbeHFLM(pretrained=str(tmp_path), device="cpu", diffusion_family=family, **{name: value})
     assert (raised.type is Loading) == (name in ALIASES), raised.value
 
 

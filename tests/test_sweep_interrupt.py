@@ -40,7 +40,7 @@ def finish_pair(config, model, task, partial: Path) -> None:
 
 
 class TaskIndex:
-    """Stands in for :class:`~lm_eval_probes.harness.tasks.ProbeTaskManager`: the task names are all the sweep reads
+    """Stands in for :class:`~lm_eval_probes.tasks.manager.ProbeTaskManager`: the task names are all the sweep reads
     before a pair runs (indexing lm_eval's tasks takes a core 15-25 s)."""
 
     def __init__(self, include_path=None, metadata=None) -> None:
@@ -49,7 +49,7 @@ class TaskIndex:
 
 @pytest.fixture(autouse=True)
 def light_task_index(monkeypatch):
-    from lm_eval_probes.harness import tasks
+    from lm_eval_probes.tasks import manager as tasks
 
     monkeypatch.setattr(tasks, "ProbeTaskManager", TaskIndex)
 
@@ -150,7 +150,7 @@ SCRIPT = textwrap.dedent("""
         def __init__(self, include_path=None, metadata=None):
             self.metadata, self.all_tasks = metadata, ["t1", "t2", "t3"]
 
-    sys.modules["lm_eval_probes.harness.tasks"] = types.SimpleNamespace(ProbeTaskManager=ProbeTaskManager)
+    sys.modules["lm_eval_probes.tasks.manager"] = types.SimpleNamespace(ProbeTaskManager=ProbeTaskManager)
     from lm_eval_probes.sweep import cli, runner, store
 
     def evaluate(config, lm, model, task, task_manager, shard, partial):
