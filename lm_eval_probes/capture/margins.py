@@ -219,10 +219,17 @@ class FirstLayerMargins:
         groups = self.num_heads // self.num_kv_heads
         keys = keys.repeat_interleave(groups, dim=1)  # head h reads KV head h // groups
         mask = None if valid is None else valid.bool().unsqueeze(1).expand(batch, self.num_heads, length)
-        weights = prefix_attention_weights(queries, keys, scale=self.scale, valid=mask)
         rotation = (cos.expand(batch, 1, length, -1), sin.expand(batch, 1, length, -1))
-        per_head = head_margins(u, keys, weights, scale=self.scale, rotation=rotation, valid=mask, chunk=self.chunk,
-                                query_norm=query_norm)
+        heads = []
+        for head in range(self.num_heads):  # one head's [B, 1, T, T] attention weights at a time, not all heads'
+            one = slice(head, head + 1)
+            valid_one = None if mask is None else mask[:, one]
+            weights = prefix_attention_weights(queries[:, one], keys[:, one], scale=self.scale, valid=valid_one)
+            norm_one = None if query_norm is None else (query_norm[0][:, one], *query_norm[1:])
+            heads.append(head_margins(u[:, one], keys[:, one], weights, scale=self.scale, rotation=rotation,
+                                      valid=valid_one, chunk=self.chunk, query_norm=norm_one))
+            del weights
+        per_head = torch.cat(heads, dim=1)
         if self.heads == "min":
             return per_head.min(dim=1).values  # nan propagates: a position without a margin has none in any head
         return per_head.mean(dim=1)
