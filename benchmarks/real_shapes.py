@@ -26,38 +26,18 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from overhead import PeakRss  # noqa: E402  (the RSS sampler both benchmarks use)
 from shapes import SHAPES, Shape, resolve  # noqa: E402
 
 TASKS = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen"}
 PROBES = ("none", "tcb+bte", "tcb", "bte", "omega", "margin", "reader", "all")
 GIB = 2**30
-
-
-class PeakRss(threading.Thread):
-    """Samples this process's RSS every 5 ms until stopped; ``peak`` is the largest seen."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        import psutil
-
-        self._proc, self._done, self.peak = psutil.Process(), threading.Event(), 0
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-            time.sleep(0.005)
-
-    def stop(self) -> int:
-        self._done.set()
-        self.join()
-        return max(self.peak, self._proc.memory_info().rss)
 
 
 # --------------------------------------------------------------------------------------------- the memory model
@@ -74,7 +54,6 @@ def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens
     states = (layers + 1) * batch * tokens * d * dtype_bytes  # the forward's hidden states of every layer
     tcb = lens_copy + states + 20 * chunk_positions * vocab  # logits (4 B) + two float64 tensors per position
     bte = lens_copy + states + 24 * chunk_positions * vocab  # five float32 buffers + the final logits
-    m = min(omega_depth, layers)
     # Ω: the source layers' states of the batch in float32 through m blocks (two activations of the widest
     # block, the FFN's), then the lens of each source layer at the response positions
     omega = lens_copy + states + 4 * batch * tokens * (2 * d + 2 * shape.ffn) + 24 * chunk_positions * vocab
