@@ -51,10 +51,12 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """The determinants of one sequence at a time: per head, ``(T + chunk) · p²`` float64 for the covariances of a chunk
-    of 64 query positions, and the layer's captured inputs (``[B, T, d]``)."""
-    per_head = (shapes.tokens + 64) * shapes.head_dim ** 2 * 8
-    return shapes.heads * per_head + shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+    """Float64 (8 bytes) of one sequence at a time: copies of W_Q and W_K (≤ 2·H·p·d), the layer's inputs, the
+    queries, keys and rotations (T·d + 6·H·T·p), one head's attention weights at a time (2·T²: logits, then their
+    softmax), and :func:`~lm_eval_probes.probes.margin.head_margins`' outer-product block (2²³ values) and chunk
+    products (3·64·p²) — the memory model measured at real widths in ``docs/performance.md``."""
+    p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
+    return 8 * (2 * h * p * d + t * d + 6 * h * t * p + 2 * t * t + (1 << 23) + 3 * 64 * p * p)
 
 
 PROBE = Probe(
