@@ -92,38 +92,6 @@ def option_summary(text: str) -> str:
     return text.strip()
 
 
-def _default(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return field.default_factory()  # type: ignore[misc]
-    return None
-
-
-def option_table(cls: type, prefix: str, *, skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """``(key=default, summary)`` for every field of ``cls`` (a config dataclass), from its declaration and
-    docstring; a ``None`` default (resolved per model) shows as ``key=auto``, unless the field's metadata says how
-    it shows (``shown``: ``none`` for an option that is off unless set)."""
-    docs = attribute_docs(cls)
-    rows = []
-    for field in dataclasses.fields(cls):
-        if field.name in skip:
-            continue
-        default = _default(field)
-        if "shown" in field.metadata:  # a default that reads otherwise (None = off)
-            shown = field.metadata["shown"]
-        elif default is None:
-            shown = "auto"
-        elif isinstance(default, bool):
-            shown = str(int(default))
-        elif isinstance(default, tuple):
-            shown = "+".join(map(str, default))
-        else:
-            shown = str(default)
-        rows.append((f"{prefix}{field.name}={shown}", option_summary(docs.get(field.name, ""))))
-    return rows
-
-
 def _table(rows: list[tuple[str, str]], width: int = 100) -> str:
     key_width = min(34, max(len(key) for key, _ in rows) + 2)
     out = []

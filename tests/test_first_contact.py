@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import lm_eval_probes
-from lm_eval_probes.__main__ import attribute_docs, main, option_summary, option_table, plugin_help
+from lm_eval_probes.__main__ import attribute_docs, main, option_summary, plugin_help
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.models.diffusion_config import DiffusionConfig
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, DIFFUSION_MODEL_TARGET, MODEL_NAME, MODEL_TARGET
