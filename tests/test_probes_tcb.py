@@ -393,3 +393,36 @@ def test_competitor_moves_batch_shape_one_hot_and_validation():
     assert readout.moved.shape == (0, 2, 3) and readout.baselines is not None
     with pytest.raises(ValueError, match="scales must be finite"):
         tcb_competitor_moves(hs, w, b, scales=(-1.0,))
+
+
+@pytest.mark.parametrize("block_elements", [1, 7 * 16, 10**9])
+def test_a_bfloat16_unembedding_read_in_row_blocks_gives_the_float32_copy_s_numbers(block_elements):
+    """:class:`RowBlocks` converts W a block of rows at a time: the logits equal the float32 copy's product, δ_TCB and
+    its baselines agree with the copy's to float32 rounding (only the order of the moments' sums over V changes)."""
+    from lm_eval_probes.probes import RowBlocks, tcb_readout
+
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 16, generator=generator).to(torch.bfloat16)
+    hidden = torch.randn(5, 16, generator=generator)
+    rows = RowBlocks(weight, torch.float32, block_elements=block_elements)
+    assert rows.converts and rows.block_rows == min(50, max(1, block_elements // 16))
+    copy = weight.float()
+    torch.testing.assert_close(rows.times_transposed(hidden), hidden @ copy.T, rtol=1e-6, atol=1e-6)
+    coefficients = torch.rand(3, 50, generator=generator)
+    torch.testing.assert_close(rows.weighted_sum(coefficients), (coefficients.double() @ copy.double()), rtol=1e-6, atol=1e-6)
+    blocked, copied = (tcb_readout(hidden, w, logit_softcap=30.0, scales=(0.5,)) for w in (rows, copy))
+    torch.testing.assert_close(blocked.delta, copied.delta, rtol=1e-5, atol=0)
+    torch.testing.assert_close(blocked.moved, copied.moved, rtol=1e-5, atol=0)
+    torch.testing.assert_close(blocked.baselines.entropy, copied.baselines.entropy, rtol=1e-5, atol=0)
+
+
+def test_row_blocks_of_a_matrix_already_in_the_products_dtype_are_the_matrix_itself():
+    from lm_eval_probes.probes import RowBlocks
+
+    weight = torch.randn(9, 4)
+    rows = RowBlocks(weight, torch.float32, block_elements=4)
+    assert not rows.converts and [(lo, hi, w is weight) for lo, hi, w in rows.blocks()] == [(0, 9, True)]
+    hidden = torch.randn(2, 4)
+    assert torch.equal(rows.times_transposed(hidden), hidden @ weight.T)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        RowBlocks(weight, torch.bfloat16)

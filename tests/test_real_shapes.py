@@ -71,3 +71,36 @@ def test_a_real_width_layer_is_built_without_a_float32_copy():
                           capture_output=True, text=True, check=True)
     extra = float(done.stdout.split("peak − before − weights = ")[1].split(" GiB")[0])
     assert extra < 0.6, done.stdout  # a float32 copy would add 4.7 GiB
+
+
+def peak_allocated(run):
+    """``run()`` and the peak of the bytes its CPU tensors held at once beyond those alive before (torch's profiler
+    records every allocation and free)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run()
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda event: event.time_range.start):
+        held += event.self_cpu_memory_usage
+        peak = max(peak, held)
+    return out, peak
+
+
+def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary():
+    """Gemma-3-4B's real widths (V = 262144, d = 2560, bfloat16; one layer): the lens and δ_TCB + BTE over two chunks
+    of positions hold at most 1 GiB (the bound of 7.3 GiB of weights) — a float32 copy of W alone would take 2.5 GiB."""
+    from lm_eval_probes.capture.positions import position_probes
+    from lm_eval_probes.capture.readouts import LensReadout
+    from lm_eval_probes.config import ProbeConfig
+
+    model = build_model("gemma3-4b", 1, tokenizer=offline_tokenizer("tiny"))
+    readout, building = peak_allocated(lambda: LensReadout(model))
+    assert readout.unembed.dtype == torch.bfloat16 and building < 2**26  # the row norms' buffer and [V] float64
+    config = ProbeConfig.from_model_args({"probes": "tcb+bte", "probe_chunk_positions": 8})
+    positions = config.chunk_positions + 1
+    generator = torch.Generator().manual_seed(0)
+    states = [torch.randn(positions, 2560, generator=generator).to(torch.bfloat16) for _ in range(2)]
+    probes, probing = peak_allocated(lambda: position_probes(states, readout, config, torch.arange(positions)))
+    assert probes.num_positions == positions and probing < 2**30, probing / 2**30
+

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.probes import squared_row_norms, top_k_mass
+from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,10 @@ def _get_path(root: nn.Module, path: str) -> nn.Module:
 class LensReadout:
     """Logit-lens readout of a causal LM: hidden state of any layer → log-probabilities.
 
-    Holds the final norm, the unembedding ``W [V, d]`` (the model's own tensor for a float32 model; a
-    float32 copy, made once, when the model is in lower precision: 4·V·d bytes, 2.1 GB for an 8B model
-    with V = 128k and d = 4096), its bias, the soft-capping constant and cached squared row norms ‖w_i‖².
+    Holds the final norm, the unembedding ``W [V, d]`` (the model's own tensor, in the model's dtype) and
+    :attr:`rows`, W read in float32 (a bfloat16 W is converted a block of rows at a time into one reused 64 MiB
+    buffer: no float32 copy of W, which would take 4·V·d bytes, 1.96 GiB for Llama-3-8B), its bias, the
+    soft-capping constant and cached squared row norms ‖w_i‖².
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -101,7 +102,8 @@ class LensReadout:
         if not isinstance(head, nn.Linear):
             raise UnsupportedModelError(f"expected an nn.Linear output embedding, got {type(head).__name__}")
         self.device = head.weight.device
-        self.unembed = head.weight.detach().float()
+        self.unembed = head.weight.detach()
+        self.rows = RowBlocks(self.unembed, torch.float32)
         self.bias = None if head.bias is None else head.bias.detach().float()
         softcap = getattr(model.config, spec.softcap_attr, None) if spec.softcap_attr else None
         self.logit_softcap: float | None = float(softcap) if softcap else None
@@ -120,10 +122,10 @@ class LensReadout:
         if not normalized:
             hidden = self.final_norm(hidden.to(self._norm_device))
         hidden = hidden.to(self.device).float()
-        if out is None:
+        if out is None and not self.rows.converts:
             logits = torch.nn.functional.linear(hidden, self.unembed, self.bias)
         else:
-            logits = torch.matmul(hidden, self.unembed.T, out=out)
+            logits = self.rows.times_transposed(hidden, out=out)
             if self.bias is not None:
                 logits.add_(self.bias)
         return self.cap(logits, inplace=True) if capped else logits  # the logits are this call's own tensor

@@ -61,7 +61,7 @@ class TcbPositions:
         readout = chunk.readout
         delta, baselines, moved = tcb_readout(
             chunk.final_hidden,
-            readout.unembed,
+            readout.rows,
             readout.bias,
             eps=self.eps,
             logit_softcap=readout.logit_softcap,

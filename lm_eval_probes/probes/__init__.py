@@ -50,6 +50,7 @@ _SOURCES: dict[str, str] = {
     "ReaderScores": "reader",
     "reader_auroc_score": "reader",
     "reader_scores": "reader",
+    "RowBlocks": "row_blocks",
     "attention_covariance": "margin",
     "head_margins": "margin",
     "prefix_attention_weights": "margin",

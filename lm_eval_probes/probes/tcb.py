@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ._softmax import log_softmax_
+from .row_blocks import RowBlocks
 
 __all__ = [
     "JacobianTerms",
@@ -75,7 +76,7 @@ def _validate_tcb_inputs(
 
 def token_constraint_bound(
     hidden: Tensor,
-    unembed: Tensor,
+    unembed: Tensor | RowBlocks,
     bias: Tensor | None = None,
     *,
     eps: float = 1.0,
@@ -88,7 +89,8 @@ def token_constraint_bound(
     Args:
         hidden: ``[..., d]`` post-final-norm states (``hidden_states[L]`` in Hugging Face, or
             ``final_norm(hidden_states[l])`` for a logit-lens readout).
-        unembed: ``[V, d]`` unembedding matrix (rows w_i).
+        unembed: ``[V, d]`` unembedding matrix (rows w_i), or its :class:`~lm_eval_probes.probes.row_blocks.RowBlocks`
+            (a bfloat16 W read in float32 a block of rows at a time, with no float32 copy of W).
         bias: optional ``[V]`` logit bias b.
         eps: the output-change budget ε (paper: 1). Must be finite and > 0.
         logit_softcap: ``c`` for Gemma-style soft-capping g(z) = c·tanh(z/c); None for g = id.
@@ -102,7 +104,8 @@ def token_constraint_bound(
         ``hidden`` or ``unembed`` is float64, else float32. The two V × d products (logits, and the
         two moments of o over the rows in one product of 2N rows) run in ``unembed``'s
         precision (float64 for a float64 ``unembed``, else float32, so no float64 copy of a large
-        unembedding is made); everything else (softmax, the expansion, the V-reductions) runs in
+        unembedding is made; a lower precision W is converted a block of rows at a time, and the moments' blocks
+        are summed in float64); everything else (softmax, the expansion, the V-reductions) runs in
         float64. With a float32 ``unembed`` δ keeps 1e-3 relative accuracy against the float64
         Jacobian up to δ = 1e6 (tested). ‖J‖_F = 0 (V = 1, or a distribution that is one-hot in
         float64) gives +inf; NaN inputs propagate.
@@ -126,7 +129,7 @@ def token_constraint_bound(
 
 def tcb_competitor_moves(
     hidden: Tensor,
-    unembed: Tensor,
+    unembed: Tensor | RowBlocks,
     bias: Tensor | None = None,
     *,
     scales: Sequence[float],
@@ -167,7 +170,7 @@ class TcbReadout(NamedTuple):
 
 def tcb_readout(
     hidden: Tensor,
-    unembed: Tensor,
+    unembed: Tensor | RowBlocks,
     bias: Tensor | None = None,
     *,
     eps: float = 1.0,
@@ -192,7 +195,7 @@ def tcb_readout(
 
 def tcb_with_baselines(
     hidden: Tensor,
-    unembed: Tensor,
+    unembed: Tensor | RowBlocks,
     bias: Tensor | None = None,
     *,
     eps: float = 1.0,
@@ -210,7 +213,7 @@ def tcb_with_baselines(
 
 def _tcb_and_baselines(
     hidden: Tensor,
-    unembed: Tensor,
+    unembed: Tensor | RowBlocks,
     bias: Tensor | None,
     eps: float,
     logit_softcap: float | None,
@@ -219,17 +222,18 @@ def _tcb_and_baselines(
     *,
     baselines: bool,
 ) -> tuple[Tensor, PredictionBaselines | None, JacobianTerms]:
-    _validate_tcb_inputs(hidden, unembed, bias, eps, logit_softcap, row_sq_norms)
-    out_dtype = _output_dtype(hidden, unembed)
-    batch_shape = hidden.shape[:-1]
-    vocab, d = unembed.shape
-
     f64 = torch.float64
-    mm = f64 if unembed.dtype == f64 else torch.float32  # the dtype of the V × d products
-    w = unembed.to(mm)  # no copy for a float32 (or float64) unembedding
+    weight = unembed.weight if isinstance(unembed, RowBlocks) else unembed
+    _validate_tcb_inputs(hidden, weight, bias, eps, logit_softcap, row_sq_norms)
+    # the V × d products' dtype: no copy of a float32 (or float64) unembedding, blocks of a lower precision one
+    w = unembed if isinstance(unembed, RowBlocks) else RowBlocks(weight, f64 if weight.dtype == f64 else torch.float32)
+    mm = w.dtype
+    out_dtype = _output_dtype(hidden, w.weight if mm == f64 else None)
+    batch_shape = hidden.shape[:-1]
+    vocab, d = w.shape
     h = hidden.reshape(-1, d)
     if logits is None:
-        z = (h.to(mm) @ w.T).to(f64)
+        z = w.times_transposed(h).to(f64)
         if bias is not None:
             z = z + bias.to(f64)
     else:
@@ -287,7 +291,7 @@ def _tcb_of_probabilities(
     o: Tensor,
     capped: Tensor,
     scale: Tensor | None,
-    w: Tensor,
+    w: RowBlocks,
     mm: torch.dtype,
     row_sq_norms: Tensor | None,
     eps: float,
@@ -299,9 +303,9 @@ def _tcb_of_probabilities(
     beside it only by float64 rounding. Also returns the :class:`JacobianTerms` δ was made of."""
     f64 = torch.float64
     n = o.shape[0]
-    row_sq = squared_row_norms(w) if row_sq_norms is None else row_sq_norms.to(f64)
+    row_sq = squared_row_norms(w.weight) if row_sq_norms is None else row_sq_norms.to(f64)
     k = capped.argmax(dim=-1, keepdim=True) if top1 is None else top1  # [N, 1]
-    w_k = w[k.squeeze(-1)]  # [N, d]
+    w_k = w.rows(k.squeeze(-1))  # [N, d]
     c_k = torch.ones_like(k, dtype=f64) if scale is None else scale.gather(-1, k)  # [N, 1]
     w_hat_k = c_k * w_k.to(f64)
     o_k = o.gather(-1, k).squeeze(-1)
@@ -327,7 +331,7 @@ def _tcb_of_probabilities(
     else:
         weights[n:].copy_(squares.mul_(scale))
         spread_rows = squares.mul_(scale).mul_(row_sq).sum(-1)  # Σ_{i≠k} o_i'² ‖ŵ_i‖²
-    moments = (weights @ w).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
+    moments = w.weighted_sum(weights).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
     nu = moments[:n] - s * w_hat_k  # [N, d]
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
     # Σ_{i≠k} o_i² ‖ŵ_i − ŵ_k‖², expanded: the second moment gives the cross term (no [N, V] dot products)
