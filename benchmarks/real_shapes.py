@@ -6,7 +6,7 @@
 ``memory``: every (shape, layers, task, probes) in a fresh process (one configuration per process: the peak
 resident memory is that configuration's own), RSS sampled every 5 ms during ``simple_evaluate``; printed per row:
 the peak over the model's loaded RSS, the extra peak over ``probes=none`` of the same shape, layers and task,
-and the memory model's figure for it (:func:`predicted_extra`, the formula of ``docs/performance.md``) with the
+and the memory model's figure for it (:func:`predicted_extra`: the probes' own declarations) with the
 measured / predicted ratio; the longest request's tokens T and the batch B come from the run itself (a hook on
 the model's forward). ``time``: per (shape, layers, task) one process that builds the model once and then, in
 each repeat, runs plain ``hf`` and every probe setting one after the other (a fresh wrapper each time, warmed
@@ -43,32 +43,21 @@ GIB = 2**30
 # --------------------------------------------------------------------------------------------- the memory model
 
 def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens: int, dtype_bytes: int,
-                    chunk_positions: int = 64, omega_depth: int = 5, margin_chunk: int = 64) -> float:
-    """Bytes a probe setting adds to the peak over ``probes=none`` (the formulas of docs/performance.md).
+                    chunk_positions: int = 64) -> float:
+    """Bytes a probe setting adds to the peak over ``probes=none``: the memory model of ``docs/performance.md``, which is
+    the probes' own declarations (:func:`lm_eval_probes.capture.memory.expected_peak`: the wrappers' states and lens
+    block once, plus the largest enabled probe's declared memory) for B = ``batch`` sequences of T = ``tokens``."""
+    from lm_eval_probes.api import Shapes
+    from lm_eval_probes.capture.memory import expected_peak
+    from lm_eval_probes.config import ProbeConfig
 
-    B = ``batch``, T = ``tokens`` (the longest request), L = ``layers``, d, V, H heads, H_kv, p = head width,
-    c = ``chunk_positions``, b = the model's bytes per value.
-    """
-    d, vocab, heads, kv, p = shape.hidden, shape.vocab, shape.heads, shape.kv_heads, shape.head_dim
-    lens_copy = 4 * vocab * d if dtype_bytes != 4 else 0  # the float32 W of the lens (none for a float32 model)
-    states = (layers + 1) * batch * tokens * d * dtype_bytes  # the forward's hidden states of every layer
-    tcb = lens_copy + states + 20 * chunk_positions * vocab  # logits (4 B) + two float64 tensors per position
-    bte = lens_copy + states + 24 * chunk_positions * vocab  # five float32 buffers + the final logits
-    # Ω: the source layers' states of the batch in float32 through m blocks (two activations of the widest
-    # block, the FFN's), then the lens of each source layer at the response positions
-    omega = lens_copy + states + 4 * batch * tokens * (2 * d + 2 * shape.ffn) + 24 * chunk_positions * vocab
-    margin = 8 * ((heads + kv) * p * d  # float64 copies of W_Q, W_K
-                  + tokens * d + 6 * heads * tokens * p  # the inputs, u, the keys (and their repeat), queries, rotations
-                  + 2 * heads * tokens * tokens  # the attention weights (logits, then their softmax)
-                  + (1 << 23) + 3 * margin_chunk * p * p)  # head_margins' outer-product block and chunk products
-    reader = 0.0
-    values = {"none": 0.0, "tcb": tcb, "bte": bte, "tcb+bte": max(tcb, bte), "omega": omega, "margin": margin,
-              "reader": reader}
-    if probe == "all":
-        return max(values["tcb+bte"], omega, lens_copy + margin)
-    if probe not in values:
-        raise ValueError(f"unknown probe setting {probe!r}")
-    return values[probe]
+    if probe == "none":
+        return 0.0
+    config = ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk_positions})
+    shapes = Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=shape.hidden,
+                    vocab=shape.vocab, heads=shape.heads, head_dim=shape.head_dim, dtype_bytes=dtype_bytes,
+                    chunk_positions=chunk_positions)
+    return float(expected_peak(config, shapes))
 
 
 # --------------------------------------------------------------------------------------------- one process

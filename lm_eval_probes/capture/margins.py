@@ -110,6 +110,14 @@ def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) ->
     )
 
 
+def _head_projection(x: torch.Tensor, proj: nn.Linear, head: int, width: int, *, bias: bool = True) -> torch.Tensor:
+    """``[B, T, d]`` float64 inputs through rows ``[head·width, (head + 1)·width)`` of ``proj`` (its weight converted to
+    float64 for those rows only; its bias added when ``bias``) → ``[B, 1, T, width]``."""
+    rows = slice(head * width, (head + 1) * width)
+    b = None if not bias or proj.bias is None else proj.bias.detach()[rows].double()
+    return nn.functional.linear(x, proj.weight.detach()[rows].double(), b).unsqueeze(1)
+
+
 def _rms_norm(v: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     """g ⊙ v / (mean(v²) + eps)^½ over the last axis."""
     return gain * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
@@ -199,36 +207,35 @@ class FirstLayerMargins:
         batch, length, _ = hidden.shape
         x = hidden.double()
         attn = self.attention
-        u = nn.functional.linear(x, attn.q_proj.weight.double())  # the query bias cancels in u_s − ū_t
-        k_bias = None if attn.k_proj.bias is None else attn.k_proj.bias.double()
-        keys = nn.functional.linear(x, attn.k_proj.weight.double(), k_bias)
-        u = u.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, p]
-        keys = keys.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, p]
+        p = self.head_dim
         cos, sin = cos.double().unsqueeze(1), sin.double().unsqueeze(1)  # [B or 1, 1, T, p]
-        q_bias = None if attn.q_proj.bias is None else attn.q_proj.bias.double().view(self.num_heads, 1, self.head_dim)
-        queries = u if q_bias is None else u + q_bias
-        query_norm = None
-        if self.qk_norm_offset is not None:  # per-head RMS norms before the rotation (float64 here, not the module's float32)
-            query_gain, query_eps = self._norm_parameters(attn.q_norm)
-            key_gain, key_eps = self._norm_parameters(attn.k_norm)
-            query_norm = (queries, query_gain, query_eps)
-            queries = _rms_norm(queries, query_gain, query_eps)
-            keys = _rms_norm(keys, key_gain, key_eps)
-        keys = keys * cos + rotate_half(keys) * sin
-        queries = queries * cos + rotate_half(queries) * sin
-        groups = self.num_heads // self.num_kv_heads
-        keys = keys.repeat_interleave(groups, dim=1)  # head h reads KV head h // groups
-        mask = None if valid is None else valid.bool().unsqueeze(1).expand(batch, self.num_heads, length)
         rotation = (cos.expand(batch, 1, length, -1), sin.expand(batch, 1, length, -1))
+        norms = None
+        if self.qk_norm_offset is not None:  # per-head RMS norms before the rotation (float64 here, not the module's float32)
+            norms = (self._norm_parameters(attn.q_norm), self._norm_parameters(attn.k_norm))
+        mask = None if valid is None else valid.bool().unsqueeze(1)  # [B, 1, T]
+        groups = self.num_heads // self.num_kv_heads
         heads = []
-        for head in range(self.num_heads):  # one head's [B, 1, T, T] attention weights at a time, not all heads'
-            one = slice(head, head + 1)
-            valid_one = None if mask is None else mask[:, one]
-            weights = prefix_attention_weights(queries[:, one], keys[:, one], scale=self.scale, valid=valid_one)
-            norm_one = None if query_norm is None else (query_norm[0][:, one], *query_norm[1:])
-            heads.append(head_margins(u[:, one], keys[:, one], weights, scale=self.scale, rotation=rotation,
-                                      valid=valid_one, chunk=self.chunk, query_norm=norm_one))
-            del weights
+        # one KV head's keys and one query head's inputs, queries and [B, 1, T, T] attention weights at a time (float64
+        # [B, 1, T, p] each; W_Q and W_K converted a head's p rows at a time), not all heads' at once
+        for kv_head in range(self.num_kv_heads):
+            keys = _head_projection(x, attn.k_proj, kv_head, p)  # [B, 1, T, p]
+            if norms is not None:
+                keys = _rms_norm(keys, *norms[1])
+            keys = keys * cos + rotate_half(keys) * sin
+            for head in range(kv_head * groups, (kv_head + 1) * groups):  # head h reads KV head h // groups
+                u = _head_projection(x, attn.q_proj, head, p, bias=False)  # the query bias cancels in u_s − ū_t
+                q_bias = attn.q_proj.bias
+                queries = u if q_bias is None else u + q_bias.detach()[head * p : (head + 1) * p].double()
+                query_norm = None
+                if norms is not None:
+                    query_norm = (queries, *norms[0])
+                    queries = _rms_norm(queries, *norms[0])
+                queries = queries * cos + rotate_half(queries) * sin
+                weights = prefix_attention_weights(queries, keys, scale=self.scale, valid=mask)
+                heads.append(head_margins(u, keys, weights, scale=self.scale, rotation=rotation, valid=mask,
+                                          chunk=self.chunk, query_norm=query_norm))
+                del weights, queries, u
         per_head = torch.cat(heads, dim=1)
         if self.heads == "min":
             return per_head.min(dim=1).values  # nan propagates: a position without a margin has none in any head

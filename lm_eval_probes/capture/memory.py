@@ -37,10 +37,38 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
                   heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions)
 
 
+def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
+    """What the wrappers hold for any enabled probe, counted once (bytes): the forward's ``hidden_states`` of every
+    layer (``(L + 1)·B·T·d·b``) and, for a model below float32, the lens's float32 block of W's rows
+    (:class:`~lm_eval_probes.probes.row_blocks.RowBlocks`: at most 2²⁴ values, 64 MiB)."""
+    if not config.probes:
+        return 0
+    states = (shapes.layers + 1) * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+    from lm_eval_probes.probes.row_blocks import ROW_BLOCK_ELEMENTS
+
+    rows = min(shapes.vocab, max(1, ROW_BLOCK_ELEMENTS // max(shapes.width, 1)))
+    block = rows * shapes.width * 4 if shapes.dtype_bytes < 4 else 0
+    return states + block
+
+
+def declared(config: ProbeConfig, shapes: Shapes) -> dict[str, int]:
+    """Each enabled probe's own declared extra memory for a forward of ``shapes`` (:attr:`~lm_eval_probes.api.Probe.memory`,
+    bytes), by name."""
+    return {probe.name: probe.memory_bytes(config.options_of(probe.name), shapes)
+            for probe in registry.probes() if probe.name in config.probes}
+
+
 def probes_memory(config: ProbeConfig, shapes: Shapes) -> int:
-    """The enabled probes' declared extra memory for a forward of ``shapes`` (bytes)."""
-    return sum(probe.memory_bytes(config.options_of(probe.name), shapes)
-               for probe in registry.probes() if probe.name in config.probes)
+    """What ``batch_size=auto`` reserves for a forward of ``shapes`` (bytes): :func:`capture_memory` and the sum of the
+    enabled probes' declared memory (an upper bound: the probes' buffers are not all alive at once)."""
+    return capture_memory(config, shapes) + sum(declared(config, shapes).values())
+
+
+def expected_peak(config: ProbeConfig, shapes: Shapes) -> int:
+    """The memory model of ``docs/performance.md``: the extra peak over ``probes=none`` expected for a forward of
+    ``shapes`` (bytes): :func:`capture_memory` and the largest enabled probe's declared memory (the probes run one
+    after the other on each chunk of positions, each freeing its buffers)."""
+    return capture_memory(config, shapes) + max(declared(config, shapes).values(), default=0)
 
 
 def reserve(size: int, device: torch.device) -> torch.Tensor:

@@ -51,12 +51,12 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes) of one sequence at a time: copies of W_Q and W_K (≤ 2·H·p·d), the layer's inputs, the
-    queries, keys and rotations (T·d + 6·H·T·p), one head's attention weights at a time (2·T²: logits, then their
+    """Float64 (8 bytes) of one sequence and one head at a time: the layer's inputs (T·d), that head's rows of W_Q
+    and W_K (2·p·d), its inputs, queries, keys and rotations (6·T·p), its attention weights (2·T²: logits, then their
     softmax), and :func:`~lm_eval_probes.probes.margin.head_margins`' outer-product block (2²³ values) and chunk
     products (3·64·p²) — the memory model measured at real widths in ``docs/performance.md``."""
-    p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
-    return 8 * (2 * h * p * d + t * d + 6 * h * t * p + 2 * t * t + (1 << 23) + 3 * 64 * p * p)
+    p, d, t = shapes.head_dim, shapes.width, shapes.tokens
+    return 8 * (2 * p * d + t * d + 6 * t * p + 2 * t * t + (1 << 23) + 3 * 64 * p * p)
 
 
 PROBE = Probe(

@@ -100,12 +100,11 @@ class OmegaPositions:
 
 def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
     """The last m blocks' activations on a chunk of at most ``chunk_tokens`` tokens (about 4 × FFN-sized float32 rows
-    per token, bounded here by 16 · d per token), the source layers' captured states (bf16, L + 1 layers of the batch)
-    and the lens of a chunk of positions (about four ``[chunk, V]`` float32 buffers)."""
+    per token, bounded here by 16 · d per token) and the lens of a chunk of positions (about six ``[chunk, V]`` float32
+    buffers: the readout, its top-K and softmax). The states of every layer are the wrappers' (counted once)."""
     tokens = min(options.chunk_tokens, max(shapes.tokens, shapes.batch * shapes.tokens))
     blocks = tokens * 16 * shapes.width * 4
-    states = (shapes.layers + 1) * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
-    return blocks + states + 4 * shapes.lens_positions * shapes.vocab * 4
+    return blocks + 6 * shapes.lens_positions * shapes.vocab * 4
 
 
 PROBE = Probe(

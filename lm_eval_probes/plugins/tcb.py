@@ -115,9 +115,9 @@ def lens_bytes(shapes: Shapes, buffers: float) -> float:
 
 
 def tcb_memory(options: TcbOptions, shapes: Shapes) -> float:
-    """The final logits of a lens chunk, their softmax and the Jacobian terms' ``[chunk, V]`` products (float32),
-    about four buffers; the ablation adds two more."""
-    return lens_bytes(shapes, 4 + (2 if options.ablation is not None else 0))
+    """The final logits of a lens chunk (float32) and two float64 ``[chunk, V]`` tensors (the softmax and the Jacobian
+    terms' weights): five float32-sized buffers; the ablation adds none (its moves reuse the terms)."""
+    return lens_bytes(shapes, 5)
 
 
 PROBE = Probe(
