@@ -94,7 +94,7 @@ class LensChunk:
     post final norm); ``readout``: the model's :class:`~lm_eval_probes.capture.readouts.LensReadout`.
     """
 
-    def __init__(self, layer_states: Sequence[torch.Tensor | None], readout: LensReadout, lo: int, hi: int) -> None:
+    def __init__(self, layer_states: Sequence[torch.Tensor | None], readout: LensReadout | None, lo: int, hi: int) -> None:
         self.layer_states, self.readout, self.lo, self.hi = layer_states, readout, lo, hi
 
     def states(self, layer: int) -> torch.Tensor:
@@ -313,7 +313,7 @@ def read_layers(num_layers: int, config: ProbeConfig, *, lens: bool = True) -> f
 @torch.no_grad()
 def position_probes(
     layer_states: Sequence[torch.Tensor | None],
-    readout: LensReadout,
+    readout: LensReadout | None,
     config: ProbeConfig,
     token_ids: torch.Tensor | None = None,
     *,
@@ -326,14 +326,17 @@ def position_probes(
     Args:
         layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
             last one post final norm); ``None`` for a layer outside :func:`read_layers`.
-        readout: the model's logit-lens readout.
+        readout: the model's logit-lens readout (``None`` for a model without one, e.g. a masked-diffusion LM: then
+            ``lens`` must be ``False`` and no ``token_ids`` given).
         config: which probes and options.
         token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
         lens: ``False`` skips every probe that reads the lens (δ_TCB, BTE): for a response whose lens values no
             row reads (an option the model did not choose).
     """
     num_layers = len(layer_states) - 1
-    if num_layers != readout.num_layers:
+    if readout is None and (lens or token_ids is not None):
+        raise ValueError("without a lens readout only the probes that read no lens run (lens=False, no token ids)")
+    if readout is not None and num_layers != readout.num_layers:
         raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
     captures = position_captures(config, num_layers, lens=lens)
     needed = frozenset().union(*(capture.layers() for capture in captures.values()))

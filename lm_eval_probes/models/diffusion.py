@@ -1,6 +1,6 @@
 """``hf-probes-diffusion``: lm_eval's ``HFLM`` for masked-diffusion LMs (LLaDA, Dream, any model whose
 forward returns logits for every position of a bidirectional pass), with reveal-time confidence and the
-reader's hidden states.
+probes on the final denoising pass's hidden states.
 
 Thin by design (like lm_eval's ``hf_steered``): HFLM does the tokenizing, batching, left padding, stop
 strings and ``--use_cache``; this subclass only
@@ -13,11 +13,16 @@ strings and ``--use_cache``; this subclass only
   and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
   token's reveal-time log-probability, reveal step and final-pass log-probability, its probability of
   its final token at 25/50/75/100 % of the steps (:func:`~lm_eval_probes.models.diffusion_decoding.trajectory_logprobs`:
-  up to three replayed forwards per batch), and the reader layers' states at the kept positions from the
-  final denoising pass;
+  up to three replayed forwards per batch), and the enabled probes' values at the kept positions, read from the
+  final denoising pass's states;
 * loglikelihood — replaces ``_loglikelihood_tokens`` with the family's Monte-Carlo masked estimate
   (:func:`~lm_eval_probes.models.diffusion_decoding.mc_loglikelihood`, :func:`~lm_eval_probes.models.diffusion_decoding.dream_mc_loglikelihood`),
-  plus one forward over the unmasked request for the reader's states.
+  plus, with probes, one forward over the unmasked request for their states.
+
+The probes it runs are any registered probe whose :class:`~lm_eval_probes.api.PositionProbe` reads hidden states
+only (no logit lens, no focal-depth or first-attention capture: those read an autoregressive next-token readout),
+through the same :func:`~lm_eval_probes.capture.positions.position_probes` as ``hf-probes`` — the reader among the
+built-ins. It names no probe.
 
 ``docs/diffusion.md`` describes every option and its source in the authors' code.
 """
@@ -25,6 +30,7 @@ strings and ``--use_cache``; this subclass only
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import inspect
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -39,8 +45,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
+from lm_eval_probes import registry
+from lm_eval_probes.capture.positions import WholeForward, position_captures, position_probes, read_layers, whole_forward
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
-from lm_eval_probes.plugins.reader import answer_mean_states, compact_states
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
@@ -73,9 +80,20 @@ _CALL: CallScope[deque[_Generation] | dict[tuple[str, str], ResponseProbe]] = Ca
 """What the running ``generate_until`` (each row's generation) / ``loglikelihood`` (each request's record) call
 collects."""
 
-SUPPORTED_PROBES: tuple[str, ...] = ("reader",)
-"""Probes of ``hf-probes-diffusion`` (the confidence records are always made): the lens probes (tcb, bte,
-omega) read an autoregressive next-token readout and are not defined for a denoising pass."""
+def states_only(probe: Any) -> bool:
+    """Whether ``hf-probes-diffusion`` can run a registered probe: it has a position probe that reads no logit lens
+    (checked on its class; its whole-forward requests are checked once the model's depth is known)."""
+    return probe.position_probe is not None and not getattr(probe.position_probe, "reads_lens", True)
+
+
+def supported_probes() -> tuple[str, ...]:
+    """The registered probes ``hf-probes-diffusion`` can run (:func:`states_only`)."""
+    return tuple(probe.name for probe in registry.probes() if states_only(probe))
+
+
+def default_probes() -> tuple[str, ...]:
+    """The probes of an ``hf-probes-diffusion`` run that names none: the default ones it can run."""
+    return tuple(probe.name for probe in registry.probes() if probe.default_enabled and states_only(probe))
 
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers")
 
@@ -123,25 +141,27 @@ class _Generation:
     steps: int  # denoising steps of the decoding
     trajectory_steps: tuple[int, ...]  # the steps of ``trajectory``'s rows
     trajectory: torch.Tensor  # [S, G] float64: ln p of each final token at each trajectory step
-    states: torch.Tensor | None  # [k, G, H] reader layers at the canvas positions (final pass)
+    states: dict[int, torch.Tensor]  # hidden_states index → [G, H] at the canvas positions (final pass; the probes' layers)
     prompt_tokens: int
-    prompt_states: LayerStates | None
+    prompt_means: LayerStates | None  # the prompt means a probe asked for
 
 
 @register_model(DIFFUSION_MODEL_NAME)
 class DiffusionProbeHFLM(HFLM):
     """HFLM for masked-diffusion LMs. Plugin ``model_args``: ``diffusion_*`` (:class:`DiffusionConfig`),
-    ``probes`` (``reader`` or ``none``; default ``reader``) and the reader's ``probe_reader_*`` options."""
+    ``probes`` (those of :func:`supported_probes`, or ``none``; default :func:`default_probes`) and their
+    ``probe_<name>_*`` options."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
         diffusion_args, rest = split_diffusion_args(kwargs)
         self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
         plugin_args, hf_args = split_model_args(rest)
-        self.probe_config = ProbeConfig.from_model_args({"probes": SUPPORTED_PROBES, **plugin_args})
-        unsupported = [p for p in self.probe_config.probes if p not in SUPPORTED_PROBES]
+        self.probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
+        supported = supported_probes()
+        unsupported = [p for p in self.probe_config.probes if p not in supported]
         if unsupported:
             raise ValueError(
-                f"hf-probes-diffusion supports probes {SUPPORTED_PROBES} (or none), got {unsupported}: the lens "
+                f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
                 "probes need an autoregressive next-token readout"
             )
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
@@ -154,17 +174,46 @@ class DiffusionProbeHFLM(HFLM):
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
-        self.reader_layers: tuple[int, ...] = ()
-        self._reader = self.probe_config.options_of("reader")
-        if "reader" in self.probe_config.probes:
-            self.reader_layers = self._reader.resolved_layers(self._num_layers())
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
-        self.states_writer = states_writer(self._reader.save_states, self.rank)
+        folder = None if self.whole.states_folder is None else self.whole.states_folder[1]
+        self.states_writer = states_writer(folder, self.rank)
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
         self.AUTO_MODEL_CLASS = model_class_for(config)
+        self._plan_probes(config)
         super()._get_backend(config, backend="causal", trust_remote_code=trust_remote_code)
+
+    def _plan_probes(self, config: Any) -> None:
+        """The enabled probes' position probes for this model's depth, what they ask of a forward, and the
+        ``hidden_states`` layers to keep (before any weight is loaded: a probe that needs an autoregressive capture is
+        refused here)."""
+        self.num_layers = _num_layers(config)
+        self.captures = position_captures(self.probe_config, self.num_layers)
+        self.whole: WholeForward = whole_forward(self.captures)
+        autoregressive = [asked[0] for asked in (self.whole.focal_depth, self.whole.first_attention) if asked is not None]
+        if autoregressive:
+            raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
+                             "autoregressive model's blocks")
+        layers = read_layers(self.num_layers, self.probe_config) | set(self.whole.prompt_layers)
+        self.state_layers: tuple[int, ...] = tuple(sorted(layers)) if self.captures else ()
+
+    def _layer_states(self, states: dict[int, torch.Tensor], index: torch.Tensor | slice) -> list[torch.Tensor | None]:
+        """The L + 1 ``hidden_states`` entries the probes read, each ``[n, H]`` at ``index`` (``None`` elsewhere)."""
+        return [states[layer][index] if layer in states else None for layer in range(self.num_layers + 1)]
+
+    def _probe_record(self, layer_states: list[torch.Tensor | None], prompt_means: LayerStates | None, n: int, *,
+                      mean_token_logprob: float, prompt_tokens: int, generation: bool = False,
+                      token_ends: tuple[int, ...] | None = None, empty: bool = False) -> ResponseProbe:
+        """The record of one response's ``n`` positions, with the enabled probes' values (their states:
+        ``layer_states``)."""
+        if not self.captures:
+            return ResponseProbe(n_tokens=n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
+                                 token_ends=token_ends, empty=empty)
+        probes = position_probes(layer_states, None, self.probe_config, lens=False)
+        return probes.summarize(0, n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
+                                fields=self.whole.prompt_fields(prompt_means), generation=generation,
+                                token_ends=token_ends, empty=empty)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionProbeHFLM:
@@ -195,13 +244,6 @@ class DiffusionProbeHFLM(HFLM):
             logits_eos_inf=config.logits_eos_inf, confidence_eos_eot_inf=config.confidence_eos_eot_inf,
             ranking_dtype=torch.float64 if config.ranking_dtype == "float64" else None,
         )
-
-    def _num_layers(self) -> int:
-        for key in _LAYER_COUNT_KEYS:
-            value = getattr(self.config, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        raise ValueError(f"cannot tell the number of layers of {type(self.config).__name__} (none of {_LAYER_COUNT_KEYS})")
 
     def _forward(self, attention_mask: torch.Tensor | None) -> Forward:
         """The model's forward for a batch whose first columns carry ``attention_mask`` (left padding):
@@ -286,7 +328,7 @@ class DiffusionProbeHFLM(HFLM):
                           for row in rows]
         decoded = masked_diffusion_decode(
             self._forward(prompt_mask), prompt, mask_token_id=self.mask_token_id, gen_length=gen_length,
-            block_length=block_length, steps=steps, state_layers=self.reader_layers, sampler=self.sampler,
+            block_length=block_length, steps=steps, state_layers=self.state_layers, sampler=self.sampler,
             generators=generators,
         )
         at_steps = trajectory_steps(steps, [percent / 100 for percent in TRAJECTORY_PERCENTS])
@@ -363,24 +405,25 @@ class DiffusionProbeHFLM(HFLM):
     ) -> _Generation:
         canvas = decoded.tokens[row].tolist()
         positions, text, skip_special = self._kept(canvas, until)
-        states = prompt_states = None
+        prompt_means = None
         prompt_len = prompt.shape[1]
         mask = prompt_mask[row : row + 1] if prompt_mask is not None else torch.ones_like(prompt[row : row + 1])
-        if self.reader_layers:
-            states = torch.stack([h[row, prompt_len:].float().cpu() for h in decoded.final_states])
-            tail = self._reader.prompt_tail
+        final = dict(zip(self.state_layers, decoded.final_states, strict=True))
+        states = {layer: h[row, prompt_len:].cpu() for layer, h in final.items()}
+        if self.whole.prompt_layers:
+            tail = self.whole.prompt_tail
             if tail:  # left padding: the prompt's last tokens are the last columns
                 mask = mask.clone()
                 mask[:, : max(0, prompt_len - tail)] = 0
-            prompt_states = masked_mean_states([h[row : row + 1, :prompt_len] for h in decoded.final_states],
-                                               mask, self.reader_layers)[0]
+            prompt_means = masked_mean_states([final[layer][row : row + 1, :prompt_len] for layer in self.whole.prompt_layers],
+                                               mask, self.whole.prompt_layers)[0]
         prompt_tokens = int(prompt_mask[row].sum()) if prompt_mask is not None else prompt_len
         return _Generation(
             tokens=[canvas[i] for i in positions], positions=positions, text=text, skip_special=skip_special,
             reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
             final_logprob=decoded.final_logprob[row], steps=steps, trajectory_steps=at_steps, trajectory=trajectory,
             states=states, prompt_tokens=prompt_tokens,
-            prompt_states=prompt_states,
+            prompt_means=prompt_means,
         )
 
     def _generation_probe(self, generation: _Generation, text: str) -> ResponseProbe:
@@ -393,21 +436,15 @@ class DiffusionProbeHFLM(HFLM):
         token_ends = (0,) if empty else tuple(min(ends[i], len(text)) for i in range(kept))
         index = torch.tensor(generation.positions[:n] if generation.positions else [0], dtype=torch.long)
         reveal = generation.reveal_logprob[index]
-        values: dict[str, Any] = {}
-        if generation.states is not None:
-            positions = generation.states[:, index]
-            values["answer_states"] = answer_mean_states(self.reader_layers, positions)
-            if self._reader.tail:
-                values["tail_states"] = compact_states(self.reader_layers, positions[:, -self._reader.tail :])
-            values["prompt_states"] = generation.prompt_states
-        return ResponseProbe(
-            n_tokens=n, mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
-            token_logprobs=tuple(float(v) for v in reveal), token_ends=token_ends, empty=empty,
+        record = self._probe_record(self._layer_states(generation.states, index), generation.prompt_means, n,
+                                    mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
+                                    generation=True, token_ends=token_ends, empty=empty)
+        return dataclasses.replace(
+            record, token_logprobs=tuple(float(v) for v in reveal),
             reveal_steps=tuple(int(s) for s in generation.reveal_step[index]),
             final_token_logprobs=tuple(float(v) for v in generation.final_logprob[index]),
             denoising_steps=generation.steps, trajectory_steps=generation.trajectory_steps,
             trajectory_token_logprobs=tuple(tuple(float(v) for v in step) for step in generation.trajectory[:, index]),
-            **values,
         )
 
     # ----------------------------------------------------------------------------- loglikelihood
@@ -472,19 +509,31 @@ class DiffusionProbeHFLM(HFLM):
 
     @torch.no_grad()
     def _likelihood_probe(self, forward: Forward, context: torch.Tensor, continuation: torch.Tensor, estimate: float) -> ResponseProbe:
-        """The estimate as a record; with the reader, the states of one forward over the unmasked request
-        (mean over the continuation's positions and over the context's)."""
+        """The estimate as a record; with probes, their values from one forward over the unmasked request (at the
+        continuation's positions; the prompt means over the context's)."""
         n, p = continuation.numel(), context.numel()
-        values: dict[str, Any] = {}
-        if self.reader_layers:
-            _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
-            picked = [states[layer][0] for layer in self.reader_layers]
-            values["answer_states"] = span_mean_states(self.reader_layers, [h[p:] for h in picked])
-            tail = self._reader.prompt_tail
+        if not self.captures:
+            return self._probe_record([], None, n, mean_token_logprob=estimate / n, prompt_tokens=p)
+        _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
+        picked = {layer: states[layer][0] for layer in self.state_layers}
+        prompt_means = None
+        if self.whole.prompt_layers:
+            tail = self.whole.prompt_tail
             start = max(0, p - tail) if tail else 0
             if p > start:
-                values["prompt_states"] = span_mean_states(self.reader_layers, [h[start:p] for h in picked])
-        return ResponseProbe(n_tokens=n, mean_token_logprob=estimate / n, prompt_tokens=p, **values)
+                prompt_means = span_mean_states(self.whole.prompt_layers,
+                                                 [picked[layer][start:p] for layer in self.whole.prompt_layers])
+        return self._probe_record(self._layer_states(picked, slice(p, None)), prompt_means, n,
+                                  mean_token_logprob=estimate / n, prompt_tokens=p)
+
+
+def _num_layers(config: Any) -> int:
+    """The number of blocks of a model ``config`` (``hidden_states`` has one more entry)."""
+    for key in _LAYER_COUNT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot tell the number of layers of {type(config).__name__} (none of {_LAYER_COUNT_KEYS})")
 
 
 class _DecodedLengths:
