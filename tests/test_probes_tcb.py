@@ -426,3 +426,28 @@ def test_row_blocks_of_a_matrix_already_in_the_products_dtype_are_the_matrix_its
     assert torch.equal(rows.times_transposed(hidden), hidden @ weight.T)
     with pytest.raises(ValueError, match="float32 or float64"):
         RowBlocks(weight, torch.bfloat16)
+
+
+def test_a_small_chunk_reads_several_layers_out_of_one_pass_over_a_converted_unembedding(tiny_model_dir):
+    """A bfloat16 model's lens, chunk smaller than its capacity: the layers' logits come from one pass over W per group
+    of layers (:meth:`LensChunk._grouped_layer_logits`), equal to reading them out one by one; BTE's energies too."""
+    from transformers import AutoModelForCausalLM
+
+    from lm_eval_probes.capture.positions import LensChunk
+    from lm_eval_probes.capture.readouts import LensReadout
+    from lm_eval_probes.probes import consecutive_js_divergences_of_logits
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"), torch_dtype=torch.bfloat16).requires_grad_(False)
+    readout = LensReadout(model)
+    assert readout.rows.converts
+    generator = torch.Generator().manual_seed(5)
+    states = [torch.randn(3, model.config.hidden_size, generator=generator).to(torch.bfloat16)
+              for _ in range(model.config.num_hidden_layers + 1)]
+    last = len(states) - 1
+    one_by_one = [logits.clone() for logits in LensChunk(states, readout, 0, 3).layer_logits(0, last)]
+    grouped = LensChunk(states, readout, 0, 3, capacity=6)  # two layers a pass
+    assert [torch.equal(a, b) for a, b in zip(one_by_one, (t.clone() for t in grouped.layer_logits(0, last)), strict=True)] \
+        == [True] * len(states)
+    energies = [consecutive_js_divergences_of_logits(LensChunk(states, readout, 0, 3, capacity=capacity).layer_logits(1, last))
+                for capacity in (3, 9)]
+    torch.testing.assert_close(energies[0], energies[1], rtol=0, atol=0)

@@ -94,8 +94,12 @@ class LensChunk:
     post final norm); ``readout``: the model's :class:`~lm_eval_probes.capture.readouts.LensReadout`.
     """
 
-    def __init__(self, layer_states: Sequence[torch.Tensor | None], readout: LensReadout | None, lo: int, hi: int) -> None:
+    def __init__(self, layer_states: Sequence[torch.Tensor | None], readout: LensReadout | None, lo: int, hi: int,
+                 *, capacity: int | None = None) -> None:
         self.layer_states, self.readout, self.lo, self.hi = layer_states, readout, lo, hi
+        self.capacity = hi - lo if capacity is None else capacity
+        """Positions a full chunk holds: :meth:`layer_logits` reads out up to ``capacity // (hi − lo)`` layers in one
+        pass over a converted unembedding."""
 
     def states(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s ``[hi − lo, H]`` states (as kept: their device and dtype)."""
@@ -120,6 +124,10 @@ class LensChunk:
         """The lens logits of layers ``first..last``, written into two alternating buffers
         (:func:`~lm_eval_probes.probes.consecutive_js_divergences_of_logits` is done with layer l's once layer l + 1's
         has arrived, and overwrites them); layer L's are :attr:`final_logits` (left as they are)."""
+        n = self.hi - self.lo
+        if self.readout.rows.converts and n and self.capacity // n > 1:
+            yield from self._grouped_layer_logits(first, last, self.capacity // n)
+            return
         buffers: list[torch.Tensor] = []
         for layer in range(first, last + 1):
             if layer == len(self.layer_states) - 1:
@@ -128,6 +136,24 @@ class LensChunk:
             if len(buffers) < 2:
                 buffers.append(torch.empty(self.hi - self.lo, self.readout.vocab_size, device=self.readout.device))
             yield self.readout.logits(self.states(layer), normalized=False, out=buffers[(layer - first) % 2])
+
+    def _grouped_layer_logits(self, first: int, last: int, group: int) -> Iterator[torch.Tensor]:
+        """:meth:`layer_logits` for a chunk smaller than its capacity, when W is converted a block at a time (a
+        bfloat16 model): ``group`` layers' logits from one pass over W, in two alternating ``[group, n, V]`` buffers
+        (the memory of two full-chunk buffers). Each layer's logits are the same dot products as one by one."""
+        final = len(self.layer_states) - 1
+        readout, n = self.readout, self.hi - self.lo
+        buffers: list[torch.Tensor] = []
+        for index, start in enumerate(range(first, last + 1, group)):
+            layers = [layer for layer in range(start, min(last, start + group - 1) + 1) if layer != final]
+            if layers:
+                if len(buffers) < 2:
+                    buffers.append(torch.empty(group * n, readout.vocab_size, device=readout.device))
+                hidden = torch.cat([self.states(layer) for layer in layers])  # the final norm works row by row
+                logits = readout.logits(hidden, normalized=False, out=buffers[index % 2][: len(layers) * n])
+                yield from logits.split(n)
+            if start <= final <= start + group - 1 and final <= last:
+                yield self.final_logits
 
 
 @dataclass(frozen=True)
@@ -348,7 +374,7 @@ def position_probes(
     parts: dict[str, dict[str, list[torch.Tensor]]] = {name: {} for name in captures}
     token_logprob: list[torch.Tensor] = []
     for lo in range(0, max(n, 1), config.chunk_positions):  # an empty response: one empty chunk (its values are empty)
-        chunk = LensChunk(layer_states, readout, lo, min(n, lo + config.chunk_positions))
+        chunk = LensChunk(layer_states, readout, lo, min(n, lo + config.chunk_positions), capacity=config.chunk_positions)
         if token_ids is not None:
             ids = token_ids[lo : chunk.hi].to(readout.device).long().unsqueeze(-1)
             token_logprob.append(torch.log_softmax(chunk.final_logits, dim=-1).gather(-1, ids).squeeze(-1).cpu())
