@@ -2,10 +2,12 @@
 
 Every probe is one :class:`~lm_eval_probes.api.Probe` (its rows, fields, options and capture), registered by
 :mod:`lm_eval_probes.registry`; :data:`PROBES`, :data:`PROBE_NAMES`, :data:`PROBES_BY_NAME`, :data:`READER_ROWS`
-(the rows probes feed to the latent correctness reader) and :data:`DETECTOR_ROWS` are read from it when first asked
-for. Declared here, in the same :class:`~lm_eval_probes.api.Row` form: the response's own rows (confidence, lengths),
-the difficulty baselines, calibration and selective prediction, confidence as a corruption detector, and calibration
-along the denoising trajectory. Per-document value kinds: :class:`~lm_eval_probes.api.Row`.
+(the rows probes feed to the latent correctness reader) and :data:`DETECTOR_ROWS` are read from it each time they are
+asked for, as are :func:`probe_rows`, :func:`difficulty_rows`, :func:`reader_rows` and :func:`detector_rows`: a module
+that builds something from them calls these when it runs, never when it is imported (a probe registered later would
+be missing). Declared here, in the same :class:`~lm_eval_probes.api.Row` form: the response's own rows (confidence,
+lengths), the difficulty baselines, calibration and selective prediction, confidence as a corruption detector, and
+calibration along the denoising trajectory. Per-document value kinds: :class:`~lm_eval_probes.api.Row`.
 
 Torch-free and lm_eval-free, so that configuration, ``--help`` and the reports can read it.
 """
@@ -16,7 +18,8 @@ from typing import Any
 
 from lm_eval_probes.api import FAMILIES, VALUE_KINDS, Probe, Row
 
-__all__ = ["FAMILIES", "NON_PROBE_ROWS", "Probe", "Row", "VALUE_KINDS", "difficulty_rows", "probe_rows"]
+__all__ = ["FAMILIES", "NON_PROBE_ROWS", "Probe", "Row", "VALUE_KINDS", "detector_rows", "difficulty_rows", "probe_rows",
+           "reader_rows"]
 
 CORRUPTION_CONFIDENCE_AUROC = Row(
     "corruption_confidence_auroc", "confidence", "probe_corruption_confidence_auroc", True, "detector",
@@ -116,6 +119,21 @@ def difficulty_rows() -> tuple[Row, ...]:
     return tuple(row for probe in probes() for row in probe.difficulty_rows()) + BASELINE_ROWS
 
 
+def reader_rows() -> tuple[Row, ...]:
+    """The rows the registered probes feed to the latent correctness reader, in registry order."""
+    from lm_eval_probes.registry import probes
+
+    return tuple(row for probe in probes() for row in probe.feeds if row.family == "reader")
+
+
+def detector_rows() -> tuple[Row, ...]:
+    """The corruption-detector rows the registered probes feed, in registry order, then confidence's baseline."""
+    from lm_eval_probes.registry import probes
+
+    return tuple(row for probe in probes() for row in probe.feeds if row.family == "detector") + (
+        CORRUPTION_CONFIDENCE_AUROC,)
+
+
 def __getattr__(name: str) -> Any:
     """The registry's views: ``PROBES``, ``PROBE_NAMES``, ``PROBES_BY_NAME``, ``READER_ROWS``, ``DETECTOR_ROWS``."""
     from lm_eval_probes.registry import probes
@@ -127,8 +145,7 @@ def __getattr__(name: str) -> Any:
     if name == "PROBES_BY_NAME":
         return {probe.name: probe for probe in probes()}
     if name == "READER_ROWS":
-        return tuple(row for probe in probes() for row in probe.feeds if row.family == "reader")
+        return reader_rows()
     if name == "DETECTOR_ROWS":
-        fed = tuple(row for probe in probes() for row in probe.feeds if row.family == "detector")
-        return fed + (CORRUPTION_CONFIDENCE_AUROC,)
+        return detector_rows()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from lm_eval_probes import declarations
@@ -21,25 +22,37 @@ from lm_eval_probes.metrics.calibration import CALIBRATION_ROWS, CalibrationOpti
 from lm_eval_probes.probes.correlation import count, partial_spearman_score, spearman_score
 
 __all__ = ["AGGREGATIONS", "DIFFUSION_ROWS", "ROWS", "ROWS_BY_NAME", "Row", "TRAJECTORY_PERCENTS", "all_rows",
-           "bound_aggregation", "names", "rows_for"]
+           "bound_aggregation", "names", "rows_by_name", "rows_for"]
 
-_TABLE: list[Any] = [None, ()]  # (the registry's probes tuple the table was made from, the table)
+# (the registry's probes tuple the table was made from, the table, the table by name)
+_TABLE: list[Any] = [None, (), MappingProxyType({})]
 
 
-def all_rows() -> tuple[Row, ...]:
-    """Every row the plugin can add to a task's results, in the report's order: each probe's rows (registry order),
-    the response's, the difficulty rows (each probe's ρ, then the baselines), calibration, the reader, the detector
-    and the denoising trajectory. Made once per set of registered probes."""
+def _table() -> list[Any]:
+    """:data:`_TABLE`, made again when the registered probes are not those it was made from."""
     from lm_eval_probes.registry import probes, validated
 
     found = probes()
     if _TABLE[0] is not found:
         validated(found, reserved_rows=(row.name for row in declarations.NON_PROBE_ROWS))
         table = (declarations.probe_rows() + RESPONSE_ROWS + declarations.difficulty_rows() + CONFIDENCE_ROWS
-                 + declarations.READER_ROWS + declarations.DETECTOR_ROWS + TRAJECTORY_ROWS)
+                 + declarations.reader_rows() + declarations.detector_rows() + TRAJECTORY_ROWS)
         _check_table(table)
-        _TABLE[:] = [found, table]
-    return _TABLE[1]
+        _TABLE[:] = [found, table, MappingProxyType({row.name: row for row in table})]
+    return _TABLE
+
+
+def all_rows() -> tuple[Row, ...]:
+    """Every row the plugin can add to a task's results, in the report's order: each probe's rows (registry order),
+    the response's, the difficulty rows (each probe's ρ, then the baselines), calibration, the reader, the detector
+    and the denoising trajectory. Made once per set of registered probes."""
+    return _table()[1]
+
+
+def rows_by_name() -> Mapping[str, Row]:
+    """:func:`all_rows` by name, in its order (read-only; made once per set of registered probes): what callers
+    that look rows up read when called, so that a probe registered later (``registry.refresh()``) is seen."""
+    return _table()[2]
 
 
 def __getattr__(name: str) -> Any:
@@ -48,7 +61,7 @@ def __getattr__(name: str) -> Any:
     if name == "ROWS":
         return all_rows()
     if name == "ROWS_BY_NAME":
-        return {row.name: row for row in all_rows()}
+        return dict(rows_by_name())
     if name == "DIFFUSION_ROWS":
         return tuple(row.name for row in all_rows() if row.diffusion_only)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -225,3 +225,56 @@ def test_the_wrappers_override_few_hflm_methods():
         assert len(overridden) <= most and sum(name.startswith("_") for name in overridden) <= 3, (cls, overridden)
     for module in ("models/autoregressive.py", "models/diffusion.py"):
         assert "self._call" not in (PACKAGE / module).read_text(), module
+
+
+REGISTRY_VIEWS = ("PROBES", "PROBE_NAMES", "PROBES_BY_NAME", "READER_ROWS", "DETECTOR_ROWS", "ROWS", "ROWS_BY_NAME",
+                  "DIFFUSION_ROWS")
+"""The registry's views that ``lm_eval_probes.declarations`` and ``lm_eval_probes.rows`` compute on each access."""
+
+REGISTRY_READERS = ("probes", "probe", "names", "all_rows", "rows_by_name", "rows_for", "probe_rows", "difficulty_rows",
+                    "reader_rows", "detector_rows")
+"""Functions of ``lm_eval_probes.registry``, ``.rows`` and ``.declarations`` that return what is registered now."""
+
+
+def _import_time_code(tree: ast.Module) -> list[ast.AST]:
+    """The nodes of ``tree`` that run when the module is imported: its statements and class bodies, and of each
+    function its decorators and default values (not its body)."""
+    found: list[ast.AST] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found += [*node.decorator_list, *node.args.defaults, *filter(None, node.args.kw_defaults)]
+        elif isinstance(node, ast.ClassDef):
+            found += [*node.decorator_list, *node.bases, *node.keywords]
+            pending += node.body
+        else:
+            found.append(node)
+    return found
+
+
+def test_reports_and_reproduce_read_the_registry_when_they_run():
+    """A probe registered after the report was imported (a plugin installed into a running process,
+    ``registry.refresh()``) gets its columns and glossary entry only if nothing under ``reports/`` or ``reproduce/``
+    holds a copy of a registry view made at import: no ``from … import PROBES`` (the name is bound to the registry of
+    that moment), and no view read by module-level code (``ORDER = tuple(… declarations.PROBES …)``,
+    ``BTE = registry.probe("bte")``)."""
+    offenders = []
+    for folder in ("reports", "reproduce"):
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            where = path.relative_to(PACKAGE)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    named = sorted({alias.name for alias in node.names} & {*REGISTRY_VIEWS, "*"})
+                    if named:
+                        offenders.append(f"{where}:{node.lineno} imports {', '.join(named)} from {node.module}")
+            for code in _import_time_code(tree):
+                for node in ast.walk(code):
+                    if isinstance(node, ast.Attribute) and node.attr in REGISTRY_VIEWS:
+                        offenders.append(f"{where}:{node.lineno} reads {node.attr} at import")
+                    elif isinstance(node, ast.Call):
+                        called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                        if called in REGISTRY_READERS:
+                            offenders.append(f"{where}:{node.lineno} calls {called}() at import")
+    assert not offenders, offenders

@@ -6,8 +6,10 @@ comparison), whether it is a headline column of a task table's compact view, and
 shown, grouped by the probe or family that makes it, with the probe's summary, formula, what it reads and
 its paper.
 
-Nothing here names a plugin row: the names, descriptions and directions are the declarations'. lm_eval's
-own correctness metrics (:data:`STOCK_METRICS`) are described here, since nothing of the plugin declares them.
+Nothing here names a plugin row: the names, descriptions and directions are the declarations', read from the
+registry (:mod:`lm_eval_probes.registry`) when a function is called, so that a probe registered after this module was
+imported gets its column's meaning and its glossary entry. lm_eval's own correctness metrics (:data:`STOCK_METRICS`)
+are described here, since nothing of the plugin declares them.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lm_eval_probes import registry
 from lm_eval_probes.declarations import (
     BASELINE_ROWS,
     CONFIDENCE,
     CONFIDENCE_ROWS,
-    DETECTOR_ROWS,
     ECE,
-    PROBES,
     RESPONSE_ROWS,
     SELECTIVE_AUROC,
     TRAJECTORY_ROWS,
     Row,
+    detector_rows,
 )
-from lm_eval_probes.rows import ROWS, ROWS_BY_NAME
+from lm_eval_probes.rows import all_rows, rows_by_name
 
 STOCK_SOURCE = "lm-evaluation-harness (EleutherAI): the task's own metric"
 
@@ -79,7 +81,7 @@ def paired_test(metric: str) -> str:
     """How the leaderboard compares two models on ``metric`` (:mod:`.pairwise`), in a few words."""
     from lm_eval_probes.reports.corpus_rows import corpus_row
 
-    row = ROWS_BY_NAME.get(metric)
+    row = rows_by_name().get(metric)
     if row is None or row.aggregation == "mean":
         return ("McNemar's exact test when 0/1, else a paired permutation test; paired bootstrap interval"
                 if row is None else "paired permutation test; paired bootstrap interval")
@@ -92,7 +94,7 @@ def paired_test(metric: str) -> str:
 def meaning(metric: str, results_direction: bool | None = None) -> ColumnMeaning:
     """The meaning of ``metric``'s column; ``results_direction`` (the results file's ``higher_is_better``) is used
     only for a metric the plugin does not declare (lm_eval's correctness metrics: higher is better without it)."""
-    row = ROWS_BY_NAME.get(metric)
+    row = rows_by_name().get(metric)
     if row is not None:
         return ColumnMeaning(metric, row.description, row.higher_is_better, row.scored, True)
     if metric in STOCK_METRICS:
@@ -105,9 +107,10 @@ def meaning(metric: str, results_direction: bool | None = None) -> ColumnMeaning
 def headline_rows() -> frozenset[str]:
     """The rows of a task table's compact view (beside the task's correctness row): confidence, ECE and selective
     AUROC, each probe's headline row (its first ``float`` row; a probe without one: the first row of each family
-    it feeds, i.e. the reader's AUROC and the detector's) and each probe's ρ with difficulty."""
+    it feeds, i.e. the reader's AUROC and the detector's) and each probe's ρ with difficulty, of the probes registered
+    now."""
     names = {CONFIDENCE.name, ECE.name, SELECTIVE_AUROC.name}
-    for probe in PROBES:
+    for probe in registry.probes():
         headline = next((row for row in probe.rows if row.value == "float"), None)  # ProbeDeclaration.row("float")
         if headline is not None:
             names.add(headline.name)
@@ -117,9 +120,6 @@ def headline_rows() -> frozenset[str]:
         names |= {row.name for row in first_of_family.values()}
         names |= {row.name for row in probe.difficulty_rows()[:1]}
     return frozenset(names)
-
-
-HEADLINE_ROWS: frozenset[str] = headline_rows()
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,10 @@ class _Family:
 
 
 def _families() -> tuple[_Family, ...]:
-    fed = {row.name for probe in PROBES for row in probe.feeds}
+    """The glossary's groups, in order, of the probes registered now: the response, calibration, each probe, the
+    difficulty baselines, the detector's baseline, the denoising trajectory, and any other row of the plugin."""
+    found = registry.probes()
+    fed = {row.name for probe in found for row in probe.feeds}
     families = [
         _Family("response", "The response", "What every model reports, whichever probes: the answer's confidence "
                 "and what was probed.", RESPONSE_ROWS),
@@ -166,12 +169,12 @@ def _families() -> tuple[_Family, ...]:
     ]
     families += [_Family(f"probe-{probe.name}", f"probes={probe.name}", probe.summary,
                          probe.rows + probe.difficulty_rows() + probe.feeds, probe.formula, probe.reads, probe.paper)
-                 for probe in PROBES]
+                 for probe in found]
     families += [
         _Family("baselines", "Difficulty baselines", "What every ρ with difficulty is read against: the response's "
                 "and the prompt's length ranked against the same labels. No better direction.", BASELINE_ROWS),
         _Family("detector", "Corruption detection from confidence", "Paired clean/noised tasks: the output "
-                "confidence as the detector's baseline.", tuple(row for row in DETECTOR_ROWS if row.name not in fed),
+                "confidence as the detector's baseline.", tuple(row for row in detector_rows() if row.name not in fed),
                 paper="\"Unsure but Certain\" (arXiv 2608.08791)"),
         _Family("trajectory", "Denoising trajectory", "Masked-diffusion generations (hf-probes-diffusion): "
                 "calibration of the confidence at points along the denoising steps.", TRAJECTORY_ROWS,
@@ -179,27 +182,25 @@ def _families() -> tuple[_Family, ...]:
                       "denoising trajectory is this plugin's"),
     ]
     grouped = {row.name for family in families for row in family.rows}
-    others = tuple(row for row in ROWS if row.name not in grouped)
+    others = tuple(row for row in all_rows() if row.name not in grouped)
     if others:
         families.append(_Family("other", "Other rows", "Rows of the plugin outside the families above.", others))
     return tuple(families)
 
 
-FAMILIES: tuple[_Family, ...] = _families()
-
-
 def glossary(metrics: Iterable[str]) -> tuple[GlossaryGroup, ...]:
     """The glossary of the metrics shown: lm_eval's own first, then the plugin's families in declaration order,
-    each with its rows in declaration order. Each metric appears once."""
+    each with its rows in declaration order. Each metric appears once; a metric the plugin does not declare now
+    (no row of :func:`~lm_eval_probes.rows.all_rows`) is lm_eval's."""
     shown = set(metrics)
     groups = []
-    stock = tuple(meaning(name) for name in sorted(shown - set(ROWS_BY_NAME),
+    stock = tuple(meaning(name) for name in sorted(shown - set(rows_by_name()),
                                                  key=lambda n: (list(STOCK_METRICS).index(n) if n in STOCK_METRICS
                                                                 else len(STOCK_METRICS), n)))
     if stock:
         groups.append(GlossaryGroup("lm-eval", "lm_eval's own metrics", "The task's correctness rows, as lm_eval "
                                     "computes them.", "", "", STOCK_SOURCE, stock))
-    for family in FAMILIES:
+    for family in _families():
         entries = tuple(meaning(row.name) for row in family.rows if row.name in shown)
         if entries:
             groups.append(GlossaryGroup(family.key, family.title, family.summary, family.formula, family.reads,

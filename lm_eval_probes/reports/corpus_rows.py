@@ -2,13 +2,14 @@
 
 lm_eval gives no standard error for these rows (their aggregation is not ``mean``); the report
 recomputes them from the records to bootstrap them, with exactly the aggregation lm_eval ran: which
-row holds which record and is aggregated how comes from the one table, :mod:`lm_eval_probes.rows`.
-Recomputable rows are those whose per-document value is numbers: ``confidence`` records
-``[confidence, correct]`` (``corruption_confidence_auroc``: ``[1 − confidence, noised]``), ``ranked``
-``[value, difficulty]`` and ``partial`` ``[value, difficulty, length]``. The reader rows (``lcr_*``,
-``corruption_auroc``) are written to samples as one-line strings, so their features are not
-recoverable (no CI); ``ece_scaled`` is fitted out-of-fold (:data:`CROSS_FITTED`): no CI either. The
-task's ``metadata`` options (``ece_bins``, ``ece_binning``) apply as in the run.
+row holds which record and is aggregated how comes from the one table, :mod:`lm_eval_probes.rows`, read
+when a row is asked for (a probe registered later is seen). Recomputable rows are those whose per-document
+value is numbers: ``confidence`` records ``[confidence, correct]`` (``corruption_confidence_auroc``:
+``[1 − confidence, noised]``), ``ranked`` ``[value, difficulty]`` and ``partial`` ``[value, difficulty,
+length]``. The reader rows (``lcr_*``, ``corruption_auroc``) are written to samples as one-line strings, so
+their features are not recoverable (no CI; :func:`not_recoverable`); ``ece_scaled`` is fitted out-of-fold
+(:func:`cross_fitted`): no CI either. The task's ``metadata`` options (``ece_bins``, ``ece_binning``) apply
+as in the run.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from scipy import stats
 
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.probes.correlation import finite_rows
-from lm_eval_probes.rows import ROWS_BY_NAME, bound_aggregation
+from lm_eval_probes.api import Row
+from lm_eval_probes.rows import bound_aggregation, rows_by_name
 
 RECORD_WIDTHS: dict[str, int] = {"confidence": 2, "ranked": 2, "partial": 3}
 """Per-document value kind of :mod:`lm_eval_probes.rows` → numbers per record (the recomputable kinds)."""
@@ -36,11 +38,11 @@ Resampled = Callable[[np.ndarray, CalibrationOptions], np.ndarray]
 """``resampled(rows, options)``: ``[B, n, width]`` → ``[B]``, the row on every resample at once."""
 
 
-def _aggregation_statistic(name: str) -> Statistic:
-    """Row ``name``'s own aggregation (as lm_eval ran it) on a record array; ``nan`` where it is undefined."""
+def _aggregation_statistic(row: Row) -> Statistic:
+    """``row``'s own aggregation (as lm_eval ran it) on a record array; ``nan`` where it is undefined."""
 
     def statistic(rows: np.ndarray, options: CalibrationOptions) -> float:
-        value = bound_aggregation(ROWS_BY_NAME[name], options)(rows.tolist())
+        value = bound_aggregation(row, options)(rows.tolist())
         return math.nan if value is None else float(value)
 
     return statistic
@@ -264,21 +266,26 @@ FAST_RESAMPLED: dict[str, Resampled] = {
 }
 """Aggregation name → its all-resamples-at-once form (tested equal to the aggregation)."""
 
-NOT_RECOVERABLE: frozenset[str] = frozenset(name for name, row in ROWS_BY_NAME.items() if row.value == "reader")
-"""Reader rows: samples hold a one-line description of their records, not the features."""
 
-CROSS_FITTED: frozenset[str] = frozenset(name for name, row in ROWS_BY_NAME.items() if row.value == "confidence_keyed")
-"""Rows fitted out-of-fold inside the aggregation: a bootstrap resample repeats documents, which would land
-in training and test folds at once, so these get no interval."""
+def not_recoverable() -> frozenset[str]:
+    """Reader rows (of the probes registered now): samples hold a one-line description of their records, not the
+    features."""
+    return frozenset(name for name, row in rows_by_name().items() if row.value == "reader")
+
+
+def cross_fitted() -> frozenset[str]:
+    """Rows fitted out-of-fold inside the aggregation: a bootstrap resample repeats documents, which would land
+    in training and test folds at once, so these get no interval."""
+    return frozenset(name for name, row in rows_by_name().items() if row.value == "confidence_keyed")
 
 
 def corpus_row(name: str) -> CorpusRow | None:
     """The recomputation of row ``name``, or ``None`` for rows that are means, counts, cross-fitted, not
     recoverable from samples, or not the plugin's."""
-    row = ROWS_BY_NAME.get(name)
+    row = rows_by_name().get(name)
     if row is None or row.value not in RECORD_WIDTHS:
         return None
-    return CorpusRow(RECORD_WIDTHS[row.value], _aggregation_statistic(name), FAST_RESAMPLED.get(row.aggregation))
+    return CorpusRow(RECORD_WIDTHS[row.value], _aggregation_statistic(row), FAST_RESAMPLED.get(row.aggregation))
 
 
 def records(samples: Sequence[Mapping[str, Any]], name: str, width: int) -> np.ndarray:

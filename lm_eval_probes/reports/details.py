@@ -28,7 +28,7 @@ from typing import Any
 
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.reports.tables import primary_metric
-from lm_eval_probes.rows import ROWS_BY_NAME
+from lm_eval_probes.rows import rows_by_name
 
 DETAILS_FOLDER = "details"
 UNSAFE = re.compile(r"[^\w.\-]+")
@@ -88,7 +88,7 @@ def details_table(result: TaskResult) -> Any:
     filter_name = primary[1] if primary else None
     lines = [s for s in result.samples if filter_name is None or s.get("filter", "none") == filter_name]
     scored = sorted({m for line in lines for m in (line.get("metrics") or []) if isinstance(m, str)})
-    probes = [name for name in ROWS_BY_NAME if any(name in line for line in lines) and name not in scored]
+    probes = [name for name in rows_by_name() if any(name in line for line in lines) and name not in scored]
     columns: dict[str, Any] = {
         "doc_id": pa.array([str(line.get("doc_id", "")) for line in lines], pa.string()),
         "filter": pa.array([str(line.get("filter", "none")) for line in lines], pa.string()),

@@ -39,22 +39,27 @@ from lm_eval_probes.reports.columns import meaning
 from lm_eval_probes.reports.details import response_text
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.reports.tables import Cell, TaskTable, primary_metric
-from lm_eval_probes.rows import ROWS_BY_NAME
+from lm_eval_probes.rows import rows_by_name
 
 SCHEMA_VERSION = "0.3.0"
 FOLDER = "every_eval_ever"
 UNBOUNDED_ABOVE = "Infinity"
 UNBOUNDED_BELOW = "-Infinity"
 
-BOUNDS: dict[str, tuple[float | str, float | str]] = {
-    "acc": (0.0, 1.0), "acc_norm": (0.0, 1.0), "exact_match": (0.0, 1.0),
-    CONFIDENCE.name: (0.0, 1.0),
-    **{name: (UNBOUNDED_BELOW, 1.0) if row.aggregation == "probe_prr" else (0.0, 1.0) for name, row in ROWS_BY_NAME.items()
-       if row.family in ("confidence", "reader", "detector", "trajectory")},
-    **{name: (-1.0, 1.0) for name, row in ROWS_BY_NAME.items() if row.aggregation.endswith("spearman")},
-    **{name: (0.0, UNBOUNDED_ABOVE) for name, row in ROWS_BY_NAME.items() if row.aggregation == "probe_count"},
-}
-"""(min, max) of the rows whose range is known; other rows get ``null`` bounds (not provided)."""
+
+
+def bounds() -> dict[str, tuple[float | str, float | str]]:
+    """(min, max) of the rows whose range is known (of the probes registered now); other rows get ``null`` bounds
+    (not provided)."""
+    declared = rows_by_name()
+    return {
+        "acc": (0.0, 1.0), "acc_norm": (0.0, 1.0), "exact_match": (0.0, 1.0),
+        CONFIDENCE.name: (0.0, 1.0),
+        **{name: (UNBOUNDED_BELOW, 1.0) if row.aggregation == "probe_prr" else (0.0, 1.0)
+           for name, row in declared.items() if row.family in ("confidence", "reader", "detector", "trajectory")},
+        **{name: (-1.0, 1.0) for name, row in declared.items() if row.aggregation.endswith("spearman")},
+        **{name: (0.0, UNBOUNDED_ABOVE) for name, row in declared.items() if row.aggregation == "probe_count"},
+    }
 
 
 def file_uuid(*parts: str) -> str:
@@ -125,6 +130,7 @@ def aggregate_record(model: ModelResults, table: TaskTable, raw: Mapping[str, An
     generation = {"additional_details": _strings({**plugin, **({"num_fewshot": config["num_fewshot"]}
                                                                 if config.get("num_fewshot") is not None else {})})}
     results, undefined = [], []
+    known = bounds()
     for column, cell in zip(table.columns, cells):
         if not cell.present:
             continue
@@ -132,7 +138,7 @@ def aggregate_record(model: ModelResults, table: TaskTable, raw: Mapping[str, An
             undefined.append(column.name)
             continue
         described = meaning(column.metric, column.higher_is_better)
-        low, high = BOUNDS.get(column.metric, (None, None))
+        low, high = known.get(column.metric, (None, None))
         direction = described.direction
         results.append({
             "evaluation_result_id": column.metric if column.filter == "none" else f"{column.metric}:{column.filter}",
@@ -192,6 +198,7 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
         return []
     metric, filter_name = primary
     identifier = model_id(model)
+    declared = rows_by_name()
     out = []
     for line in result.samples_of(filter_name):
         arguments = line.get("arguments") or {}
@@ -202,7 +209,7 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
         value = line.get(metric)
         score = float(value) if isinstance(value, (bool, int, float)) and math.isfinite(float(value)) else 0.0
         response = response_text(line)
-        probes = {name: line[name] for name in ROWS_BY_NAME if name in line}
+        probes = {name: line[name] for name in declared if name in line}
         scored = {m: line.get(m) for m in line.get("metrics") or [] if m in line}
         out.append({
             "schema_version": SCHEMA_VERSION, "evaluation_id": evaluation_id, "model_id": identifier,

@@ -1,7 +1,7 @@
 """Means per difficulty level, with percentile bootstrap intervals over each level's documents.
 
 For every task whose samples carry a difficulty label (the second member of a ρ row's ``[value, difficulty]``
-records), every model and every metric of :data:`LEVEL_METRICS` — correctness, confidence and each probe's
+records), every model and every metric of :func:`level_metrics` — correctness, confidence and each probe's
 headline value — :func:`level_means` gives, per level, the number of documents with a defined value, their mean
 and its interval: the :mod:`~lm_eval_probes.reports.bootstrap` percentile interval of the mean over resamples of
 that level's documents (seeded by the model's label, the task, the metric and the level; never by a path). The
@@ -18,23 +18,30 @@ from typing import Any
 
 import numpy as np
 
-from lm_eval_probes.declarations import CONFIDENCE, PROBES
+from lm_eval_probes import registry
+from lm_eval_probes.declarations import CONFIDENCE
 from lm_eval_probes.reports.bootstrap import model_seed_label, percentile_interval, resample_indices
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import BootstrapSettings, markdown_escape, primary_metric
-from lm_eval_probes.rows import ROWS
+from lm_eval_probes.rows import all_rows
 
 CORRECT = "correct"
-"""The correctness metric of :data:`LEVEL_METRICS`: each task's own (``acc``, ``exact_match``, …)."""
+"""The correctness metric of :func:`level_metrics`: each task's own (``acc``, ``exact_match``, …)."""
 
-LEVEL_METRICS: tuple[tuple[str, str], ...] = (
-    (CORRECT, "accuracy"), (CONFIDENCE.name, "confidence"),
-    *((probe.row("float").name, probe.label) for probe in PROBES if probe.rows),
-)
-"""(metric, its label on a figure axis): the task's correctness, confidence and each probe's headline value."""
 
-DIFFICULTY_SOURCES: tuple[str, ...] = tuple(row.name for row in ROWS if row.value == "ranked")
-"""Rows whose ``[value, difficulty]`` records carry a document's difficulty label."""
+def level_metrics() -> tuple[tuple[str, str], ...]:
+    """(metric, its label on a figure axis): the task's correctness, confidence and the headline value of each probe
+    registered now."""
+    return (
+        (CORRECT, "accuracy"), (CONFIDENCE.name, "confidence"),
+        *((probe.row("float").name, probe.label) for probe in registry.probes() if probe.rows),
+    )
+
+
+def difficulty_sources() -> tuple[str, ...]:
+    """Rows whose ``[value, difficulty]`` records carry a document's difficulty label (of the probes registered
+    now)."""
+    return tuple(row.name for row in all_rows() if row.value == "ranked")
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,12 @@ class LevelMean:
 
 def document_difficulties(samples: Sequence[Mapping[str, Any]]) -> list[float | None]:
     """Each sample's difficulty label, from the second member of its first ``[value, difficulty]`` record
-    (:data:`DIFFICULTY_SOURCES`); ``None`` when the document has none."""
+    (:func:`difficulty_sources`); ``None`` when the document has none."""
+    sources = difficulty_sources()
     out: list[float | None] = []
     for sample in samples:
         label = None
-        for name in DIFFICULTY_SOURCES:
+        for name in sources:
             record = sample.get(name)
             if isinstance(record, (list, tuple)) and len(record) == 2 and isinstance(record[1], (int, float)):
                 label = float(record[1])
@@ -87,6 +95,7 @@ def level_means(models: Sequence[ModelResults], settings: BootstrapSettings) -> 
     """Every (task, model, metric, level) mean with its interval, in task, model, metric and level order; a
     metric without a defined value on a level has no entry for it."""
     out = []
+    metrics = level_metrics()
     for task in sorted({name for model in models for name in model.tasks}):
         for model in models:
             result = model.tasks.get(task)
@@ -97,7 +106,7 @@ def level_means(models: Sequence[ModelResults], settings: BootstrapSettings) -> 
             levels = document_difficulties(samples)
             if all(level is None for level in levels):
                 continue
-            for metric, _ in LEVEL_METRICS:
+            for metric, _ in metrics:
                 values = np.array([document_value(sample, metric, primary[0]) for sample in samples])
                 for level in sorted({level for level in levels if level is not None}):
                     kept = values[[lv == level and math.isfinite(v) for lv, v in zip(levels, values)]]

@@ -42,7 +42,7 @@ filter); documents only one model ran, or where either record is undefined, are 
   ``difficulty``, …; lm_eval's own rows: ``lm_eval``), all pairs together — the family ``"<task>/<family>"``;
   the rows without a better direction (baselines and counts, ``Row.scored`` False: ``higher_is_better``
   ``None``) form ``"<task>/<family> (no direction)"`` and never name a winner. Directions are the
-  declarations' (``ROWS_BY_NAME[name].higher_is_better`` where ``.scored``).
+  declarations' (``rows_by_name()[name].higher_is_better`` where ``.scored``).
 
 Detector tasks (``*_detect``: clean and noised copies of one task's documents) and reference tasks
 (``*_ref``) do not enter the win rate unless asked (:data:`AUXILIARY_TASK`).
@@ -63,7 +63,7 @@ from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.bootstrap import model_seed_label, percentile_interval, resample_indices, stable_key
 from lm_eval_probes.reports.corpus_rows import CorpusRow, corpus_row
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
-from lm_eval_probes.rows import ROWS_BY_NAME
+from lm_eval_probes.rows import rows_by_name
 
 DEFAULT_ALPHA = 0.05
 AUXILIARY_SUFFIXES: tuple[str, ...] = ("_detect", "_ref")
@@ -247,7 +247,7 @@ def _record(value: Any, width: int) -> list[float] | None:
 def is_mean_row(result: TaskResult, metric: str, filter_name: str) -> bool:
     """True when the row is a mean of per-document numbers: the plugin's ``mean`` rows, and any other row
     (lm_eval's ``acc``, ``exact_match``, …) whose value equals the mean of its numeric per-document values."""
-    declared = ROWS_BY_NAME.get(metric)
+    declared = rows_by_name().get(metric)
     if declared is not None:
         return declared.aggregation == "mean"
     found = result.metric(metric, filter_name)
@@ -325,7 +325,7 @@ def comparison_family(spec: RowSpec, include_auxiliary_tasks: bool = False) -> s
     counts), so that these descriptive comparisons do not weaken the others."""
     if spec.headline and spec.higher_is_better is not None and (include_auxiliary_tasks or not is_auxiliary_task(spec.task)):
         return OVERVIEW_FAMILY
-    declared = ROWS_BY_NAME.get(spec.metric)
+    declared = rows_by_name().get(spec.metric)
     family = f"{spec.task}/{declared.family if declared is not None else STOCK_FAMILY}"
     return family if spec.higher_is_better is not None else f"{family}{NO_DIRECTION_SUFFIX}"
 

@@ -35,19 +35,17 @@ import numpy as np  # noqa: E402
 from lm_eval_probes.probes.calibration import reliability_diagram, risk_coverage_curve  # noqa: E402
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import records  # noqa: E402
-from lm_eval_probes.reports.levels import LEVEL_METRICS, LevelMean  # noqa: E402
+from lm_eval_probes.reports.levels import LevelMean, level_metrics  # noqa: E402
 from lm_eval_probes.reports.reading import ModelResults, TaskResult  # noqa: E402
 from lm_eval_probes.reports.tables import RobustnessRow, primary_metric, primary_samples  # noqa: E402
+from lm_eval_probes import registry  # noqa: E402
 from lm_eval_probes.declarations import (  # noqa: E402
     ECE,
-    PROBES_BY_NAME,
     REVEAL_STEP,
     SELECTIVE_AUROC,
     TRAJECTORY_PERCENTS,
     TRAJECTORY_ROWS,
 )
-
-BTE, OMEGA = PROBES_BY_NAME["bte"], PROBES_BY_NAME["omega"]
 
 
 @dataclass(frozen=True)
@@ -197,9 +195,10 @@ def difficulty_figures(means: Sequence[LevelMean]) -> list[Figure]:
     (:func:`~lm_eval_probes.reports.levels.level_means`: the mean and its bootstrap interval as an error bar), one
     line per model, one panel per metric (three panels a row)."""
     figures = []
+    metrics = level_metrics()
     for task in sorted({m.task for m in means}):
         of_task = [m for m in means if m.task == task]
-        shown = [(metric, label) for metric, label in LEVEL_METRICS if any(m.metric == metric for m in of_task)]
+        shown = [(metric, label) for metric, label in metrics if any(m.metric == metric for m in of_task)]
         models = list(dict.fromkeys(m.model for m in of_task))
         columns = min(3, len(shown))
         rows = -(-len(shown) // columns)
@@ -242,7 +241,8 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
         ``--log_samples`` files of this plugin carry only ē_M), so the figures show ē_M per task.
     """
     figures: list[Figure] = []
-    profiles = _depth_curves(models, BTE.row("vector").name)
+    bte = registry.probe("bte")
+    profiles = _depth_curves(models, bte.row("vector").name)
     if profiles:
         figures.append(_depth_figure(
             profiles, "bte_profiles", "BTE depth profiles", "relative depth (transition l → l+1)", "mean JSD (nats)",
@@ -255,7 +255,7 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
             if result is None:
                 continue
             samples = primary_samples(result)
-            name = BTE.row("float").name
+            name = bte.row("float").name
             values = [float(s[name]) for s in samples if isinstance(s.get(name), (int, float)) and math.isfinite(float(s[name]))]
             if values:
                 data.append((model.name, values))
@@ -265,7 +265,7 @@ def bte_figures(models: Sequence[ModelResults]) -> tuple[list[Figure], bool]:
         ax.boxplot([v for _, v in data])
         ax.set_xticks(range(1, len(data) + 1), [plain_label(n) for n, _ in data], rotation=20, ha="right", fontsize=7)
         ax.set(ylabel="ē_M (nats)", title=plain_label(f"BTE central-window energy: {task}"))
-        figures.append(Figure(_file_stem(BTE.row("float").name, task), f"BTE energy — {task}",
+        figures.append(Figure(_file_stem(bte.row("float").name, task), f"BTE energy — {task}",
                               "Per-document ē_M. The samples carry no per-layer profile, so no depth profile is drawn.",
                               _render(fig)))
     return figures, False
@@ -303,7 +303,7 @@ def _depth_figure(curves: Mapping[str, list[np.ndarray]], name: str, title: str,
 
 def omega_figures(models: Sequence[ModelResults]) -> list[Figure]:
     """HyperLens Ω: the mean confidence trajectory C_i per model, when samples carry ``omega_trajectory``."""
-    curves = _depth_curves(models, OMEGA.row("vector").name)
+    curves = _depth_curves(models, registry.probe("omega").row("vector").name)
     if not curves:
         return []
     return [_depth_figure(

@@ -19,41 +19,45 @@ from typing import Any
 from dataclasses import dataclass
 
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval, model_seed_label, percentile_interval, resample_indices
-from lm_eval_probes.reports.columns import ARROWS, HEADLINE_ROWS, glossary, meaning, paired_test
+from lm_eval_probes.reports.columns import ARROWS, glossary, headline_rows, meaning, paired_test
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reports.pairwise import DEFAULT_ALPHA, PairedComparison, is_auxiliary_task
 from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankInterval, group_text
 from lm_eval_probes.reports.sweep_status import FailedPair
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
+from lm_eval_probes import registry
 from lm_eval_probes.declarations import (
     ANSWER_UNLOCATED,
     CONFIDENCE,
     CONFIDENCE_ROWS,
-    DETECTOR_ROWS,
     DIFFICULTY_MISSING,
     ECE,
     LENGTH_SPEARMAN,
-    PROBES,
-    PROBES_BY_NAME,
     PROMPT_LENGTH_SPEARMAN,
-    READER_ROWS,
     RESPONSE_TOKENS,
     SELECTIVE_AUROC,
+    detector_rows,
+    reader_rows,
 )
 from lm_eval_probes.rows import support_mean
 
 PRIMARY_METRICS: tuple[str, ...] = ("acc", "exact_match", "acc_norm")
 """The correctness row of a task: the first of these it has."""
 
-METRIC_ORDER: tuple[str, ...] = ("acc", "acc_norm", "exact_match") + tuple(
-    row.name for row in (
-        CONFIDENCE, *CONFIDENCE_ROWS, *READER_ROWS, *DETECTOR_ROWS,
-        *(row for probe in PROBES for row in (*probe.rows, *probe.difficulty_rows())),
-        LENGTH_SPEARMAN, PROMPT_LENGTH_SPEARMAN, RESPONSE_TOKENS, DIFFICULTY_MISSING, ANSWER_UNLOCATED,
+
+def metric_order() -> tuple[str, ...]:
+    """Column order inside a task, of the probes registered now: correctness, confidence and its calibration, the
+    reader's and the detector's rows, each probe's rows and ρ, then the baselines and counts; rows not listed (stock
+    metrics, rows nothing declares) follow alphabetically (:func:`metric_sort_key`)."""
+    return ("acc", "acc_norm", "exact_match") + tuple(
+        row.name for row in (
+            CONFIDENCE, *CONFIDENCE_ROWS, *reader_rows(), *detector_rows(),
+            *(row for probe in registry.probes() for row in (*probe.rows, *probe.difficulty_rows())),
+            LENGTH_SPEARMAN, PROMPT_LENGTH_SPEARMAN, RESPONSE_TOKENS, DIFFICULTY_MISSING, ANSWER_UNLOCATED,
+        )
     )
-)
-"""Column order inside a task; rows not listed (new probes, stock metrics) follow alphabetically."""
+
 
 NOISE_TASK = re.compile(r"^(?P<base>.+)_noise_(?P<operator>[A-Za-z0-9]+)$")
 MISSING_TEXT = "—"
@@ -160,8 +164,11 @@ class BootstrapSettings:
     level: float = 0.95
 
 
-def metric_sort_key(name: str) -> tuple[int, str]:
-    return (METRIC_ORDER.index(name), "") if name in METRIC_ORDER else (len(METRIC_ORDER), name)
+def metric_sort_key(name: str, order: Sequence[str] | None = None) -> tuple[int, str]:
+    """``name``'s place in ``order`` (default: :func:`metric_order`, read now; pass it when sorting many), after
+    every listed one, by name, when it is not listed."""
+    order = metric_order() if order is None else order
+    return (order.index(name), "") if name in order else (len(order), name)
 
 
 def primary_metric(task: TaskResult) -> tuple[str, str] | None:
@@ -212,10 +219,10 @@ class TaskTable:
 
     def is_headline(self, column: Column) -> bool:
         """Whether ``column`` is in the compact view: the correctness row, and the headline rows
-        (:data:`~.columns.HEADLINE_ROWS`) in the correctness row's filter (every filter when there is none)."""
+        (:func:`~.columns.headline_rows`) in the correctness row's filter (every filter when there is none)."""
         if column == self.sorted_by:
             return True
-        return column.metric in HEADLINE_ROWS and (self.sorted_by is None or column.filter == self.sorted_by.filter)
+        return column.metric in headline_rows() and (self.sorted_by is None or column.filter == self.sorted_by.filter)
 
     @property
     def headline_columns(self) -> tuple[Column, ...]:
@@ -241,7 +248,8 @@ def task_table(models: Sequence[ModelResults], task: str, settings: BootstrapSet
         for metric in model.tasks[task].metrics:
             if keys.get(metric.key) is None:
                 keys[metric.key] = metric.higher_is_better
-    ordered = sorted(keys, key=lambda k: (metric_sort_key(k[0]), k[1] != "none", k[1]))
+    order = metric_order()
+    ordered = sorted(keys, key=lambda k: (metric_sort_key(k[0], order), k[1] != "none", k[1]))
     meanings = [meaning(name, keys[(name, filter_name)]) for name, filter_name in ordered]
     columns = tuple(Column(task, name, filter_name, m.higher_is_better, m.scored)
                     for (name, filter_name), m in zip(ordered, meanings))
@@ -436,9 +444,9 @@ class SupportRow:
 def support_rows(models: Sequence[ModelResults]) -> list[SupportRow]:
     """Every (model, task) whose samples carry support tokens, sorted by task, model."""
     out = []
+    name = registry.probe("margin").row("support").name
     for model in models:
         for task, result in model.tasks.items():
-            name = PROBES_BY_NAME["margin"].row("support").name
             support = [s[name] for s in primary_samples(result) if isinstance(s.get(name), dict)]
             if not support:
                 continue

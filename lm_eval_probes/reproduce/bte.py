@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lm_eval_probes.declarations import PROBES_BY_NAME
+from lm_eval_probes import registry
 from lm_eval_probes.reproduce.claims import (
     Claim,
     IntervalAbove,
@@ -32,9 +32,9 @@ from lm_eval_probes.reproduce.claims import (
 from lm_eval_probes.reproduce.protocol import MAIN, ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.statistics import Run, level_means, row_measurement
 
-BTE = PROBES_BY_NAME["bte"]
-RHO, RHO_PARTIAL = BTE.difficulty_rows()[:2]
-PROFILE = BTE.row("vector")
+PROBE_NAME = "bte"
+"""The probe reproduced; its rows (ρ, ρ partialled, the depth profile) are read from the registry when the claims
+are."""
 
 MATH500, PROOFWRITER, STEPGAME = "probes_math500_ref", "probes_proofwriter", "probes_stepgame"
 MATH500_PROBLEM = "probes_math500_problem"
@@ -65,10 +65,11 @@ def attribution_claim(run: Run, tasks: Sequence[str], filter_key: str, *, seed: 
     its 11·L transition statistics (same documents, same folds); the claim is the gain of the latter."""
     from lm_eval_probes.probes.attribution import profile_vs_features
 
+    profile_row = registry.probe(PROBE_NAME).row("vector").name
     profiles, features, labels = [], [], []
     for task in tasks:
         for sample in run.documents(task, filter_key):
-            profile, stats = sample.get(PROFILE.name), _record_features(sample)
+            profile, stats = sample.get(profile_row), _record_features(sample)
             if isinstance(profile, list) and profile and stats is not None:
                 profiles.append(profile)
                 features.append(stats)
@@ -93,21 +94,22 @@ def bte_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
     StepGame; the attribution classifier tells the three benchmarks apart)."""
     run = runs[MAIN]
     key = variant.filter_key
+    rho, rho_partial = (row.name for row in registry.probe(PROBE_NAME).difficulty_rows()[:2])
     claims: list[Claim] = []
     benchmarks = [task for task in variant.tasks if task in PAPER_RHO]
     for task in benchmarks:
         text, value, interval = PAPER_RHO[task]
         paper_text = f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else f"{value:.2f}"
-        claims.append(Claim(text, value, row_measurement(run, task, RHO.name, key), PaperInInterval(), paper_text))
+        claims.append(Claim(text, value, row_measurement(run, task, rho, key), PaperInInterval(), paper_text))
         claims.append(Claim(f"{text}, response length partialled out", None,
-                            row_measurement(run, task, RHO_PARTIAL.name, key), IntervalAbove(0.0),
+                            row_measurement(run, task, rho_partial, key), IntervalAbove(0.0),
                             "— (> 0: ρ is not length)"))
         if task == MATH500:
-            problem = (row_measurement(run, MATH500_PROBLEM, RHO.name, key) if MATH500_PROBLEM in variant.tasks
+            problem = (row_measurement(run, MATH500_PROBLEM, rho, key) if MATH500_PROBLEM in variant.tasks
                        else Measurement(None, note=f"not measured: {MATH500_PROBLEM} was not run"))
             claims.append(Claim("MATH-500 problem statements alone: ρ(ē_M, level)", 0.36, problem, PaperInInterval()))
             claims.append(Claim("MATH-500: mean ē_M per level 1–5 rises", PAPER_LEVEL_MEANS,
-                                level_means(run, task, RHO.name, key), StrictlyIncreasing()))
+                                level_means(run, task, rho, key), StrictlyIncreasing()))
     claims.append(attribution_claim(run, benchmarks, key, seed=run.seed))
     return claims
 
@@ -116,10 +118,10 @@ PROTOCOL = ReproductionProtocol(
     name="bte",
     summary="BTE ē_M against difficulty (MATH-500 level, ProofWriter depth, StepGame hops), level means, "
             "the profile-vs-statistics attribution classifier",
-    paper=BTE.paper,
+    probe=PROBE_NAME,
     pretrained={"hf-probes": "meta-llama/Llama-3.1-8B-Instruct"},
     default_model="hf-probes",
-    model_args={"probes": BTE.name, "probe_bte_profile": "full", "probe_bte_features": "1"},
+    model_args={"probes": PROBE_NAME, "probe_bte_profile": "full", "probe_bte_features": "1"},
     variants=(Variant("paper", (MATH500, MATH500_PROBLEM, PROOFWRITER, STEPGAME), "none",
                       "MATH-500 reference solutions and problem statements teacher-forced, ProofWriter and StepGame "
                       "multiple choice"),),

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lm_eval_probes.declarations import CONFIDENCE_ROWS, DETECTOR_ROWS, ECE, SELECTIVE_AUROC
+from lm_eval_probes.api import Row
+from lm_eval_probes.declarations import CONFIDENCE_ROWS, ECE, SELECTIVE_AUROC, detector_rows
 from lm_eval_probes.probes.calibration import (
     fit_temperature,
     out_of_fold_temperature_scale,
@@ -42,7 +43,12 @@ from lm_eval_probes.reproduce.statistics import (
 )
 
 ECE_SCALED = next(row for row in CONFIDENCE_ROWS if row.value == "confidence_keyed")
-CORRUPTION_AUROC = next(row for row in DETECTOR_ROWS if row.value == "reader")
+
+
+def corruption_auroc() -> Row:
+    """The reader's corruption-detector row (a probe's: read from the registry when called)."""
+    return next(row for row in detector_rows() if row.value == "reader")
+
 
 PAPER = {  # quantity: (clean, noised)
     "accuracy": (0.560, 0.373),
@@ -126,7 +132,7 @@ def calibration_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]
                         scaled_auroc_change(run, noised, key), AbsAtMost(1e-9),
                         f"{PAPER['selective AUROC'][1]:.3f} → {PAPER['selective AUROC'][1]:.3f}"))
     claims.append(Claim("corruption detector AUROC (prompt hidden states, clean vs noised twins)", PAPER_DETECTOR[0],
-                        row_measurement(run, detect, CORRUPTION_AUROC.name, key), AtLeast(DETECTOR_BOUND),
+                        row_measurement(run, detect, corruption_auroc().name, key), AtLeast(DETECTOR_BOUND),
                         f"{PAPER_DETECTOR[0]:.3f}–{PAPER_DETECTOR[1]:.3f}"))
     return claims
 
@@ -140,7 +146,7 @@ PROTOCOL = ReproductionProtocol(
     name="calibration",
     summary="clean vs char-swap-noised inputs: accuracy, confidence, ECE, selective AUROC, temperature scaling, "
             "the corruption detector",
-    paper="Calibration and the corruption detector: \"Unsure but Certain\" (arXiv 2608.08791)",
+    citation="Calibration and the corruption detector: \"Unsure but Certain\" (arXiv 2608.08791)",
     pretrained={"hf-probes-diffusion": "GSAI-ML/LLaDA-8B-Instruct", "hf-probes": "meta-llama/Meta-Llama-3-8B-Instruct"},
     default_model="hf-probes-diffusion",
     model_args={"probes": "reader"},

@@ -18,24 +18,29 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lm_eval_probes.declarations import PROBES_BY_NAME
+from lm_eval_probes import registry
 from lm_eval_probes.reproduce.claims import Claim, IntervalAbove, Measurement, SameSign, StrictlyIncreasing
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.statistics import Run, level_gap, measured_with, percentile_ci, row_measurement
 
-OMEGA = PROBES_BY_NAME["omega"]
-TRAJECTORY = OMEGA.row("vector")
-RHO, RHO_PARTIAL = OMEGA.difficulty_rows()[:2]
+PROBE_NAME = "omega"
+"""The probe reproduced; its rows (the trajectory, ρ, ρ partialled) are read from the registry when the claims are."""
 DEPTHS = (0, 1, 3, 5)
 PASSES = {f"m{depth}": {"probe_omega_depth": str(depth)} for depth in DEPTHS}
 PAPER_EASY_HARD = (1.78, 3.05)
 
 
+def _trajectory() -> str:
+    """The name of Ω's trajectory row (C_i per source layer)."""
+    return registry.probe(PROBE_NAME).row("vector").name
+
+
 def _document_confidences(run: Run, task: str, filter_key: str) -> dict[int, float]:
     """Each document's mean focal-depth confidence (the mean of its trajectory C_i), by ``doc_id``."""
+    name = _trajectory()
     out = {}
     for sample in run.documents(task, filter_key):
-        trajectory = sample.get(TRAJECTORY.name)
+        trajectory = sample.get(name)
         if isinstance(trajectory, list) and trajectory and all(isinstance(v, (int, float)) for v in trajectory):
             value = float(np.mean(trajectory))
             if math.isfinite(value):
@@ -60,7 +65,9 @@ def omega_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
     """The HyperLens claims from the four depth passes of ``variant`` (one task with a difficulty label)."""
     (task,) = variant.tasks
     key = variant.filter_key
-    means = tuple(runs[f"m{depth}"].value(task, TRAJECTORY.name, key) for depth in DEPTHS)
+    trajectory = _trajectory()
+    rho, rho_partial = (row.name for row in registry.probe(PROBE_NAME).difficulty_rows()[:2])
+    means = tuple(runs[f"m{depth}"].value(task, trajectory, key) for depth in DEPTHS)
     shown = tuple(math.nan if value is None else value for value in means)
     deep = runs[f"m{DEPTHS[-1]}"]
     n = len(deep.documents(task, key))
@@ -68,26 +75,26 @@ def omega_claims(runs: Mapping[str, Run], variant: Variant) -> list[Claim]:
     easy, hard = PAPER_EASY_HARD
     return [
         Claim(f"mean focal-depth confidence at m = {depths} rises", None,
-              Measurement(shown, n_documents=n, note=f"the {TRAJECTORY.name} row of each pass"), StrictlyIncreasing(),
+              Measurement(shown, n_documents=n, note=f"the {trajectory} row of each pass"), StrictlyIncreasing(),
               "rises with m"),
         Claim(f"confidence at m = {DEPTHS[-1]} − at m = 0, per document", None,
               amplification_change(runs, task, key), IntervalAbove(0.0), "> 0"),
-        Claim(f"ρ(Ω, difficulty) at m = {DEPTHS[-1]}", None, row_measurement(deep, task, RHO.name, key),
+        Claim(f"ρ(Ω, difficulty) at m = {DEPTHS[-1]}", None, row_measurement(deep, task, rho, key),
               IntervalAbove(0.0), f"> 0 (Qwen2.5-7B code: easy {easy}, hard {hard})"),
         Claim(f"ρ(Ω, difficulty) at m = {DEPTHS[-1]}, response length partialled out", None,
-              row_measurement(deep, task, RHO_PARTIAL.name, key), IntervalAbove(0.0), "> 0 (ρ is not length)"),
+              row_measurement(deep, task, rho_partial, key), IntervalAbove(0.0), "> 0 (ρ is not length)"),
         Claim(f"mean Ω, hardest − easiest level at m = {DEPTHS[-1]}", hard - easy,
-              level_gap(deep, task, RHO.name, key), SameSign(), f"{easy:.2f} → {hard:.2f} ({hard - easy:+.2f})"),
+              level_gap(deep, task, rho, key), SameSign(), f"{easy:.2f} → {hard:.2f} ({hard - easy:+.2f})"),
     ]
 
 
 PROTOCOL = ReproductionProtocol(
     name="omega",
     summary="HyperLens Ω: focal-depth confidence at m = 0, 1, 3, 5 (amplification) and Ω against difficulty",
-    paper=OMEGA.paper,
+    probe=PROBE_NAME,
     pretrained={"hf-probes": "Qwen/Qwen2.5-7B-Instruct"},
     default_model="hf-probes",
-    model_args={"probes": OMEGA.name},
+    model_args={"probes": PROBE_NAME},
     passes=PASSES,
     variants=(
         Variant("math500-ref", ("probes_math500_ref",), "none", "MATH-500 reference solutions teacher-forced, level 1–5"),

@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from lm_eval_probes import registry
 from lm_eval_probes.reproduce.claims import Claim
 from lm_eval_probes.reproduce.runner import MODELS, ReproduceError
 from lm_eval_probes.reproduce.statistics import Run
@@ -39,25 +40,28 @@ class ReproductionProtocol:
     Attributes:
         name: ``lm-eval-probes reproduce NAME``.
         summary: one line.
-        paper: the source.
         pretrained: the paper's model per ``--model`` (a hub name; the default ``pretrained``).
         default_model: the ``--model`` the paper's own results come from.
         model_args: what the protocol needs from the model (its probes, options), merged into the user's.
         model_defaults: per ``--model``, ``model_args`` set unless the user sets them (``trust_remote_code``).
         variants: the task sets, the first the paper's.
         claims: the claims read from the runs of a variant (``{pass name: Run}``).
+        probe: the probe whose paper the protocol reproduces: :attr:`paper` is that probe's, read from the registry
+            when asked for (``None``: a protocol of no one probe, whose source is ``citation``).
+        citation: the source of a protocol of no one probe.
         passes: evaluations of the same tasks with different ``model_args`` (``{pass name: model_args}``, e.g. one
             per focal depth); one pass, :data:`MAIN`, by default.
     """
 
     name: str
     summary: str
-    paper: str
     pretrained: Mapping[str, str]
     default_model: str
     model_args: Mapping[str, str]
     variants: tuple[Variant, ...]
     claims: Callable[[Mapping[str, Run], Variant], list[Claim]]
+    probe: str | None = None
+    citation: str = ""
     model_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     passes: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: {MAIN: {}})
 
@@ -66,6 +70,14 @@ class ReproductionProtocol:
             raise ValueError(f"protocol {self.name!r}: pretrained must name models from {MODELS}, the default among them")
         if not self.variants or not self.passes:
             raise ValueError(f"protocol {self.name!r} needs at least one variant and one pass")
+        if (self.probe is None) == (not self.citation):
+            raise ValueError(f"protocol {self.name!r} needs either a probe (its paper is the source) or a citation, "
+                             f"not both: probe={self.probe!r}, citation={self.citation!r}")
+
+    @property
+    def paper(self) -> str:
+        """The source: the paper of :attr:`probe` as the registry has it now, else :attr:`citation`."""
+        return registry.probe(self.probe).paper if self.probe is not None else self.citation
 
     def variant(self, name: str | None) -> Variant:
         """The variant called ``name`` (``None``: the paper's, the first).

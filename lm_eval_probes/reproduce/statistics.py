@@ -27,7 +27,7 @@ from lm_eval_probes.reports.bootstrap import (
 )
 from lm_eval_probes.reports.corpus_rows import corpus_row, records
 from lm_eval_probes.reproduce.claims import Measurement
-from lm_eval_probes.rows import ROWS_BY_NAME, bound_aggregation
+from lm_eval_probes.rows import bound_aggregation, rows_by_name
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,17 @@ Statistic = Callable[[np.ndarray, CalibrationOptions], float]
 
 
 def row_statistic(row: str) -> Statistic:
-    """Row ``row``'s own aggregation (as lm_eval ran it) on a ``[n, width]`` record array; ``nan`` if undefined."""
+    """Row ``row``'s own aggregation (as lm_eval ran it) on a ``[n, width]`` record array; ``nan`` if undefined.
+
+    Raises:
+        KeyError: ``row`` is no row of the plugin (of the probes registered now).
+    """
+    declared = rows_by_name()[row]
 
     def statistic(rows: np.ndarray, options: CalibrationOptions) -> float:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            value = bound_aggregation(ROWS_BY_NAME[row], options)(rows.tolist())
+            value = bound_aggregation(declared, options)(rows.tolist())
         return math.nan if value is None else float(value)
 
     return statistic

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from lm_eval_probes.declarations import PROBES_BY_NAME
 from lm_eval_probes.reproduce.claims import Claim, Measurement, PaperInInterval
 from lm_eval_probes.reproduce.protocol import MAIN, ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.statistics import Run, measured_with, percentile_ci
 
-TCB = PROBES_BY_NAME["tcb"]
+PROBE_NAME = "tcb"
+"""The probe reproduced (its paper is the protocol's source, read from the registry)."""
 LOW_VEFF = 20.0
 """The low-V_eff set: documents with V_eff below this (the paper's threshold for its ablation's low-V_eff row)."""
 ABLATION_FACTOR = 0.5
@@ -118,10 +118,10 @@ PROTOCOL = ReproductionProtocol(
     name="tcb",
     summary="δ_TCB against √V_eff and the top-2 logit margin on diverse and low-V_eff next-token predictions, and "
             "the cluster/disperse ablation (stand-in prompt sets: the paper's are not published)",
-    paper=TCB.paper,
+    probe=PROBE_NAME,
     pretrained={"hf-probes": "meta-llama/Llama-3.1-8B"},
     default_model="hf-probes",
-    model_args={"probes": TCB.name, "probe_tcb_ablation": f"{ABLATION_FACTOR:g}"},
+    model_args={"probes": PROBE_NAME, "probe_tcb_ablation": f"{ABLATION_FACTOR:g}"},
     variants=(
         Variant("next-token", ("probes_next_token",), "none",
                 "one greedy next token per prompt (probes_next_token: GSM8K, MATH-500, ProofWriter, StepGame and "
