@@ -65,6 +65,29 @@ def test_hnorm_equals_the_models_last_hidden_state_norms(hnorm_installed, tiny_m
     assert text.probe.get("hnorm") > 0
 
 
+def test_hnorm_runs_on_a_masked_diffusion_lm_and_the_lens_probes_are_refused(hnorm_installed, tmp_path):
+    """``hf-probes-diffusion`` names no probe: a plugin probe that reads states only runs there, at a loglikelihood
+    request's continuation positions of one forward over the unmasked request (a bidirectional pass: no shift)."""
+    from conftest import save_tiny_bert
+
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM, supported_probes
+
+    bert = save_tiny_bert(tmp_path / "bert", seed=7, special_tokens={"mask_token": "<|mask|>"})
+    assert "hnorm" in supported_probes() and "tcb" not in supported_probes()
+    lm = DiffusionProbeHFLM(pretrained=bert, device="cpu", batch_size=2, probes="reader+hnorm",
+                            diffusion_mc_samples=2)
+    (context, continuation), = LL_REQUESTS[:1]
+    answer, = lm.loglikelihood(ll_instances()[:1])
+    context_ids, continuation_ids = lm._encode_pair(context, continuation)
+    with torch.no_grad():
+        out = lm.model(torch.tensor([context_ids + continuation_ids]), output_hidden_states=True)
+    want = float(out.hidden_states[-1][0, len(context_ids):].double().norm(dim=-1).mean())
+    assert answer.probe.get("hnorm") == pytest.approx(want, rel=1e-5)
+    assert answer.probe.get("answer_states") is not None  # the reader beside it
+    with pytest.raises(ValueError, match="supports probes"):
+        DiffusionProbeHFLM(pretrained=bert, device="cpu", probes="tcb+hnorm")
+
+
 def test_hnorm_in_results_samples_help_and_report(hnorm_installed, tiny_model_dir, tmp_path):
     """The user's path: a run with probes=tcb+hnorm and --log_samples, --help, and the report."""
     import lm_eval
