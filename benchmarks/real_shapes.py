@@ -56,7 +56,7 @@ def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens
     config = ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk_positions})
     shapes = Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=shape.hidden,
                     vocab=shape.vocab, heads=shape.heads, head_dim=shape.head_dim, dtype_bytes=dtype_bytes,
-                    chunk_positions=chunk_positions)
+                    chunk_positions=chunk_positions, ffn=shape.ffn)
     return float(expected_peak(config, shapes))
 
 

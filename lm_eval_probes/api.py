@@ -364,6 +364,7 @@ class Shapes:
         head_dim: the width of a head.
         dtype_bytes: bytes of one element of the model's states (2 for bfloat16).
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``).
+        ffn: the width of a block's feed-forward layer (0: unknown, read as 4·d).
     """
 
     batch: int
@@ -376,6 +377,7 @@ class Shapes:
     head_dim: int
     dtype_bytes: int = 4
     chunk_positions: int = 64
+    ffn: int = 0
 
     @property
     def lens_positions(self) -> int:

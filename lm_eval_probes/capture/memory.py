@@ -33,8 +33,9 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
     head_dim = int(getattr(text, "head_dim", None) or (width // heads if heads else 0))
     layers = int(getattr(text, "num_hidden_layers", 0) or 0)
     dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+    ffn = int(getattr(text, "intermediate_size", 0) or 0)
     return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
-                  heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions)
+                  heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions, ffn=ffn)
 
 
 def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:

@@ -99,11 +99,20 @@ class OmegaPositions:
 
 
 def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
-    """The last m blocks' activations on a chunk of at most ``chunk_tokens`` tokens (about 4 × FFN-sized float32 rows
-    per token, bounded here by 16 · d per token) and the lens of a chunk of positions (about six ``[chunk, V]`` float32
-    buffers: the readout, its top-K and softmax). The states of every layer are the wrappers' (counted once)."""
-    tokens = min(options.chunk_tokens, max(shapes.tokens, shapes.batch * shapes.tokens))
-    blocks = tokens * 16 * shapes.width * 4
+    """The last m blocks re-run on one chunk of (source layer, sequence) pairs — at most ``chunk_tokens`` tokens, at
+    least one sequence — holding per token the states, queries, keys, values and attention output (4·d) and the
+    feed-forward's gate, up and product (3·F) in the model's dtype (the attention itself through PyTorch's fused
+    kernel: no T² weights held); then the lens of a chunk of positions (about six ``[chunk, V]`` float32 buffers: the
+    readout, its top-K and softmax). The states of every layer are the wrappers' (counted once); measured at real
+    widths in ``docs/performance.md``."""
+    try:
+        start, stop = options.resolved_layers(shapes.layers)
+    except ValueError:  # source layers beyond this model's: the run refuses them; count every layer
+        start, stop = 0, shapes.layers + 1
+    length = max(shapes.tokens, 1)
+    sequences = min((stop - start) * shapes.batch, max(1, options.chunk_tokens // length))
+    ffn = shapes.ffn or 4 * shapes.width
+    blocks = sequences * length * (4 * shapes.width + 3 * ffn) * shapes.dtype_bytes
     return blocks + 6 * shapes.lens_positions * shapes.vocab * 4
 
 
