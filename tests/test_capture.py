@@ -159,7 +159,7 @@ def test_generation_capture_covers_exactly_the_kept_tokens(tiny_model_dir, mode,
     lens = lm_eval_probes.capture.positions.position_probes_of_spans
 
     def counting(spans, *args, **kwargs):
-        probed.extend(span[0].shape[0] for span in spans)
+        probed.extend(lm_eval_probes.capture.positions.span_positions(span) for span in spans)  # unread layers: None
         return lens(spans, *args, **kwargs)
 
     monkeypatch.setattr(lm_eval_probes.models.autoregressive, "position_probes_of_spans", counting)
@@ -477,3 +477,25 @@ def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_mo
     assert got.get("bte_features")[0] == pytest.approx(got.get("bte_profile")[0], rel=1e-6)  # transition 0's mean
     with pytest.raises(ValueError, match="probe_bte_features must be 1/0"):
         ProbeConfig.from_model_args({"probe_bte_features": "maybe"})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3_text"])
+def test_a_probed_forward_keeps_only_the_layers_the_probes_read(tiny_model_dir, arch):
+    """``output_hidden_states=[indices]`` (:func:`~lm_eval_probes.capture.positions.states_request`): transformers keeps
+    the asked layers only — the same tensors as with every layer — and the wrappers ask for :func:`kept_layers`."""
+    from lm_eval_probes.capture.positions import hidden_state_tap, kept_layers, states_request
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=2, probes="tcb")
+    last = lm.readout.num_layers
+    assert lm.kept_layers == kept_layers(last, lm.probe_config, lm.whole) == {last}
+    ids = torch.tensor([_prompt_ids(lm, PROMPTS[0])])
+    with torch.no_grad():
+        every = lm.model(ids, output_hidden_states=True).hidden_states
+        some = lm.model(ids, output_hidden_states=states_request({0, last})).hidden_states
+        with hidden_state_tap(lm.model, layers=lm.kept_layers) as tap:
+            lm.model(ids)
+    assert len(some) == len(every) == last + 1
+    assert [h is None for h in some] == [layer not in (0, last) for layer in range(last + 1)]
+    assert torch.equal(some[0], every[0]) and torch.equal(some[last], every[last])
+    assert [h is not None for h in tap.latest] == [layer == last for layer in range(last + 1)]
+    assert torch.equal(tap.latest[last], every[last])

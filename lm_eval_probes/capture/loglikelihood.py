@@ -25,6 +25,7 @@ from lm_eval_probes.capture.positions import (
     HiddenStateTap,
     WholeForward,
     hidden_state_tap,
+    kept_layers,
     position_probes_of_spans,
     read_layers,
     span_positions,
@@ -267,7 +268,7 @@ class LoglikelihoodRows:
             if (row, prompt_tokens) not in prompt_means:
                 prompt_means[row, prompt_tokens] = self._prompt_means(states, row, prompt_tokens)
             self._pending[key] = _PendingAnswer(
-                states=[h[row, end - n : end].clone() if layer in self._kept_layers else None
+                states=[h[row, end - n : end].clone() if layer in self._kept_layers and h is not None else None
                         for layer, h in enumerate(states)],
                 loglik=loglik,
                 prompt_tokens=prompt_tokens,
@@ -352,7 +353,8 @@ def loglikelihood_rows(
 ) -> Iterator[LoglikelihoodRows]:
     """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call
     (its batches told by :func:`logits_read_only`); the last batch is probed when the block ends without an error."""
-    with hidden_state_tap(model) as tap, block_inputs_of(decoder) as block_inputs:
+    layers = kept_layers(readout.num_layers, config, whole)
+    with hidden_state_tap(model, layers=layers) as tap, block_inputs_of(decoder) as block_inputs:
         rows = LoglikelihoodRows(tap, readout, config, whole, decoder, block_inputs, plan)
         with logits_read_only(model, rows.new_batch, keep_logits_argument):
             yield rows

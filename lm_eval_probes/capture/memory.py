@@ -39,12 +39,19 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
 
 
 def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
-    """What the wrappers hold for any enabled probe, counted once (bytes): the forward's ``hidden_states`` of every
-    layer (``(L + 1)·B·T·d·b``) and, for a model below float32, the lens's float32 block of W's rows
-    (:class:`~lm_eval_probes.probes.row_blocks.RowBlocks`: at most 2²⁴ values, 64 MiB)."""
+    """What the wrappers hold for any enabled probe, counted once (bytes): the forward's ``hidden_states`` of the layers
+    the probes keep (:func:`~lm_eval_probes.capture.positions.kept_layers`, k of them: ``k·B·T·d·b``) and, for a
+    model below float32, the lens's float32 block of W's rows (:class:`~lm_eval_probes.probes.row_blocks.RowBlocks`:
+    at most 2²⁴ values, 64 MiB)."""
     if not config.probes:
         return 0
-    states = (shapes.layers + 1) * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+    from lm_eval_probes.capture.positions import kept_layers, position_captures, whole_forward
+
+    try:
+        kept = len(kept_layers(shapes.layers, config, whole_forward(position_captures(config, shapes.layers))))
+    except ValueError:  # options that do not fit this depth (the run refuses them): every layer
+        kept = shapes.layers + 1
+    states = kept * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
     from lm_eval_probes.probes.row_blocks import ROW_BLOCK_ELEMENTS
 
     rows = min(shapes.vocab, max(1, ROW_BLOCK_ELEMENTS // max(shapes.width, 1)))

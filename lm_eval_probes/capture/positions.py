@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,38 +37,50 @@ from lm_eval_probes.records import LayerStates, ResponseProbe
 class HiddenStateTap:
     """What the hooks of :func:`hidden_state_tap` collected.
 
-    ``latest``: the L+1 hidden-state tensors ``[B, T, H]`` of the most recent forward call.
-    ``steps``: with ``last_position_only``, one tuple of L+1 tensors ``[B, H]`` per forward call.
+    ``latest``: the L+1 hidden-state tensors ``[B, T, H]`` of the most recent forward call (``None`` for a layer
+    :func:`hidden_state_tap` did not ask for).
+    ``steps``: with ``last_position_only``, one tuple of L+1 tensors ``[B, H]`` (or ``None``) per forward call.
     ``first_call``: with ``first_call_layers``, those layers' full ``[B, T, H]`` states of the first
     call (the prefill of ``generate``: the prompt positions).
     """
 
     last_position_only: bool = False
     first_call_layers: tuple[int, ...] = ()
-    latest: tuple[torch.Tensor, ...] | None = None
-    steps: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    latest: tuple[torch.Tensor | None, ...] | None = None
+    steps: list[tuple[torch.Tensor | None, ...]] = field(default_factory=list)
     first_call: tuple[torch.Tensor, ...] | None = None
     calls: int = 0
 
-    def _record(self, hidden_states: Sequence[torch.Tensor]) -> None:
+    def _record(self, hidden_states: Sequence[torch.Tensor | None]) -> None:
         self.calls += 1
         if self.calls == 1 and self.first_call_layers:
             self.first_call = tuple(hidden_states[layer].detach() for layer in self.first_call_layers)
-        if self.last_position_only:
-            self.steps.append(tuple(h[:, -1].detach().clone() for h in hidden_states))  # a view would keep the whole call's states
+        if self.last_position_only:  # a view would keep the whole call's states
+            self.steps.append(tuple(None if h is None else h[:, -1].detach().clone() for h in hidden_states))
         else:
-            self.latest = tuple(h.detach() for h in hidden_states)
+            self.latest = tuple(None if h is None else h.detach() for h in hidden_states)
+
+
+def states_request(layers: Iterable[int] | None) -> bool | list[int]:
+    """The ``output_hidden_states`` argument that asks a model for the ``hidden_states`` indices ``layers`` only
+    (``None``: every layer). ``transformers`` keeps only those (the others are ``None`` in the tuple, never held: the
+    states of every layer of a long request would be (L + 1)·B·T·d values); a model whose code takes only a flag returns
+    every layer."""
+    return True if layers is None else sorted(set(layers))
 
 
 @contextmanager
 def hidden_state_tap(
-    model: nn.Module, *, last_position_only: bool = False, first_call_layers: Sequence[int] = ()
+    model: nn.Module, *, last_position_only: bool = False, first_call_layers: Sequence[int] = (),
+    layers: Iterable[int] | None = None,
 ) -> Iterator[HiddenStateTap]:
-    """Make every forward of ``model`` inside the block also return and record its hidden states."""
+    """Make every forward of ``model`` inside the block also return and record its hidden states (of ``layers`` only,
+    with ``first_call_layers``: :func:`states_request`)."""
     tap = HiddenStateTap(last_position_only=last_position_only, first_call_layers=tuple(first_call_layers))
+    request = states_request(None if layers is None else {*layers, *first_call_layers})
 
     def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        return args, {**kwargs, "output_hidden_states": True}
+        return args, {**kwargs, "output_hidden_states": request}
 
     def keep_states(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
         states = getattr(output, "hidden_states", None)
@@ -327,6 +339,16 @@ def span_positions(layer_states: Sequence[torch.Tensor | None]) -> int:
     if kept is None:
         raise ValueError("no layer's states were kept")
     return kept.shape[0]
+
+
+def kept_layers(num_layers: int, config: ProbeConfig, whole: WholeForward) -> frozenset[int]:
+    """The ``hidden_states`` indices a probed forward keeps: those the enabled probes read at a response's positions
+    (:func:`read_layers`), the last one (its states tell the positions), the prompt-means layers and the focal-depth
+    source layers."""
+    layers = set(read_layers(num_layers, config)) | {num_layers} | set(whole.prompt_layers)
+    if whole.focal_depth is not None:
+        layers |= set(range(*whole.focal_depth[1].source_layers))
+    return frozenset(layers)
 
 
 def read_layers(num_layers: int, config: ProbeConfig, *, lens: bool = True) -> frozenset[int]:

@@ -308,7 +308,8 @@ class FocalDepthDecoder:
         """Top-K mass of D_m(H_i) for every source layer i at each span's positions.
 
         Args:
-            hidden_states: the forward's L+1 HF ``hidden_states`` ``[B, T, H]`` (the last one post-norm).
+            hidden_states: the forward's L+1 HF ``hidden_states`` ``[B, T, H]`` (the last one post-norm; ``None`` for a
+                layer that is not a source layer).
             inputs: what :meth:`capture` recorded during that same forward.
             spans: ``(row, start, stop)``: batch row and its response positions ``[start, stop)``.
 
@@ -332,7 +333,7 @@ class FocalDepthDecoder:
             return [part.cpu() for part in masses.split(lengths, dim=1)]
         if inputs.final_norm_input is None or len(inputs.block_kwargs) != len(self.blocks) or not all(inputs.block_kwargs):
             raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
-        batch, length = hidden_states[0].shape[:2]
+        batch, length = next(h for h in hidden_states if h is not None).shape[:2]
         if inputs.batch_size != batch or inputs.final_norm_input.shape[:2] != (batch, length):
             raise RuntimeError(
                 f"the captured block inputs (batch {inputs.batch_size}) belong to another forward than the states "

@@ -63,8 +63,10 @@ from lm_eval_probes.capture.positions import (
     PositionProbes,
     WholeForward,
     hidden_state_tap,
+    kept_layers,
     position_captures,
     position_probes_of_spans,
+    states_request,
     whole_forward,
 )
 from lm_eval_probes.capture.reader import masked_mean_states
@@ -126,6 +128,8 @@ class ProbeHFLM(HFLM):
                 self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
                 chunk_tokens=focal.chunk_tokens, chunk_positions=self.probe_config.chunk_positions,
             )
+        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
+                                                                             self.whole)
         self.first_layer: FirstLayerMargins | None = None
         if self.whole.first_attention is not None:
             self.first_layer = FirstLayerMargins(self.model, heads=self.whole.first_attention[1].heads)
@@ -251,7 +255,8 @@ class ProbeHFLM(HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
-        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.whole.prompt_layers)
+        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.whole.prompt_layers,
+                                  layers=self.kept_layers)
         with tapped if during else _nothing() as tap, self._margin_capture(join=True) as first_layer:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
@@ -271,7 +276,8 @@ class ProbeHFLM(HFLM):
                 teacher_forced = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
-            per_layer = [torch.stack([step[layer] for step in tap.steps], dim=1) for layer in range(len(tap.steps[0]))]
+            per_layer = [None if tap.steps[0][layer] is None else torch.stack([step[layer] for step in tap.steps], dim=1)
+                         for layer in range(len(tap.steps[0]))]
             start = 0
             prompt_layers = tap.first_call
         else:
@@ -283,7 +289,7 @@ class ProbeHFLM(HFLM):
             if prompt_layers is None or prompt_layers[0].shape[1] != prompt_len:
                 raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
             prompt_means = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
-        spans = [[h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
+        spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
         if self.focal_decoder is not None:  # the response positions of the teacher-forced forward
@@ -314,8 +320,8 @@ class ProbeHFLM(HFLM):
         with torch.autocast(
             device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
         ):
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True,
-                             use_cache=False, **self._one_logit)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                             output_hidden_states=states_request(self.kept_layers), use_cache=False, **self._one_logit)
         return out.hidden_states
 
     @functools.cached_property
