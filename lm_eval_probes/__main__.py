@@ -45,6 +45,7 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
 
 
 SUBCOMMANDS: dict[str, str] = {
+    "probe-run": "lm_eval_probes.probe_run.cli",
     "report": "lm_eval_probes.reports.report",
     "reproduce": "lm_eval_probes.reproduce.cli",
     "sweep": "lm_eval_probes.sweep.cli",
