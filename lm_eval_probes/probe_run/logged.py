@@ -75,7 +75,9 @@ class LoggedRun:
 
     @property
     def model_type(self) -> str:
-        return str(self.config.get("model_source") or self.results.get("model_source") or self.config.get("model", "?"))
+        """The run's ``--model`` (``hf``, ``vllm``, …); for a run of a model object, its name or path."""
+        source = self.results.get("model_source")
+        return str(source if source and source != "CUSTOM" else self.config.get("model", "?"))
 
     def check_tokenizer(self, tokenizer: Any, eot_token_id: int) -> None:
         """The probing model's tokenizer is the one that generated the run (EOS and BOS tokens and ids, the
@@ -223,9 +225,9 @@ def read_run(paths: Sequence[str | Path], tasks: Iterable[str] | None = None) ->
     if not isinstance(results, dict) or not isinstance(results.get("configs"), dict):
         raise ProbeRunError(f"{results_path}: not an lm_eval results file (no 'configs')")
     config = results.get("config") or {}
-    model = str(config.get("model", ""))
-    if model in NOT_AUTOREGRESSIVE or "diffusion" in model:
-        raise ProbeRunError(f"{results_path}: was made by {model!r}, a masked-diffusion model: its responses were not "
+    model = " ".join(str(name) for name in (results.get("model_source"), config.get("model")) if name)
+    if any(name in model for name in NOT_AUTOREGRESSIVE) or "diffusion" in model:
+        raise ProbeRunError(f"{results_path}: was made by {config.get('model')!r}, a masked-diffusion model: its responses were not "
                             "generated left to right, so one teacher-forced forward does not see what its decoding saw")
     date = _results_date(results_path)
     available = {}

@@ -82,10 +82,11 @@ def selected_doc_ids(logged: LoggedRun, limit: int | float | None) -> dict[str, 
 
 def _check_output_path(options: ProbeRunOptions, logged: LoggedRun) -> None:
     output = options.output_path.resolve()
-    source = logged.folder.resolve()
-    if output == source or source in output.parents:
-        raise ProbeRunError(f"--output_path {options.output_path} is inside the run's folder {logged.folder}: "
-                            "probe-run writes nothing there; choose another folder")
+    named = [Path(p).resolve() if Path(p).is_dir() else Path(p).resolve().parent for p in options.run]
+    for source in (logged.folder.resolve(), *named):
+        if output == source or source in output.parents:
+            raise ProbeRunError(f"--output_path {options.output_path} is inside the run's folder {source}: "
+                                "probe-run writes nothing there; choose another folder")
 
 
 def _fingerprint(options: ProbeRunOptions, logged: LoggedRun, doc_ids: Mapping[str, list[int]]) -> dict[str, Any]:

@@ -1,0 +1,290 @@
+"""``lm-eval-probes probe-run``: the probes of a finished run of another backend, against probing while generating.
+
+A plain ``hf`` run (the stand-in for vLLM or sglang: lm_eval logs their samples alike) is probed afterwards and
+compared document by document with a direct ``hf-probes`` run of the same model: multiple choice equal, generations
+equal wherever the re-encoded response is the generated token sequence (docs/precision.md's per-document bound,
+1e-4 relative; 2e-3 against states recorded during decoding). Refusals, the resume, the command line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import lm_eval
+import pytest
+import torch
+from lm_eval.loggers import EvaluationTracker
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+
+from per_document import largest_differences
+from lm_eval_probes import TASKS_DIR
+from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.models.replay import ReplayHFLM, replayed_tokens
+from lm_eval_probes.probe_run.logged import ProbeRunError, read_run
+from lm_eval_probes.probe_run.runner import PROBE_RUN_KEY, SAMPLE_KEY, ProbeRunOptions, probe_run
+from lm_eval_probes.tasks.manager import ProbeTaskManager
+
+GEN_TASK, MC_TASK = "probes_synth_arith_gen", "probes_synth_logic"
+LIMIT = 10
+GEN_KWARGS = {"max_gen_toks": 4}
+PER_DOCUMENT = 1e-4  # docs/precision.md: every per-document value, float32, batch sizes and processes
+DECODING = 2e-3  # docs/precision.md: states recorded during decoding against a teacher-forced forward
+
+
+def evaluate_into(lm, folder: Path, tasks: list[str], manager: TaskManager, **kwargs) -> dict:
+    """``simple_evaluate`` with ``--log_samples`` written as lm_eval's CLI writes it."""
+    tracker = EvaluationTracker(output_path=str(folder))
+    out = lm_eval.simple_evaluate(model=lm, model_args={"pretrained": lm.model.name_or_path}, tasks=tasks,
+                                  task_manager=manager, limit=LIMIT, log_samples=True, gen_kwargs=dict(GEN_KWARGS),
+                                  bootstrap_iters=0, evaluation_tracker=tracker, **kwargs)
+    samples = out.pop("samples")
+    tracker.save_results_aggregated(results=out, samples=samples)
+    for task in tasks:
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    return out
+
+
+def samples_of(folder: Path, task: str) -> list[dict]:
+    [path] = folder.rglob(f"samples_{task}_*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def results_of(folder: Path) -> dict:
+    [path] = folder.rglob("results_*.json")
+    return json.loads(path.read_text())
+
+
+def without_notes(samples: list[dict]) -> list[dict]:
+    return [{k: v for k, v in s.items() if k != SAMPLE_KEY} for s in samples]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """A plain ``hf`` run (the source), its probe-run, and direct ``hf-probes`` runs (teacher-forced, decoding)."""
+    root = tmp_path_factory.mktemp("probe-run")
+    model = tiny_model_dir("llama")
+    plain = TaskManager(include_path=TASKS_DIR)
+    probed = ProbeTaskManager(include_path=TASKS_DIR)
+    tasks = [GEN_TASK, MC_TASK]
+    evaluate_into(HFLM(pretrained=model, device="cpu", batch_size=3), root / "hf", tasks, plain)
+    for capture in ("teacher_forced", "generate"):
+        lm = ProbeHFLM(pretrained=model, device="cpu", batch_size=3, probe_gen_capture=capture)
+        evaluate_into(lm, root / f"hf-probes-{capture}", tasks, probed)
+    probe_run(ProbeRunOptions(run=[root / "hf"], output_path=root / "probed", model_args={"pretrained": model},
+                              batch_size=2, device="cpu", documents_per_chunk=3))
+    return {"model": Path(model), "root": root}
+
+
+def generated_ids(model_dir: Path, samples: list[dict]) -> dict[int, list[int]]:
+    """Per document, the tokens greedy decoding generates after the logged prompt, up to the fewest that cover the
+    logged response (computed here, independently of both wrappers)."""
+    lm = HFLM(pretrained=str(model_dir), device="cpu", batch_size=1)
+    out = {}
+    for sample in samples:
+        prompt = sample["arguments"]["gen_args_0"]["arg_0"]
+        text = sample["resps"][0][0]
+        ids = torch.tensor([lm.tok_encode(prompt)[-(lm.max_length - GEN_KWARGS["max_gen_toks"]):]])
+        with torch.no_grad():
+            generated = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                          max_new_tokens=GEN_KWARGS["max_gen_toks"],
+                                          pad_token_id=lm.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        kept = next((n for n in range(len(generated) + 1) if len(lm.tok_decode(generated[:n])) >= len(text)), len(generated))
+        out[sample["doc_id"]] = generated[: max(kept, 1)]
+    return out
+
+
+def test_multiple_choice_equals_probing_directly_and_keeps_the_accuracy(runs):
+    root = runs["root"]
+    got = without_notes(samples_of(root / "probed", MC_TASK))
+    worst = largest_differences(got, samples_of(root / "hf-probes-teacher_forced", MC_TASK))
+    assert max(worst.values()) <= PER_DOCUMENT, worst
+    source = samples_of(root / "hf", MC_TASK)
+    assert [s["resps"] for s in got] == [s["resps"] for s in source]  # the logged log-likelihoods, untouched
+    assert results_of(root / "probed")["results"][MC_TASK]["acc,none"] == results_of(root / "hf")["results"][MC_TASK]["acc,none"]
+
+
+def test_generation_equals_probing_directly_where_the_tokens_are_the_generated_ones(runs):
+    root = runs["root"]
+    got = samples_of(root / "probed", GEN_TASK)
+    source = samples_of(root / "hf", GEN_TASK)
+    assert [s["resps"] for s in got] == [s["resps"] for s in source]  # the responses, untouched
+    for key in ("exact_match,first-integer",):
+        assert results_of(root / "probed")["results"][GEN_TASK][key] == results_of(root / "hf")["results"][GEN_TASK][key]
+    generated = generated_ids(runs["model"], source)
+    lm = HFLM(pretrained=str(runs["model"]), device="cpu", batch_size=1)
+    same = {s["doc_id"] for s in source
+            if list(replayed_tokens(lm, s["resps"][0][0], ["\n", "Question:"]).ids)[: len(generated[s["doc_id"]])]
+            == generated[s["doc_id"]] and s["resps"][0][0]}
+    assert len(same) >= 3, f"only {len(same)} of {len(source)} documents re-encode to the generated tokens"
+    comparable = [s for s in without_notes(got) if s["doc_id"] in same]
+    for capture, bound in (("teacher_forced", PER_DOCUMENT), ("generate", DECODING)):
+        direct = [s for s in samples_of(root / f"hf-probes-{capture}", GEN_TASK) if s["doc_id"] in same]
+        per_document = {name: value for name, value in largest_differences(comparable, direct).items()
+                        if not name.endswith(("_spearman", "_partial", "_prompt", "_auroc", "ece", "aurc", "prr"))
+                        and not name.startswith(("selective_", "ece_", "length_", "lcr_"))}
+        assert per_document and max(per_document.values()) <= bound, (capture, per_document)
+    # here the documents whose re-encoding is not the generated tokens are exactly those the replay flags (their
+    # generations decoded to incomplete UTF-8: U+FFFD in the text), and the results count them
+    flagged = {s["doc_id"] for s in got if not (s[SAMPLE_KEY]["text_round_trip"] and not s[SAMPLE_KEY]["lossy_text"]
+                                                 and not s[SAMPLE_KEY]["stop_merge"])}
+    assert flagged == {s["doc_id"] for s in source} - same
+    notes = results_of(root / "probed")[PROBE_RUN_KEY]["tasks"][GEN_TASK]
+    assert notes["documents"] == LIMIT and notes["lossy_texts"] == len(flagged)
+
+
+def test_results_name_the_source_and_nothing_is_written_into_it(runs):
+    root = runs["root"]
+    results = results_of(root / "probed")
+    note = results[PROBE_RUN_KEY]
+    assert note["source_model"] == str(runs["model"]) and Path(note["source_results"]).parent.parent == root / "hf"
+    assert results["config"]["model"] == "hf-probes"
+    assert results["config"]["model_args"]["probe_gen_capture"] == "teacher_forced"
+    assert {"tcb_log10,none", "bte_energy,none", "acc,none"} <= set(results["results"][MC_TASK])
+    assert sorted(p.name for p in (root / "hf").rglob("*") if p.is_file())[0].startswith("results_")
+    assert len([p for p in (root / "hf").rglob("*") if p.is_file()]) == 3
+    assert not (root / "probed" / ".probe-run").exists()  # the progress goes once the run is written
+
+
+def copy_run(runs, tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    shutil.copytree(runs["root"] / "hf", folder)
+    return folder
+
+
+def options(runs, run: Path, out: Path, **kwargs) -> ProbeRunOptions:
+    return ProbeRunOptions(run=[run], output_path=out, model_args={"pretrained": str(runs["model"]), **kwargs.pop(
+        "model_args", {})}, batch_size=2, device="cpu", **kwargs)
+
+
+def edit_results(folder: Path, change) -> None:
+    [path] = folder.rglob("results_*.json")
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def edit_samples(folder: Path, task: str, change) -> Path:
+    [path] = folder.rglob(f"samples_{task}_*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    change(lines)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def listing(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("case", ["prompt", "tokenizer", "diffusion", "not_logged", "older_lm_eval", "no_responses",
+                                  "inside_the_run", "other_model", "option"])
+def test_refusals_name_the_file_and_the_mismatch(runs, tmp_path, case):
+    run = copy_run(runs, tmp_path)
+    out = tmp_path / "out"
+    kwargs = {}
+    if case == "prompt":
+        path = edit_samples(run, GEN_TASK, lambda lines: lines[2]["arguments"]["gen_args_0"].update(
+            arg_0=lines[2]["arguments"]["gen_args_0"]["arg_0"].replace("Question:", "Q:", 1)))
+        expected = [str(path), "doc_id 2", "the logged prompt differs"]
+    elif case == "option":
+        path = edit_samples(run, MC_TASK, lambda lines: lines[1]["arguments"]["gen_args_1"].update(arg_1=" Maybe"))
+        expected = [str(path), "doc_id 1", "' False'", "which the run did not log"]
+    elif case == "tokenizer":
+        edit_results(run, lambda data: data.update(tokenizer_eos_token=["</s>", "2"]))
+        expected = ["results_", "tokenizer_eos_token", "</s>"]
+    elif case == "diffusion":
+        edit_results(run, lambda data: data["config"].update(model="hf-probes-diffusion"))
+        expected = ["results_", "masked-diffusion"]
+    elif case == "not_logged":
+        [path] = run.rglob(f"samples_{MC_TASK}_*.jsonl")
+        path.unlink()
+        expected = ["results_", MC_TASK, "no samples file", "not logged"]
+    elif case == "older_lm_eval":
+        path = edit_samples(run, MC_TASK, lambda lines: [line.update(arguments=[[a["arg_0"], a["arg_1"]] for a in
+                                                                                 line["arguments"].values()])
+                                                           for line in lines])
+        expected = [str(path), "older lm_eval"]
+    elif case == "no_responses":
+        path = edit_samples(run, GEN_TASK, lambda lines: [line.pop("resps") for line in lines])
+        expected = [str(path), "resps", "not logged"]
+    elif case == "inside_the_run":
+        out = run / "probed"
+        expected = ["inside the run's folder"]
+    else:  # other_model: same tokenizer, another size
+        edit_results(run, lambda data: data["config"].update(model_num_parameters=123))
+        expected = ["123", "another model", "--allow_other_model"]
+    before = listing(run)
+    with pytest.raises(ProbeRunError if case != "prompt" and case != "option" else ValueError) as error:
+        probe_run(options(runs, run, out, **kwargs))
+    for text in expected:
+        assert text in str(error.value), (text, str(error.value))
+    assert listing(run) == before  # nothing written to the original folder
+
+
+def test_generate_capture_is_refused():
+    with pytest.raises(ValueError, match="probe_gen_capture must be teacher_forced"):
+        ReplayHFLM("unused", logged={}, probe_gen_capture="generate")
+
+
+def test_a_killed_run_resumes_per_document(runs, tmp_path, monkeypatch):
+    run = copy_run(runs, tmp_path)
+    out = tmp_path / "out"
+    calls: list[int] = []
+    original = ProbeHFLM.generate_until
+
+    def dies_on_the_third_chunk(self, requests, disable_tqdm=False):
+        calls.append(len(requests))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, requests, disable_tqdm)
+
+    monkeypatch.setattr(ProbeHFLM, "generate_until", dies_on_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3))
+    assert (out / ".probe-run" / f"{GEN_TASK}.answers").is_file() and not list(out.rglob("results_*.json"))
+    calls.clear()
+    monkeypatch.setattr(ProbeHFLM, "generate_until", lambda self, r, disable_tqdm=False: calls.append(len(r)) or original(self, r, disable_tqdm))
+    probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3))
+    assert calls == [3, 1]  # documents 6-9 only: 0-5 came from the progress
+    resumed = results_of(out)
+    assert resumed[PROBE_RUN_KEY]["resumed_documents"] == {GEN_TASK: 6}
+    whole = [s for s in samples_of(runs["root"] / "probed", GEN_TASK)]
+    assert largest_differences(without_notes(samples_of(out, GEN_TASK)), without_notes(whole)) == {
+        k: 0.0 for k in largest_differences(without_notes(whole), without_notes(whole))}
+    # another configuration does not mix its answers in
+    (out / ".probe-run").mkdir()
+    (out / ".probe-run" / "run.json").write_text('{"model_args": {"pretrained": "other"}}')
+    with pytest.raises(ProbeRunError, match="holds the progress of another probe-run"):
+        probe_run(options(runs, run, out, tasks=[GEN_TASK]))
+
+
+def test_limit_and_samples_files(runs, tmp_path):
+    run = copy_run(runs, tmp_path)
+    [samples] = run.rglob(f"samples_{MC_TASK}_*.jsonl")
+    probe_run(options(runs, samples, tmp_path / "out", limit=4))
+    results = results_of(tmp_path / "out")
+    assert list(results["results"]) == [MC_TASK] and results["n-samples"][MC_TASK]["effective"] == 4
+    assert [s["doc_id"] for s in samples_of(tmp_path / "out", MC_TASK)] == [0, 1, 2, 3]
+    logged = read_run([run], tasks=[GEN_TASK])
+    assert list(logged.tasks) == [GEN_TASK] and sorted(logged.tasks[GEN_TASK].documents) == list(range(LIMIT))
+
+
+def test_command_line(runs, tmp_path, run_cli):
+    code, out, _ = run_cli("lm-eval-probes", ["probe-run", "--help"])
+    assert code == 0 and "--output_path" in out and "resps" in out
+    code, _, err = run_cli("lm-eval-probes", ["probe-run", str(tmp_path / "nothing"), "--model_args",
+                                              f"pretrained={runs['model']}", "--output_path", str(tmp_path / "o")])
+    assert code == 2 and f"{tmp_path / 'nothing'}: no such file or folder" in err
+    code, _, err = run_cli("lm-eval-probes", ["probe-run", str(runs["root"] / "hf"), "--model", "hf-probes-diffusion",
+                                              "--output_path", str(tmp_path / "o")])
+    assert code == 2 and "masked-diffusion" in err
+    code, _, err = run_cli("lm-eval-probes", ["probe-run", str(runs["root"] / "hf"), "--model_args",
+                                              f"pretrained={runs['model']},probes=tcb,btx", "--output_path", str(tmp_path / "o")])
+    assert code == 2 and "unknown probe 'btx'" in err
+    code, out, err = run_cli("lm-eval-probes", ["probe-run", str(runs["root"] / "hf"), "--model_args",
+                                                f"pretrained={runs['model']},probes=tcb,bte", "--tasks", MC_TASK,
+                                                "--limit", "3", "--device", "cpu", "--output_path", str(tmp_path / "o")])
+    assert code == 0, err[-3000:]
+    written = results_of(tmp_path / "o")
+    assert "tcb_log10,none" in written["results"][MC_TASK] and "reader_auroc,none" not in written["results"][MC_TASK]
