@@ -62,7 +62,8 @@ def without_notes(samples: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
-    """A plain ``hf`` run (the source), its probe-run, and direct ``hf-probes`` runs (teacher-forced, decoding)."""
+    """A plain ``hf`` run (the source), its probe-run, and direct ``hf-probes`` runs (teacher-forced, decoding), every
+    probe on (Ω and the margins read whole forwards: the replay gives them the same)."""
     root = tmp_path_factory.mktemp("probe-run")
     model = tiny_model_dir("llama")
     plain = TaskManager(include_path=TASKS_DIR)
@@ -70,9 +71,9 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
     tasks = [GEN_TASK, MC_TASK]
     evaluate_into(HFLM(pretrained=model, device="cpu", batch_size=3), root / "hf", tasks, plain)
     for capture in ("teacher_forced", "generate"):
-        lm = ProbeHFLM(pretrained=model, device="cpu", batch_size=3, probe_gen_capture=capture)
+        lm = ProbeHFLM(pretrained=model, device="cpu", batch_size=3, probe_gen_capture=capture, probes="all")
         evaluate_into(lm, root / f"hf-probes-{capture}", tasks, probed)
-    probe_run(ProbeRunOptions(run=[root / "hf"], output_path=root / "probed", model_args={"pretrained": model},
+    probe_run(ProbeRunOptions(run=[root / "hf"], output_path=root / "probed", model_args={"pretrained": model, "probes": "all"},
                               batch_size=2, device="cpu", documents_per_chunk=3))
     return {"model": Path(model), "root": root}
 
@@ -241,11 +242,11 @@ def test_a_killed_run_resumes_per_document(runs, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ProbeHFLM, "generate_until", dies_on_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
-        probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3))
+        probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3, model_args={"probes": "all"}))
     assert (out / ".probe-run" / f"{GEN_TASK}.answers").is_file() and not list(out.rglob("results_*.json"))
     calls.clear()
     monkeypatch.setattr(ProbeHFLM, "generate_until", lambda self, r, disable_tqdm=False: calls.append(len(r)) or original(self, r, disable_tqdm))
-    probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3))
+    probe_run(options(runs, run, out, tasks=[GEN_TASK], documents_per_chunk=3, model_args={"probes": "all"}))
     assert calls == [3, 1]  # documents 6-9 only: 0-5 came from the progress
     resumed = results_of(out)
     assert resumed[PROBE_RUN_KEY]["resumed_documents"] == {GEN_TASK: 6}
@@ -256,7 +257,7 @@ def test_a_killed_run_resumes_per_document(runs, tmp_path, monkeypatch):
     (out / ".probe-run").mkdir()
     (out / ".probe-run" / "run.json").write_text('{"model_args": {"pretrained": "other"}}')
     with pytest.raises(ProbeRunError, match="holds the progress of another probe-run"):
-        probe_run(options(runs, run, out, tasks=[GEN_TASK]))
+        probe_run(options(runs, run, out, tasks=[GEN_TASK], model_args={"probes": "all"}))
 
 
 def test_limit_and_samples_files(runs, tmp_path):
