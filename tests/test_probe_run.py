@@ -7,7 +7,10 @@ equal wherever the re-encoded response is the generated token sequence (docs/pre
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -289,3 +292,102 @@ def test_command_line(runs, tmp_path, run_cli):
     assert code == 0, err[-3000:]
     written = results_of(tmp_path / "o")
     assert "tcb_log10,none" in written["results"][MC_TASK] and "reader_auroc,none" not in written["results"][MC_TASK]
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+from lm_eval_probes.sweep import config as sweep_config  # noqa: E402
+from lm_eval_probes.sweep import runner as sweep_runner  # noqa: E402
+from lm_eval_probes.sweep.config import SweepConfigError, parse_config  # noqa: E402
+from lm_eval_probes.sweep.runner import run_sweep  # noqa: E402
+
+VLLM_MISSING = importlib.util.find_spec("vllm") is None
+
+
+def sweep_dict(out: Path, pretrained: str, **entry) -> dict:
+    return {"output_dir": str(out), "models": [{"name": "tiny", "model_args": {"pretrained": pretrained}, **entry}],
+            "tasks": [MC_TASK, GEN_TASK], "limit": 4, "batch_size": 2, "device": "cpu", "probes": "tcb+bte",
+            "bootstrap_iters": 0, "gen_kwargs": dict(GEN_KWARGS)}
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"generate_with": "vllm", "samples": "x"}, "generate_with and samples exclude each other"),
+    ({"fallback": "hf-probes"}, "fallback must be hf-probes, given with generate_with"),
+    ({"generate_with": "vllm", "fallback": "hf"}, "fallback must be hf-probes"),
+    ({"generate_with": "vllm", "model": "hf"}, "probed by probe-run with model hf-probes, got model 'hf'"),
+    ({"generate_with": "hf-probes-diffusion"}, "does not generate left to right"),
+    ({"generate_with": ""}, "generate_with must be an lm_eval model type"),
+    ({"generate_args": {"x": 1}}, "generate_args must be a mapping, given with generate_with"),
+    ({"generate_wth": "vllm"}, "Did you mean 'generate_with'?"),
+])
+def test_sweep_generate_with_is_checked(tmp_path, entry, message):
+    with pytest.raises(SweepConfigError, match=re.escape(message)):
+        parse_config(sweep_dict(tmp_path, "m", **entry))
+
+
+def test_sweep_entries_generate_with_and_samples_parse(tmp_path):
+    config = parse_config(sweep_dict(tmp_path, "m", generate_with="vllm", fallback="hf-probes",
+                                     model_args={"pretrained": "m", "dtype": "bfloat16", "probe_tcb_eps": 0.5}),
+                          base_dir=tmp_path)
+    model = config.models[0]
+    assert (model.generate_with, model.fallback) == ("vllm", "hf-probes")
+    assert model.generation_args() == {"pretrained": "m", "dtype": "bfloat16"}  # the plugin's keys are not vLLM's
+    config = parse_config(sweep_dict(tmp_path, "m", samples="runs/vllm"), base_dir=tmp_path)
+    assert config.models[0].samples == tmp_path / "runs" / "vllm"
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here")
+def test_sweep_without_vllm_says_so_and_falls_back_when_asked(runs, tmp_path):
+    model = str(runs["model"])
+    config = parse_config(sweep_dict(tmp_path / "no", model, generate_with="vllm"))
+    summary = run_sweep(config)
+    assert summary["counts"] == {"done": 0, "failed": 2, "pending": 0}
+    assert all("vllm is not installed (pip install vllm); set fallback: hf-probes" in p["error"] for p in summary["pairs"])
+    config = parse_config(sweep_dict(tmp_path / "fallback", model, generate_with="vllm", fallback="hf-probes"))
+    summary = run_sweep(config)
+    assert summary["counts"]["done"] == 2
+    assert all(p["generated_with"].startswith("hf-probes (generate_with vllm: vllm is not installed")
+               for p in summary["pairs"])
+    [path] = (tmp_path / "fallback" / "runs" / "tiny" / GEN_TASK).glob("results_*.json")
+    written = json.loads(path.read_text())
+    assert written[sweep_config.SWEEP_KEY]["generated_with"].startswith("hf-probes")
+    assert "tcb_log10,first-integer" in written["results"][GEN_TASK] and PROBE_RUN_KEY not in written
+
+
+def test_sweep_generates_with_vllm_then_probes_the_samples(runs, tmp_path, monkeypatch):
+    """The vLLM step stood in for by lm_eval's hf (lm_eval logs both alike), then probe-run on its samples."""
+    generated = []
+    original = sweep_runner.generate_samples
+
+    def hf_for_vllm(config, model, task, folder, task_manager):
+        generated.append(task)
+        original(config, dataclasses.replace(model, generate_with="hf"), task, folder, task_manager)
+
+    monkeypatch.setattr(sweep_runner, "backend_missing", lambda model_type: None)
+    monkeypatch.setattr(sweep_runner, "generate_samples", hf_for_vllm)
+    out = tmp_path / "sweep"
+    config = parse_config(sweep_dict(out, str(runs["model"]), generate_with="vllm"))
+    summary = run_sweep(config)
+    assert summary["counts"]["done"] == 2 and sorted(generated) == [GEN_TASK, MC_TASK]
+    for task, metric in ((GEN_TASK, "exact_match,first-integer"), (MC_TASK, "acc,none")):
+        [path] = (out / "runs" / "tiny" / task).glob("results_*.json")
+        probed = json.loads(path.read_text())
+        [source] = (out / "generations" / "tiny" / task).rglob("results_*.json")
+        assert probed[sweep_config.SWEEP_KEY]["generated_with"] == "vllm"
+        assert probed[PROBE_RUN_KEY]["source_results"] == str(source.resolve())
+        assert probed["results"][task][metric] == json.loads(source.read_text())["results"][task][metric]
+        assert "tcb_log10," + metric.split(",")[1] in probed["results"][task]
+    # the generations are kept: probing again generates nothing
+    shutil.rmtree(out / "runs")
+    generated.clear()
+    assert run_sweep(config)["counts"]["done"] == 2 and generated == []
+
+
+def test_sweep_probes_existing_samples(runs, tmp_path):
+    out = tmp_path / "sweep"
+    config = parse_config(sweep_dict(out, str(runs["model"]), samples=str(runs["root"] / "hf")))
+    summary = run_sweep(config)
+    assert summary["counts"]["done"] == 2
+    assert all(p["generated_with"] == f"samples in {runs['root'] / 'hf'}" for p in summary["pairs"])
+    [path] = (out / "runs" / "tiny" / MC_TASK).glob("results_*.json")
+    assert json.loads(path.read_text())["n-samples"][MC_TASK]["effective"] == 4  # the sweep's limit

@@ -192,9 +192,18 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
         if capture != "teacher_forced":
             raise ValueError(f"probe-run replays logged responses, which have no decoding-time states: "
                              f"probe_gen_capture must be teacher_forced, got {capture!r}")
-        if documents_per_chunk < 1:
+        if documents_per_chunk < 1:  # before the model loads
             raise ValueError(f"documents_per_chunk must be >= 1, got {documents_per_chunk}")
         super().__init__(pretrained, **kwargs)
+        self.replay_from(logged, doc_ids=doc_ids, progress=progress, documents_per_chunk=documents_per_chunk)
+
+    def replay_from(self, logged: Mapping[str, Mapping[int, LoggedDocument]], *,
+                    doc_ids: Mapping[str, Sequence[int]] | None = None, progress: ReplayProgress | None = None,
+                    documents_per_chunk: int = 16) -> None:
+        """Answer from another run's logged responses from now on (the model stays loaded); arguments as
+        ``__init__``'s."""
+        if documents_per_chunk < 1:
+            raise ValueError(f"documents_per_chunk must be >= 1, got {documents_per_chunk}")
         self.logged = logged
         self.doc_ids = {task: list(ids) for task, ids in (doc_ids or {}).items()}
         self.progress = progress

@@ -167,11 +167,16 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
     return notes
 
 
-def probe_run(options: ProbeRunOptions) -> Path:
+def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, annotations: Mapping[str, Any] | None = None) -> Path:
     """Probe a finished run (see the module docstring); returns the written results file.
 
     Resumable: finished documents are kept under ``<output_path>/.probe-run/`` (removed at the end) and a rerun of
     the same command probes only the others.
+
+    Args:
+        lm: a loaded :class:`~lm_eval_probes.models.replay.ReplayHFLM` of ``options.model_args`` to reuse (a sweep
+            probes several runs with one model load); ``None`` loads one.
+        annotations: top-level keys added to the written results file.
 
     Raises:
         ProbeRunError: a run, task, prompt, tokenizer or model that does not match (named), or an output path inside
@@ -200,12 +205,17 @@ def probe_run(options: ProbeRunOptions) -> Path:
     from lm_eval_probes.tasks.manager import ProbeTaskManager
 
     args = dict(options.model_args)
-    check_pretrained(args["pretrained"], offline=hub_offline(), gguf_file=args.get("gguf_file"),
-                     subfolder=args.get("subfolder"))
-    additional = {"batch_size": options.batch_size, "max_batch_size": options.max_batch_size, "device": options.device}
-    lm = ReplayHFLM(**args, **{k: v for k, v in additional.items() if v is not None},
-                    logged={name: task.documents for name, task in logged.tasks.items()},
-                    doc_ids=doc_ids, progress=progress, documents_per_chunk=options.documents_per_chunk)
+    replay = {"logged": {name: task.documents for name, task in logged.tasks.items()}, "doc_ids": doc_ids,
+              "progress": progress, "documents_per_chunk": options.documents_per_chunk}
+    if lm is None:
+        check_pretrained(args["pretrained"], offline=hub_offline(), gguf_file=args.get("gguf_file"),
+                         subfolder=args.get("subfolder"))
+        additional = {"batch_size": options.batch_size, "max_batch_size": options.max_batch_size, "device": options.device}
+        lm = ReplayHFLM(**args, **{k: v for k, v in additional.items() if v is not None}, **replay)
+    elif isinstance(lm, ReplayHFLM):
+        lm.replay_from(**replay)
+    else:
+        raise TypeError(f"lm must be a ReplayHFLM, got {type(lm).__name__}")
     _check_model(logged, lm, options)
     include = [lm_eval_probes.tasks_dir()] + ([options.include_path] if options.include_path else [])
     manager = ProbeTaskManager(include_path=include, metadata=dict(options.metadata) or None)
@@ -246,6 +256,7 @@ def probe_run(options: ProbeRunOptions) -> Path:
         "tasks": _replay_notes(lm, logged, doc_ids, samples),
         "seconds": round(time.monotonic() - started, 3),
     }
+    results.update(annotations or {})
     tracker.save_results_aggregated(results=results, samples=samples)
     for name in results["configs"]:
         if name in samples:
