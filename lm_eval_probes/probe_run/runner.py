@@ -167,7 +167,8 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
     return notes
 
 
-def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, annotations: Mapping[str, Any] | None = None) -> Path:
+def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, task_manager: Any | None = None,
+              annotations: Mapping[str, Any] | None = None) -> Path:
     """Probe a finished run (see the module docstring); returns the written results file.
 
     Resumable: finished documents are kept under ``<output_path>/.probe-run/`` (removed at the end) and a rerun of
@@ -176,6 +177,8 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, annotations: M
     Args:
         lm: a loaded :class:`~lm_eval_probes.models.replay.ReplayHFLM` of ``options.model_args`` to reuse (a sweep
             probes several runs with one model load); ``None`` loads one.
+        task_manager: a :class:`~lm_eval_probes.tasks.manager.ProbeTaskManager` to reuse (indexing lm_eval's tasks
+            takes seconds); ``None`` builds one from ``options.include_path`` and ``options.metadata``.
         annotations: top-level keys added to the written results file.
 
     Raises:
@@ -217,8 +220,12 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, annotations: M
     else:
         raise TypeError(f"lm must be a ReplayHFLM, got {type(lm).__name__}")
     _check_model(logged, lm, options)
-    include = [lm_eval_probes.tasks_dir()] + ([options.include_path] if options.include_path else [])
-    manager = ProbeTaskManager(include_path=include, metadata=dict(options.metadata) or None)
+    if task_manager is None:
+        include = [lm_eval_probes.tasks_dir()] + ([options.include_path] if options.include_path else [])
+        task_manager = ProbeTaskManager(include_path=include, metadata=dict(options.metadata) or None)
+    elif not isinstance(task_manager, ProbeTaskManager):
+        raise TypeError(f"task_manager must be a ProbeTaskManager (its tasks report the probe rows), got "
+                        f"{type(task_manager).__name__}")
     config = logged.config
     prefix = all(ids == list(range(len(ids))) for ids in doc_ids.values())
     counts = {len(ids) for ids in doc_ids.values()}
@@ -233,7 +240,7 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, annotations: M
                                                  ("fewshot_random_seed", "fewshot_seed")) if config.get(name) is not None}
     model_args = {**args, "probe_gen_capture": "teacher_forced"}
     results = lm_eval.simple_evaluate(
-        model=lm, model_args=model_args, tasks=list(logged.tasks), task_manager=manager,
+        model=lm, model_args=model_args, tasks=list(logged.tasks), task_manager=task_manager,
         num_fewshot=_num_fewshot(logged, options), batch_size=options.batch_size,
         max_batch_size=options.max_batch_size, device=options.device, log_samples=True, evaluation_tracker=tracker,
         gen_kwargs=config.get("gen_kwargs") or None,

@@ -119,7 +119,7 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
         if route.kind == DIRECT:
             _evaluate_into(config, lm, model, task, task_manager, shard, partial)
         else:
-            _probe_into(config, lm, model, task, shard, partial, route, generation_tasks)
+            _probe_into(config, lm, model, task, task_manager, shard, partial, route, generation_tasks)
     finally:  # done, failed or interrupted: nothing of this attempt stays in .partial/
         shutil.rmtree(partial, ignore_errors=True)
         remove_empty_partials(config)
@@ -311,8 +311,8 @@ def _generated_run(config: SweepConfig, model: SweepModel, task: str, task_manag
     return find_logged_run(final, task)
 
 
-def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, shard: Shard, partial: Path,
-                route: PairRoute, generation_tasks: Any) -> None:
+def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
+                partial: Path, route: PairRoute, generation_tasks: Any) -> None:
     from lm_eval_probes.probe_run.runner import ProbeRunOptions, probe_run
 
     if route.kind == SAMPLES:
@@ -324,7 +324,7 @@ def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, shar
         limit=config.limit if route.kind == SAMPLES else None, batch_size=config.batch_size,
         max_batch_size=config.max_batch_size, device=model_device(config), metadata=dict(config.metadata),
     )
-    probe_run(options, lm=lm, annotations={SWEEP_KEY: _sweep_note(model, task, shard, lm, route)})
+    probe_run(options, lm=lm, task_manager=task_manager, annotations={SWEEP_KEY: _sweep_note(model, task, shard, lm, route)})
     _move_into_place(config, model, task, partial)
 
 
