@@ -2,15 +2,17 @@
 
 * ``run.json`` — what the answers depend on (the source files, the probing model's arguments, the plugin's and
   lm_eval's versions); a rerun with anything else refuses to mix its answers in.
-* ``<task>.answers`` — appended once per finished chunk of documents: one pickle frame ``{doc_id: {(request type,
-  idx, repeat): response}}`` with each response's probe record (the objects lm_eval gathers across processes). A
-  frame cut by a kill is ignored, and its documents are probed again.
+* ``<task>.<rank>.answers`` — appended once per finished chunk of documents: one pickle frame ``{doc_id: {(request
+  type, idx, repeat): response}}`` with each response's probe record (the objects lm_eval gathers across processes),
+  one file per process (:attr:`ProgressFolder.rank`). A frame cut by a kill is ignored, and its documents are probed
+  again; a resume reads every process's files.
 
 The folder is removed once the run's results and samples are written.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
@@ -41,6 +43,7 @@ class ProgressFolder:
     def __init__(self, output_path: Path, fingerprint: Mapping[str, Any]) -> None:
         self.folder = Path(output_path) / PROGRESS_FOLDER
         self.fingerprint = json.loads(json.dumps(dict(fingerprint), sort_keys=True))
+        self.rank = 0  # the process that appends (set once the model knows it)
         self._answers: dict[str, dict[int, dict[tuple[str, int, int], Any]]] = {}
         stamp = self.folder / "run.json"
         if stamp.is_file():
@@ -51,19 +54,20 @@ class ProgressFolder:
                                     f"{', '.join(changed)}); remove that folder or choose another --output_path")
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
-            temporary = stamp.with_suffix(".tmp")
+            temporary = stamp.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(json.dumps(self.fingerprint, indent=2, sort_keys=True), encoding="utf-8")
             os.replace(temporary, stamp)
 
     def _path(self, task: str) -> Path:
-        return self.folder / f"{task}.answers"
+        return self.folder / f"{task}.{self.rank}.answers"
 
     def _load(self, task: str) -> dict[int, dict[tuple[str, int, int], Any]]:
         if task in self._answers:
             return self._answers[task]
         answers: dict[int, dict[tuple[str, int, int], Any]] = {}
-        path = self._path(task)
-        if path.is_file():
+        for path in sorted(self.folder.glob(f"{glob.escape(task)}.*.answers")):
+            if not path.name[len(task) + 1 : -len(".answers")].isdigit():
+                continue  # another task whose name starts with this one's
             good = 0
             with path.open("rb") as frames:
                 while True:
@@ -75,7 +79,7 @@ class ProgressFolder:
                         break  # a frame cut by a kill: its documents are probed again
                     answers.update(frame)
                     good = frames.tell()
-            if good != path.stat().st_size:
+            if good != path.stat().st_size and path == self._path(task):
                 with path.open("r+b") as cut:
                     cut.truncate(good)
         self._answers[task] = answers

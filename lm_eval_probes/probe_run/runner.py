@@ -220,6 +220,7 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, task_manager: 
     else:
         raise TypeError(f"lm must be a ReplayHFLM, got {type(lm).__name__}")
     _check_model(logged, lm, options)
+    progress.rank = lm.rank
     if task_manager is None:
         include = [lm_eval_probes.tasks_dir()] + ([options.include_path] if options.include_path else [])
         task_manager = ProbeTaskManager(include_path=include, metadata=dict(options.metadata) or None)
