@@ -131,11 +131,12 @@ def test_generation_equals_probing_directly_where_the_tokens_are_the_generated_o
         assert per_document and max(per_document.values()) <= bound, (capture, per_document)
     # here the documents whose re-encoding is not the generated tokens are exactly those the replay flags (their
     # generations decoded to incomplete UTF-8: U+FFFD in the text), and the results count them
-    flagged = {s["doc_id"] for s in got if not (s[SAMPLE_KEY]["text_round_trip"] and not s[SAMPLE_KEY]["lossy_text"]
-                                                 and not s[SAMPLE_KEY]["stop_merge"])}
+    flagged = {s["doc_id"] for s in got if s[SAMPLE_KEY]["flagged"]}
+    assert flagged == {s["doc_id"] for s in got if not s[SAMPLE_KEY]["text_round_trip"] or s[SAMPLE_KEY]["lossy_text"]
+                       or s[SAMPLE_KEY]["stop_merge"]}
     assert flagged == {s["doc_id"] for s in source} - same
     notes = results_of(root / "probed")[PROBE_RUN_KEY]["tasks"][GEN_TASK]
-    assert notes["documents"] == LIMIT and notes["lossy_texts"] == len(flagged)
+    assert notes["documents"] == LIMIT and notes["flagged_documents"] == notes["lossy_texts"] == len(flagged)
 
 
 def test_results_name_the_source_and_nothing_is_written_into_it(runs):

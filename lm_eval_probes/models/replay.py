@@ -187,7 +187,7 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
 
     def __init__(self, pretrained: Any, *, logged: Mapping[str, Mapping[int, LoggedDocument]],
                  doc_ids: Mapping[str, Sequence[int]] | None = None, progress: ReplayProgress | None = None,
-                 documents_per_chunk: int = 16, **kwargs: Any) -> None:
+                 documents_per_chunk: int = 64, **kwargs: Any) -> None:
         capture = kwargs.setdefault("probe_gen_capture", "teacher_forced")
         if capture != "teacher_forced":
             raise ValueError(f"probe-run replays logged responses, which have no decoding-time states: "
@@ -199,7 +199,7 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
 
     def replay_from(self, logged: Mapping[str, Mapping[int, LoggedDocument]], *,
                     doc_ids: Mapping[str, Sequence[int]] | None = None, progress: ReplayProgress | None = None,
-                    documents_per_chunk: int = 16) -> None:
+                    documents_per_chunk: int = 64) -> None:
         """Answer from another run's logged responses from now on (the model stays loaded); arguments as
         ``__init__``'s."""
         if documents_per_chunk < 1:

@@ -57,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
                    "run's own task YAMLs are)")
     p.add_argument("--metadata", default=None, help="task metadata as JSON, as lm_eval's --metadata")
     p.add_argument("--num_fewshot", "-f", type=int, default=None, help="default: the run's (its results' n-shot)")
-    p.add_argument("--documents_per_chunk", type=int, default=16, help="documents probed, and kept for a resume, at "
-                   "a time (default 16)")
+    p.add_argument("--documents_per_chunk", type=int, default=64, help="documents probed, and kept for a resume, at "
+                   "a time (default 64; batches never span two chunks, so keep it a few batches)")
     p.add_argument("--allow_other_model", action="store_true", help="probe with a model of another size than the "
                    "run's (the tokenizer must still be the run's)")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (also LM_EVAL_PROBES_DEBUG=1)")

@@ -63,7 +63,7 @@ class ProbeRunOptions:
     include_path: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     num_fewshot: int | None = None
-    documents_per_chunk: int = 16
+    documents_per_chunk: int = 64
     allow_other_model: bool = False
 
 
@@ -145,6 +145,7 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
             stop = handle_stop_sequences(kwargs.get("until") if isinstance(kwargs, dict) else None, eos=eos)
             replays = [replayed_tokens(lm, text, stop) for text in document.responses[0]]
             per_doc[doc_id] = {
+                "flagged": not all(r.faithful for r in replays),
                 "reencoded_tokens": [len(r.ids) for r in replays],
                 "text_round_trip": all(r.round_trip for r in replays),
                 "lossy_text": any(r.lossy for r in replays),
@@ -159,6 +160,7 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
             "documents": len(per_doc), "output_type": task.output_type,
             "response": "the logged response (lm_eval's resps: before the task's filters), re-encoded and "
                         "teacher-forced after its prompt",
+            "flagged_documents": sum(n["flagged"] for n in per_doc.values()),
             "text_round_trip_failures": sum(not n["text_round_trip"] for n in per_doc.values()),
             "lossy_texts": sum(n["lossy_text"] for n in per_doc.values()),
             "stop_merges": sum(n["stop_merge"] for n in per_doc.values()),

@@ -43,6 +43,12 @@ example config (YAML) on a chosen device:
   device: cpu                        # or cuda, cuda:1, mps
   seeds: 0
 
+generate with vLLM, then probe (docs/scale-out.md): a model entry may add
+    generate_with: vllm        # lm_eval's vllm model generates (--log_samples), then probe-run adds the probes
+    fallback: hf-probes        # where vLLM is not installed, hf-probes generates instead (said in the status)
+  or, for runs that exist already (any backend, with --log_samples):
+    samples: runs/vllm         # probe-run on the newest run there that has each task's samples
+
 across machines (docs/scale-out.md): each runs its shard into its own folder, then copy runs/ into one:
   lm-eval-probes sweep sweep.yaml --shard 0/2 --output_dir /scratch/a     # machine 1
   lm-eval-probes sweep sweep.yaml --shard 1/2 --output_dir /scratch/b     # machine 2
