@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     stderr and exit 2, before torch is imported. Ctrl-C ends with one line and exit 130 (a second one at once)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = wants_debug(args)
-    if not args or args[0] != "sweep":  # the sweep reads its own --debug
+    if not args or args[0] not in ("sweep", "probe-run"):  # these read their own --debug
         args = [arg for arg in args if arg != DEBUG_FLAG]
     try:
         _dispatch(args, debug=debug)

@@ -459,3 +459,9 @@ def test_smollm2_probe_run_equals_probing_while_generating(tmp_path):
                  if name in ("confidence", "tcb_log10", "tcb_log10_min", "bte_energy", "response_tokens")}
         print(f"SmolLM2 probe-run against hf-probes ({capture}): largest relative differences {worst}")
         assert worst and max(worst.values()) <= bound, (capture, worst)
+
+
+def test_debug_shows_the_traceback(runs, tmp_path, run_cli):
+    argv = ["probe-run", str(tmp_path / "nothing"), "--output_path", str(tmp_path / "o"), "--debug"]
+    with pytest.raises(ProbeRunError, match="no such file or folder"):
+        run_cli("lm-eval-probes", argv)
