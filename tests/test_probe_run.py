@@ -260,9 +260,10 @@ def test_a_killed_run_resumes_per_document(runs, tmp_path, monkeypatch):
     whole = [s for s in samples_of(runs["root"] / "probed", GEN_TASK)]
     assert largest_differences(without_notes(samples_of(out, GEN_TASK)), without_notes(whole)) == {
         k: 0.0 for k in largest_differences(without_notes(whole), without_notes(whole))}
-    # another configuration does not mix its answers in
+    # another configuration does not mix its answers in (a folder without answers is simply taken over)
     (out / ".probe-run").mkdir()
     (out / ".probe-run" / "run.json").write_text('{"model_args": {"pretrained": "other"}}')
+    (out / ".probe-run" / f"{GEN_TASK}.0.answers").write_bytes(b"")
     with pytest.raises(ProbeRunError, match="holds the progress of another probe-run"):
         probe_run(options(runs, run, out, tasks=[GEN_TASK], model_args={"probes": "all"}))
 

@@ -46,13 +46,13 @@ class ProgressFolder:
         self.rank = 0  # the process that appends (set once the model knows it)
         self._answers: dict[str, dict[int, dict[tuple[str, int, int], Any]]] = {}
         stamp = self.folder / "run.json"
-        if stamp.is_file():
+        if stamp.is_file() and any(self.folder.glob("*.answers")):
             earlier = json.loads(stamp.read_text(encoding="utf-8"))
             if earlier != self.fingerprint:
                 changed = sorted(k for k in set(earlier) | set(self.fingerprint) if earlier.get(k) != self.fingerprint.get(k))
                 raise ProbeRunError(f"{self.folder}: holds the progress of another probe-run (it differs in "
                                     f"{', '.join(changed)}); remove that folder or choose another --output_path")
-        else:
+        else:  # nothing stored yet (a first run, or one refused before it probed anything): this run's
             self.folder.mkdir(parents=True, exist_ok=True)
             temporary = stamp.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(json.dumps(self.fingerprint, indent=2, sort_keys=True), encoding="utf-8")
