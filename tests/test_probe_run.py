@@ -299,6 +299,32 @@ def test_command_line(runs, tmp_path, run_cli):
     assert "tcb_log10,none" in written["results"][MC_TASK] and "reader_auroc,none" not in written["results"][MC_TASK]
 
 
+def test_repeats_and_shared_prompts_each_get_their_own_response_and_probe(runs):
+    """A request repeated (lm_eval lists the same object ``repeats`` times) and another document with the same prompt:
+    each answer is its own logged text, carrying the probe of that text (as replayed alone)."""
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_probes.models.replay import LoggedDocument
+
+    prompt, kwargs = "Question: Mia has 7 apples. How many apples?\nAnswer:", {"until": ["\n"], "max_gen_toks": 4}
+    texts = {0: (" 12", " 7 apples"), 1: (" True",)}
+    logged = {"t": {doc: LoggedDocument("samples_t.jsonl", doc, ((prompt, kwargs),), (answers,))
+                    for doc, answers in texts.items()}}
+    lm = ReplayHFLM(str(runs["model"]), device="cpu", batch_size=4, logged=logged)
+    first = Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("t", 0, 2))
+    second = Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("t", 1, 1))
+    out = lm.generate_until([first, first, second])
+    assert [str(o) for o in out] == [" 12", " 7 apples", " True"]
+    with pytest.raises(ValueError, match="logged 1 responses"):
+        lm.generate_until([second, second])
+    for answer, (doc, repeat) in zip(out, [(0, 0), (0, 1), (1, 0)]):  # the same model, one response at a time
+        lm.replay_from({"t": {doc: LoggedDocument("x", doc, ((prompt, kwargs),), ((texts[doc][repeat],),))}})
+        [single] = lm.generate_until([Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("t", doc, 1))])
+        assert answer.probe.n_tokens == single.probe.n_tokens == len(lm.tok_encode(texts[doc][repeat],
+                                                                                    add_special_tokens=False))
+        assert answer.probe.mean_token_logprob == pytest.approx(single.probe.mean_token_logprob, rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- the sweep
 
 from lm_eval_probes.sweep import config as sweep_config  # noqa: E402
