@@ -356,6 +356,21 @@ def test_sweep_generate_with_is_checked(tmp_path, entry, message):
         parse_config(sweep_dict(tmp_path, "m", **entry))
 
 
+def test_sweep_check_shows_how_each_pair_runs(tmp_path, run_cli):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\nmodels:\n  - name: a\n    model_args: {{pretrained: p}}\n"
+                    "    generate_with: vllm\n  - name: b\n    model_args: {pretrained: p}\n    samples: runs\n"
+                    "tasks: [probes_synth_logic]\n")
+    code, out, err = run_cli("lm-eval-probes", ["sweep", str(path), "--check"])
+    assert code == 0, err[-2000:]
+    lines = out.splitlines()
+    assert lines[1] == f"b\tprobes_synth_logic\tto run\tprobe-run on the samples in {tmp_path / 'runs'}"
+    if VLLM_MISSING:
+        assert lines[0].startswith("a\tprobes_synth_logic\tto run\tcannot run: generate_with vllm: vllm is not installed")
+    else:
+        assert lines[0] == "a\tprobes_synth_logic\tto run\tgenerate with vllm, then probe-run"
+
+
 def test_sweep_entries_generate_with_and_samples_parse(tmp_path):
     config = parse_config(sweep_dict(tmp_path, "m", generate_with="vllm", fallback="hf-probes",
                                      model_args={"pretrained": "m", "dtype": "bfloat16", "probe_tcb_eps": 0.5}),
