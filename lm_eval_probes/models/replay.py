@@ -7,8 +7,9 @@ loglikelihood answers *the logged* log-likelihoods: lm_eval then builds, filters
 the accuracy and the responses are the original run's, and every probe row is computed as ``hf-probes`` computes it.
 
 * **Generation.** The logged text (lm_eval's ``resps``: the response as ``generate_until`` answered it, cut at the
-  stop strings, *before* the task's filters) is re-encoded with the model's tokenizer (no special tokens) and
-  appended to the prompt's ids in place of ``model.generate``'s; ``hf-probes`` then runs its one teacher-forced
+  stop strings, *before* the task's filters) is re-encoded with the model's tokenizer — as the continuation of its
+  prompt (the ids after the prompt's in the encoding of prompt + response), or alone where that encoding merges
+  tokens across the boundary — and appended to the prompt's ids in place of ``model.generate``'s; ``hf-probes`` then runs its one teacher-forced
   forward over prompt + response and probes the kept tokens, exactly as after a real generation. The tokens the
   original run generated are not logged: where their re-encoding differs from them (a tokenizer merge the model did
   not generate, a stop string cut inside a token) the probed tokens are the re-encoded ones
@@ -81,7 +82,10 @@ class ReplayedTokens:
     """A logged response as the replay feeds it to the model.
 
     Attributes:
-        ids: the re-encoded response (no special tokens).
+        ids: the re-encoded response: the ids after the prompt's in the encoding of prompt + response (so a
+            tokenizer that marks word starts, such as SentencePiece's, encodes the response as it continues the
+            prompt), or the response encoded alone (no special tokens) where that encoding does not begin with the
+            prompt's own ids (``boundary_merge``) or no prompt is given.
         text: what ``generate_until`` answers for them (decoded, cut at the stop strings): the text the probes'
             token offsets refer to.
         round_trip: whether ``text`` equals the logged response (a tokenizer whose decoding normalises text may not).
@@ -90,6 +94,9 @@ class ReplayedTokens:
         stop_merge: whether a stop string appended to the response re-encodes the response's last token into
             another one: then the original generation most likely ended with a token the replay cannot know (the
             stop string was cut inside it), and its last probed token differs.
+        boundary_merge: whether the tokenizer merges the prompt's end and the response's start into tokens of both:
+            the generation, which began after the prompt's own ids, cannot have made those, so the response is encoded
+            alone — which may still differ from what was generated.
     """
 
     ids: tuple[int, ...]
@@ -97,23 +104,33 @@ class ReplayedTokens:
     round_trip: bool
     lossy: bool
     stop_merge: bool
+    boundary_merge: bool = False
 
     @property
     def faithful(self) -> bool:
         """Nothing says that the generated tokens were others (they are not logged, so this is no proof)."""
-        return self.round_trip and not self.lossy and not self.stop_merge
+        return self.round_trip and not self.lossy and not self.stop_merge and not self.boundary_merge
 
 
-def replayed_tokens(lm: HFLM, text: str, stop: Sequence[str]) -> ReplayedTokens:
-    """How ``lm`` replays the logged response ``text`` of a request with stop strings ``stop``."""
-    ids = tuple(lm.tok_encode(text, add_special_tokens=False)) if text else ()
+def replayed_tokens(lm: HFLM, text: str, stop: Sequence[str], prompt: str | None = None) -> ReplayedTokens:
+    """How ``lm`` replays the logged response ``text`` of the request with prompt ``prompt`` (its context as lm_eval
+    logged it; ``None``: the response alone) and stop strings ``stop``."""
+    alone = tuple(lm.tok_encode(text, add_special_tokens=False)) if text else ()
+    ids, boundary = alone, False
+    if text and prompt is not None:
+        base = lm.tok_encode(prompt)
+        joined = lm.tok_encode(prompt + text)
+        if joined[: len(base)] == base:
+            ids = tuple(joined[len(base):])
+        else:
+            boundary = True
     decoded = postprocess_generated_text(lm.tok_decode(list(ids)), list(stop), None)
     merge = False
     for string in stop:
         if text and string:
-            joined = lm.tok_encode(text + string, add_special_tokens=False)
-            merge = merge or tuple(joined[: len(ids)]) != ids
-    return ReplayedTokens(ids, decoded, decoded == text, "\ufffd" in text, merge)
+            extended = lm.tok_encode(text + string, add_special_tokens=False)
+            merge = merge or tuple(extended[: len(alone)]) != alone
+    return ReplayedTokens(ids, decoded, decoded == text, "\ufffd" in text, merge, boundary)
 
 
 @dataclass
@@ -145,7 +162,7 @@ class _ReplayedGeneration(HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         if len(call.batch) != context.shape[0]:
             raise RuntimeError(f"replay: {context.shape[0]} rows to generate for {len(call.batch)} encoded contexts")
-        responses = [list(replayed_tokens(self, call.texts[text].popleft(), stop).ids) for text in call.batch]
+        responses = [list(replayed_tokens(self, call.texts[prompt].popleft(), stop, prompt).ids) for prompt in call.batch]
         eos = self.eot_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         width = max(len(ids) for ids in responses) + 1
@@ -354,7 +371,7 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
             out = []
             for request in chunk:
                 text = text_of[id(request), _next(seen, request)]
-                replayed = replayed_tokens(self, text, _stop_strings(self, request))
+                replayed = replayed_tokens(self, text, _stop_strings(self, request), request.args[0])
                 queue = probes.get((request.args[0], replayed.text))
                 out.append(ProbeStr(text, queue.popleft() if queue else None))
             seen.clear()

@@ -143,13 +143,15 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
             document = task.documents[doc_id]
             kwargs = document.arguments[0][1] if len(document.arguments[0]) > 1 else {}
             stop = handle_stop_sequences(kwargs.get("until") if isinstance(kwargs, dict) else None, eos=eos)
-            replays = [replayed_tokens(lm, text, stop) for text in document.responses[0]]
+            prompt = str(document.arguments[0][0])
+            replays = [replayed_tokens(lm, text, stop, prompt) for text in document.responses[0]]
             per_doc[doc_id] = {
                 "flagged": not all(r.faithful for r in replays),
                 "reencoded_tokens": [len(r.ids) for r in replays],
                 "text_round_trip": all(r.round_trip for r in replays),
                 "lossy_text": any(r.lossy for r in replays),
                 "stop_merge": any(r.stop_merge for r in replays),
+                "boundary_merge": any(r.boundary_merge for r in replays),
                 "empty": any(not text for text in document.responses[0]),
             }
         for sample in samples.get(name, []):
@@ -164,6 +166,7 @@ def _replay_notes(lm: Any, logged: LoggedRun, doc_ids: Mapping[str, list[int]], 
             "text_round_trip_failures": sum(not n["text_round_trip"] for n in per_doc.values()),
             "lossy_texts": sum(n["lossy_text"] for n in per_doc.values()),
             "stop_merges": sum(n["stop_merge"] for n in per_doc.values()),
+            "boundary_merges": sum(n["boundary_merge"] for n in per_doc.values()),
             "empty_responses": sum(n["empty"] for n in per_doc.values()),
         }
     return notes
