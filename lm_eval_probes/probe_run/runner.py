@@ -23,7 +23,7 @@ from typing import Any
 from lm_eval_probes.probe_run.logged import LoggedRun, ProbeRunError, read_run
 from lm_eval_probes.probe_run.progress import ProgressFolder
 
-__all__ = ["PROBE_RUN_KEY", "ProbeRunOptions", "probe_run", "selected_doc_ids"]
+__all__ = ["PROBE_RUN_KEY", "ProbeRunOptions", "lm_eval_cli_device", "probe_run", "selected_doc_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class ProbeRunOptions:
         model_args: the probing model's (``pretrained`` and every HFLM argument, ``probes``, ``probe_*``).
         tasks: the run's tasks to probe (``None``: every task with samples).
         limit: documents per task, the first of those the run logged (an int, or a fraction in (0, 1)).
-        batch_size, max_batch_size, device: as lm_eval's.
+        batch_size, max_batch_size, device: as lm_eval's (``device`` ``None``: where lm_eval's CLI puts a model
+            without ``--device``, :func:`lm_eval_cli_device`).
         include_path: a task folder besides the plugin's (the run's own tasks).
         metadata: task metadata, as lm_eval's ``--metadata``.
         num_fewshot: ``None``: the run's (read from its results file).
@@ -65,6 +66,25 @@ class ProbeRunOptions:
     num_fewshot: int | None = None
     documents_per_chunk: int = 64
     allow_other_model: bool = False
+
+
+def lm_eval_cli_device() -> str:
+    """The ``device`` lm_eval's CLI passes when ``--device`` is not given (``EvaluatorConfig``'s default, ``cuda:0`` in
+    0.4.13), which HFLM takes as "not specified" on a machine without it and replaces by ``cuda`` when CUDA is
+    available, else the CPU; leaving ``device`` out instead gives HFLM its own default, ``cuda``, which fails on a
+    machine without CUDA.
+
+    Raises:
+        RuntimeError: an lm_eval whose CLI has no default device.
+    """
+    import dataclasses
+
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    default = next((f.default for f in dataclasses.fields(EvaluatorConfig) if f.name == "device"), None)
+    if not isinstance(default, str):
+        raise RuntimeError(f"lm_eval's CLI has no default device to follow (got {default!r}); pass --device")
+    return default
 
 
 def selected_doc_ids(logged: LoggedRun, limit: int | float | None) -> dict[str, list[int]]:
@@ -218,7 +238,8 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, task_manager: 
     if lm is None:
         check_pretrained(args["pretrained"], offline=hub_offline(), gguf_file=args.get("gguf_file"),
                          subfolder=args.get("subfolder"))
-        additional = {"batch_size": options.batch_size, "max_batch_size": options.max_batch_size, "device": options.device}
+        additional = {"batch_size": options.batch_size, "max_batch_size": options.max_batch_size,
+                      "device": options.device or lm_eval_cli_device()}
         lm = ReplayHFLM(**args, **{k: v for k, v in additional.items() if v is not None}, **replay)
     elif isinstance(lm, ReplayHFLM):
         lm.replay_from(**replay)
@@ -248,7 +269,8 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, task_manager: 
     results = lm_eval.simple_evaluate(
         model=lm, model_args=model_args, tasks=list(logged.tasks), task_manager=task_manager,
         num_fewshot=_num_fewshot(logged, options), batch_size=options.batch_size,
-        max_batch_size=options.max_batch_size, device=options.device, log_samples=True, evaluation_tracker=tracker,
+        max_batch_size=options.max_batch_size, device=options.device or lm_eval_cli_device(), log_samples=True,
+        evaluation_tracker=tracker,
         gen_kwargs=config.get("gen_kwargs") or None,
         bootstrap_iters=int(config.get("bootstrap_iters", 100000) or 0),
         apply_chat_template=bool(logged.results.get("chat_template")),

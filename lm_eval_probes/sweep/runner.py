@@ -4,7 +4,6 @@ recorded and the sweep going on, one progress line per pair with its ETA."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import importlib.util
 import logging
@@ -20,6 +19,7 @@ from typing import Any
 
 from lm_eval_probes.cli.interrupt import deferred_interrupt, restore_interrupt, stop_at_next_interrupt
 from lm_eval_probes.harness.pretrained import ModelNotFound, check_pretrained, hub_offline
+from lm_eval_probes.probe_run.runner import lm_eval_cli_device
 from lm_eval_probes.sweep.config import SWEEP_KEY, Shard, SweepConfig, SweepConfigError, SweepModel
 from lm_eval_probes.sweep.store import collect_status, is_finished, pair_dir, record_status
 
@@ -338,12 +338,7 @@ def model_device(config: SweepConfig) -> str:
     """
     if config.device is not None:
         return config.device
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    default = next((f.default for f in dataclasses.fields(EvaluatorConfig) if f.name == "device"), None)
-    if not isinstance(default, str):
-        raise RuntimeError(f"lm_eval's CLI has no default device to follow (got {default!r}); set 'device' in the sweep config")
-    return default
+    return lm_eval_cli_device()
 
 
 def check_model_folder(model: SweepModel) -> None:
