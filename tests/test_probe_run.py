@@ -296,6 +296,7 @@ def test_command_line(runs, tmp_path, run_cli):
                                                 f"pretrained={runs['model']},probes=tcb,bte", "--tasks", MC_TASK,
                                                 "--limit", "3", "--output_path", str(tmp_path / "o")])  # device: lm_eval's choice
     assert code == 0, err[-3000:]
+    assert f"probe-run: {MC_TASK}: 3 documents (multiple_choice)" in out
     written = results_of(tmp_path / "o")
     assert "tcb_log10,none" in written["results"][MC_TASK] and "reader_auroc,none" not in written["results"][MC_TASK]
 

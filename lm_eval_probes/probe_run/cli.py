@@ -126,5 +126,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("lm-eval-probes probe-run: interrupted — rerun the same command to resume (finished documents are kept "
               f"in {Path(args.output_path) / '.probe-run'})", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"probe-run: {written}")
+    print(summary(written))
     return 0
+
+
+def summary(results_file: Path) -> str:
+    """What a finished probe-run did, in one line per task, then the results file."""
+    from lm_eval_probes.probe_run.runner import PROBE_RUN_KEY
+
+    note = json.loads(results_file.read_text(encoding="utf-8")).get(PROBE_RUN_KEY, {})
+    lines = []
+    for task, done in note.get("tasks", {}).items():
+        resumed = note.get("resumed_documents", {}).get(task, 0)
+        line = f"probe-run: {task}: {done['documents']} documents ({done['output_type']})"
+        if resumed:
+            line += f", {resumed} of them from the interrupted run"
+        if done.get("flagged_documents"):
+            line += (f"; {done['flagged_documents']} responses may not re-encode to the generated tokens "
+                     "(probe_run.flagged in the samples)")
+        lines.append(line)
+    return "\n".join([*lines, f"probe-run: {results_file}"])
