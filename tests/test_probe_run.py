@@ -280,6 +280,21 @@ def test_limit_and_samples_files(runs, tmp_path):
     assert list(logged.tasks) == [GEN_TASK] and sorted(logged.tasks[GEN_TASK].documents) == list(range(LIMIT))
 
 
+def test_a_vllm_run_is_probed_like_any_other(runs, tmp_path):
+    """What lm_eval records of a ``--model vllm`` run (its model type, no parameter count): probed alike, and named."""
+    run = copy_run(runs, tmp_path)
+
+    def as_vllm(data: dict) -> None:
+        data.update(model_source="vllm")
+        data["config"].update(model="vllm", model_args="pretrained=x,tensor_parallel_size=1")
+        data["config"].pop("model_num_parameters")
+
+    edit_results(run, as_vllm)
+    probe_run(options(runs, run, tmp_path / "out", tasks=[MC_TASK], limit=2))
+    note = results_of(tmp_path / "out")[PROBE_RUN_KEY]
+    assert note["source_model"] == "vllm" and note["source_model_args"] == "pretrained=x,tensor_parallel_size=1"
+
+
 def test_command_line(runs, tmp_path, run_cli):
     code, out, _ = run_cli("lm-eval-probes", ["probe-run", "--help"])
     assert code == 0 and "--output_path" in out and "resps" in out
