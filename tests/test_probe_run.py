@@ -437,31 +437,50 @@ def test_sweep_without_vllm_says_so_and_falls_back_when_asked(runs, tmp_path):
 
 def test_sweep_generates_with_vllm_then_probes_the_samples(runs, tmp_path, monkeypatch):
     """The vLLM step stood in for by lm_eval's hf (lm_eval logs both alike), then probe-run on its samples."""
-    generated = []
+    generated, loaded = [], []
     original = sweep_runner.generate_samples
 
-    def hf_for_vllm(config, model, task, folder, task_manager):
+    def hf_for_vllm(config, model):
+        loaded.append(model.generate_with)
+        return HFLM(**model.generation_args(), device="cpu", batch_size=2)
+
+    def counting(config, generator, model, task, folder, task_manager):
         generated.append(task)
-        original(config, dataclasses.replace(model, generate_with="hf"), task, folder, task_manager)
+        original(config, generator, model, task, folder, task_manager)
 
     monkeypatch.setattr(sweep_runner, "backend_missing", lambda model_type: None)
-    monkeypatch.setattr(sweep_runner, "generate_samples", hf_for_vllm)
+    monkeypatch.setattr(sweep_runner, "load_generator", hf_for_vllm)
+    monkeypatch.setattr(sweep_runner, "generate_samples", counting)
     out = tmp_path / "sweep"
     config = parse_config(sweep_dict(out, str(runs["model"]), generate_with="vllm"))
     summary = run_sweep(config)
-    assert summary["counts"]["done"] == 2 and sorted(generated) == [GEN_TASK, MC_TASK]
+    assert summary["counts"]["done"] == 2 and sorted(generated) == [GEN_TASK, MC_TASK] and loaded == ["vllm"]
     for task, metric in ((GEN_TASK, "exact_match,first-integer"), (MC_TASK, "acc,none")):
         [path] = (out / "runs" / "tiny" / task).glob("results_*.json")
         probed = json.loads(path.read_text())
         [source] = (out / "generations" / "tiny" / task).rglob("results_*.json")
         assert probed[sweep_config.SWEEP_KEY]["generated_with"] == "vllm"
         assert probed[PROBE_RUN_KEY]["source_results"] == str(source.resolve())
+        assert probed[PROBE_RUN_KEY]["source_model"] == "vllm"  # the generation is recorded as lm_eval's vllm run
         assert probed["results"][task][metric] == json.loads(source.read_text())["results"][task][metric]
         assert "tcb_log10," + metric.split(",")[1] in probed["results"][task]
     # the generations are kept: probing again generates nothing
     shutil.rmtree(out / "runs")
     generated.clear()
-    assert run_sweep(config)["counts"]["done"] == 2 and generated == []
+    loaded.clear()
+    assert run_sweep(config)["counts"]["done"] == 2 and generated == [] and loaded == []
+
+
+def test_sweep_records_a_failed_generation_per_pair(runs, tmp_path, monkeypatch):
+    def out_of_memory(config, model):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(sweep_runner, "backend_missing", lambda model_type: None)
+    monkeypatch.setattr(sweep_runner, "load_generator", out_of_memory)
+    summary = run_sweep(parse_config(sweep_dict(tmp_path / "sweep", str(runs["model"]), generate_with="vllm")))
+    assert summary["counts"] == {"done": 0, "failed": 2, "pending": 0}
+    assert all(p["error"] == "generation with vllm failed: RuntimeError: CUDA out of memory" for p in summary["pairs"])
+    assert not (tmp_path / "sweep" / ".partial").exists() and not (tmp_path / "sweep" / "generations").exists()
 
 
 def test_sweep_probes_existing_samples(runs, tmp_path):

@@ -26,8 +26,9 @@ the leaderboard.
   the first GPU when there is one, else the CPU (:func:`model_device`).
 * **One model load per model** (per process): its pairs reuse the loaded model.
 * **Generate elsewhere, probe here.** A model entry with ``generate_with: vllm`` (or ``sglang``, ``hf``) has lm_eval's
-  own model of that type generate each pair with ``--log_samples`` (kept in ``<output_dir>/generations/``), then
-  ``probe-run`` (:mod:`lm_eval_probes.probe_run`) adds the probes with one forward per document; ``samples: DIR``
+  own model of that type (loaded once, released before the probing model loads) generate each pair with
+  ``--log_samples`` (kept in ``<output_dir>/generations/``), then ``probe-run`` (:mod:`lm_eval_probes.probe_run`)
+  adds the probes with one forward per document; ``samples: DIR``
   probes existing runs instead. Without vLLM installed such a pair fails saying so, or runs as an ``hf-probes`` pair
   with ``fallback: hf-probes``.
 

@@ -45,10 +45,10 @@ class SweepModel:
         model: lm_eval model type (default ``hf-probes``).
         model_args: passed to the model as is (``pretrained``, ``dtype``, ``gguf_file``, ``parallelize``, …);
             the sweep adds its ``probes``. ``probes`` itself is a sweep-level key (same for every model).
-        generate_with: an lm_eval model type that generates the responses (``vllm``, ``sglang``, ``hf``): each pair
-            runs it with ``--log_samples`` into ``<output_dir>/generations/<name>/<task>/``, then ``probe-run`` on
-            its samples with this model (``hf-probes``, one forward per document); ``None``: ``hf-probes``
-            generates and probes at once.
+        generate_with: an lm_eval model type that generates the responses (``vllm``, ``sglang``, ``hf``): it runs
+            each pair with ``--log_samples`` into ``<output_dir>/generations/<name>/<task>/`` (one instance for all of
+            them, released before the probing model loads), then ``probe-run`` probes its samples with this model
+            (``hf-probes``, one forward per document); ``None``: ``hf-probes`` generates and probes at once.
         generate_args: the generating model's ``model_args`` (default: ``model_args`` without the plugin's keys).
         samples: a folder of finished lm_eval runs of this model (with ``--log_samples``): each pair runs
             ``probe-run`` on the newest run there that has the task's samples, generating nothing.

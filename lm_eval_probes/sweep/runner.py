@@ -105,7 +105,7 @@ def check_tasks(config: SweepConfig, task_manager: Any) -> None:
 
 
 def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
-                   route: PairRoute | None = None, generation_tasks: Any = None) -> None:
+                   route: PairRoute | None = None) -> None:
     """Run one pair (``hf-probes`` generating and probing at once, or ``probe-run`` on generated or existing samples:
     ``route``) and move its lm_eval files into place atomically; its attempt folder in ``.partial/`` is removed
     whatever happens."""
@@ -119,7 +119,7 @@ def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
         if route.kind == DIRECT:
             _evaluate_into(config, lm, model, task, task_manager, shard, partial)
         else:
-            _probe_into(config, lm, model, task, task_manager, shard, partial, route, generation_tasks)
+            _probe_into(config, lm, model, task, task_manager, shard, partial, route)
     finally:  # done, failed or interrupted: nothing of this attempt stays in .partial/
         shutil.rmtree(partial, ignore_errors=True)
         remove_empty_partials(config)
@@ -266,15 +266,28 @@ def generation_folder(config: SweepConfig, model: SweepModel, task: str) -> Path
     return config.output_dir / "generations" / model.name / task
 
 
-def generate_samples(config: SweepConfig, model: SweepModel, task: str, folder: Path, task_manager: Any) -> None:
-    """Run lm_eval's ``model.generate_with`` model on ``task`` with ``--log_samples`` into ``folder`` (the sweep's
-    limit, few-shot, generation kwargs, seeds and chat template), as ``lm_eval --model vllm ... --log_samples``."""
+def load_generator(config: SweepConfig, model: SweepModel) -> Any:
+    """lm_eval's ``model.generate_with`` model (``vllm``, …) with ``generate_args`` and the sweep's batch size and
+    device, loaded once for all of the model's generations in this process."""
+    import lm_eval.api.registry
+    import lm_eval.models  # noqa: F401  (lm_eval's own model names)
+
+    additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": model_device(config)}
+    return lm_eval.api.registry.get_model(model.generate_with).create_from_arg_obj(
+        model.generation_args(), {k: v for k, v in additional.items() if v is not None})
+
+
+def generate_samples(config: SweepConfig, generator: Any, model: SweepModel, task: str, folder: Path,
+                     task_manager: Any) -> None:
+    """Run ``generator`` (:func:`load_generator`) on ``task`` with ``--log_samples`` into ``folder`` (the sweep's
+    limit, few-shot, generation kwargs, seeds and chat template), recorded as ``lm_eval --model <generate_with> ...
+    --log_samples`` records it."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker(output_path=str(folder))
     results = lm_eval.simple_evaluate(
-        model=model.generate_with, model_args=model.generation_args(), tasks=[task], num_fewshot=config.num_fewshot,
+        model=generator, model_args=model.generation_args(), tasks=[task], num_fewshot=config.num_fewshot,
         batch_size=config.batch_size, max_batch_size=config.max_batch_size, device=model_device(config),
         limit=config.limit, bootstrap_iters=0, log_samples=True, evaluation_tracker=tracker,
         apply_chat_template=config.apply_chat_template,
@@ -285,40 +298,78 @@ def generate_samples(config: SweepConfig, model: SweepModel, task: str, folder: 
     if results is None:
         return
     samples = results.pop("samples", None) or {}
+    results["model_source"] = results["config"]["model"] = model.generate_with
     tracker.save_results_aggregated(results=results, samples=samples)
     for name in results["configs"]:
         if name in samples:
             tracker.save_results_samples(task_name=name, samples=samples[name])
 
 
-def _generated_run(config: SweepConfig, model: SweepModel, task: str, task_manager: Any) -> Path:
-    """The pair's ``generate_with`` run: the kept one, else generated now (moved into place whole)."""
-    final = generation_folder(config, model, task)
-    if final.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            return find_logged_run(final, task)
-    partial = config.output_dir / ".partial" / "generations" / model.name / f"{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    _make_folder(partial)
+def _generate_all(config: SweepConfig, model: SweepModel, tasks: list[str], generation_tasks: Any) -> dict[str, Any]:
+    """Generate every pair of ``tasks`` that has no kept generation, with one ``generate_with`` model loaded for all
+    of them and released before any probing model loads (vLLM keeps its GPU memory while it lives). Returns, per task,
+    the seconds its generation took, or the exception that failed it (a failed load fails them all)."""
+    import gc
+
+    outcome: dict[str, Any] = {}
+    missing = []
+    for task in tasks:
+        try:
+            find_logged_run(generation_folder(config, model, task), task)
+            outcome[task] = 0.0
+        except FileNotFoundError:
+            missing.append(task)
+    if not missing:
+        return outcome
+    started = time.monotonic()
     try:
-        generate_samples(config, model, task, partial, task_manager)
-        find_logged_run(partial, task)  # raises when the generation logged nothing
-        if final.exists():
-            shutil.rmtree(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial, final)
+        generator = load_generator(config, model)
+    except Exception as error:  # noqa: BLE001  (recorded per pair)
+        error.trace = traceback.format_exc()[-4000:]  # type: ignore[attr-defined]
+        return {**outcome, **dict.fromkeys(missing, error)}
+    load_seconds = time.monotonic() - started
+    try:
+        for task in missing:
+            started = time.monotonic()
+            partial = (config.output_dir / ".partial" / "generations" / model.name
+                       / f"{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+            _make_folder(partial)
+            try:
+                generate_samples(config, generator, model, task, partial, generation_tasks())
+                find_logged_run(partial, task)  # raises when the generation logged nothing
+                final = generation_folder(config, model, task)
+                if final.exists():
+                    shutil.rmtree(final)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(partial, final)
+                outcome[task] = time.monotonic() - started + load_seconds
+                load_seconds = 0.0
+            except Exception as error:  # noqa: BLE001
+                error.trace = traceback.format_exc()[-4000:]  # type: ignore[attr-defined]
+                outcome[task] = error
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return find_logged_run(final, task)
+        del generator
+        gc.collect()
+        _release_gpu_memory()
+    return outcome
+
+
+def _release_gpu_memory() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
-                partial: Path, route: PairRoute, generation_tasks: Any) -> None:
+                partial: Path, route: PairRoute) -> None:
     from lm_eval_probes.probe_run.runner import ProbeRunOptions, probe_run
 
-    if route.kind == SAMPLES:
-        source = find_logged_run(model.samples, task)
-    else:
-        source = _generated_run(config, model, task, generation_tasks())
+    folder = model.samples if route.kind == SAMPLES else generation_folder(config, model, task)
+    source = find_logged_run(folder, task)
     options = ProbeRunOptions(
         run=[source], output_path=partial, model_args=config.model_args(model), tasks=[task],
         limit=config.limit if route.kind == SAMPLES else None, batch_size=config.batch_size,
@@ -481,13 +532,23 @@ def _run_pairs(config: SweepConfig, shard: Shard, task_manager: Any) -> None:
         loads = _ModelLoads(config, model)
         if route.note is not None:
             logger.warning("%s: %s", model_name, route.note)
+        generated = _generate_all(config, model, todo, generation_tasks) if route.kind == GENERATE else {}
         for task in todo:
             started = time.monotonic()
+            generation = generated.get(task, 0.0)
+            if isinstance(generation, Exception):
+                message = f"generation with {model.generate_with} failed: {type(generation).__name__}: {generation}"
+                with deferred_interrupt():
+                    record_status(config, model_name, task, "failed", error=message,
+                                  traceback=getattr(generation, "trace", ""))
+                    progress.line(model_name, task, f"FAILED ({_shown(message)})", 0.0)
+                continue
+            started -= generation  # the pair's time includes its generation
             try:
                 if route.kind == UNAVAILABLE:
                     raise RuntimeError(route.note)
                 lm = loads.get(replay=route.kind != DIRECT)
-                _evaluate_pair(config, lm, model, task, task_manager, shard, route, generation_tasks)
+                _evaluate_pair(config, lm, model, task, task_manager, shard, route)
             except _LoadFailed as failure:
                 message = load_failure(failure.error)
                 details = {} if isinstance(failure.error, ModelNotFound) else {"traceback": failure.trace}
