@@ -128,6 +128,10 @@ def plugin_help(tasks_dir: str) -> str:
                                   "lm-eval-probes sweep --help shows a config"),
             ("report RUN_DIR... --out DIR", "the leaderboard (HTML, Markdown, CSV, plots, paired comparisons) "
                                             "from lm_eval output folders"),
+            ("probe-run RUN --model_args ... --output_path DIR", "the probes added to a finished lm_eval run of any "
+                                                                "backend (vllm, sglang, hf) from its --log_samples "
+                                                                "files, one forward per document; lm-eval-probes "
+                                                                "probe-run --help"),
             ("reproduce PROTOCOL ...", "a paper's headline results as one command (bte, calibration, omega, tcb, "
                                        "margins): claim | paper | this run [95 % CI] | agrees?; docs/reproduce.md"),
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),

@@ -296,6 +296,9 @@ def test_a_vllm_run_is_probed_like_any_other(runs, tmp_path):
 
 
 def test_command_line(runs, tmp_path, run_cli):
+    from lm_eval_probes.__main__ import SUBCOMMANDS, plugin_help
+
+    assert SUBCOMMANDS["probe-run"] == "lm_eval_probes.probe_run.cli" and "probe-run RUN" in plugin_help("TASKS")
     code, out, _ = run_cli("lm-eval-probes", ["probe-run", "--help"])
     assert code == 0 and "--output_path" in out and "resps" in out
     code, _, err = run_cli("lm-eval-probes", ["probe-run", str(tmp_path / "nothing"), "--model_args",
