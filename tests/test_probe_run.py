@@ -7,7 +7,6 @@ equal wherever the re-encoded response is the generated token sequence (docs/pre
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import re

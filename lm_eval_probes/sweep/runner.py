@@ -166,7 +166,6 @@ def _evaluate_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     if results is None:  # a non-zero rank of a distributed run: rank 0 writes
         return
     samples = results.pop("samples", None)
-    device = getattr(lm, "device", None)
     results[SWEEP_KEY] = _sweep_note(model, task, shard, lm, pair_route(model))
     results.setdefault("config", {})["model_args"] = model_args
     tracker.save_results_aggregated(results=results, samples=samples)
