@@ -26,8 +26,9 @@ Nothing here reads files: what a run logged comes in as :class:`LoggedDocument` 
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -43,6 +44,7 @@ from lm_eval_probes.records import PROBE_REQUEST, ProbeLL, ProbeStr, probe_of, p
 __all__ = ["LoggedDocument", "ReplayError", "ReplayHFLM", "ReplayProgress", "ReplayedTokens", "replayed_tokens"]
 
 GENERATE, LOGLIKELIHOOD = "generate_until", "loglikelihood"
+_log = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
 
 
 class ReplayError(ValueError):
@@ -266,20 +268,20 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
         ids = self.doc_ids.get(request.task_name)
         return int(request.doc_id) if ids is None else int(ids[request.doc_id])
 
-    def _chunks(self, requests: Sequence[Instance], kind: str) -> Iterator[tuple[list[int], dict[tuple[str, int], list[int]]]]:
-        """Positions of the requests not answered yet, a chunk of documents at a time (each document whole), with
-        the positions of each document."""
+    def _chunks(self, requests: Sequence[Instance], positions: Sequence[int]) -> Iterator[dict[tuple[str, int], list[int]]]:
+        """``positions`` (of ``requests``) grouped by document, a chunk of ``documents_per_chunk`` documents at a time
+        (each document whole)."""
         by_document: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for position, request in enumerate(requests):
+        for position in positions:
+            request = requests[position]
             by_document[request.task_name, self._true_doc_id(request)].append(position)
         documents = list(by_document)
         for start in range(0, len(documents), self.documents_per_chunk):
-            chunk = {key: by_document[key] for key in documents[start : start + self.documents_per_chunk]}
-            yield [p for positions in chunk.values() for p in positions], chunk
+            yield {key: by_document[key] for key in documents[start : start + self.documents_per_chunk]}
 
-    def _answer(self, requests: list[Instance], kind: str, compute: Any) -> list[Any]:
-        """Each request's answer: stored ones from the progress, the rest computed by ``compute(positions)`` a chunk
-        of documents at a time, each chunk stored when done."""
+    def _answer(self, requests: list[Instance], kind: str, compute: Callable[[list[int]], list[Any]]) -> list[Any]:
+        """Each request's answer: stored ones from the progress, the others computed by ``compute(positions)`` (their
+        positions in ``requests``) a chunk of documents at a time, each chunk stored when done."""
         repeat = _repeat_numbers(requests)
         keys = [(kind, int(req.idx), repeat[i]) for i, req in enumerate(requests)]
         out: list[Any] = [None] * len(requests)
@@ -290,17 +292,22 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
                 out[position] = stored[keys[position]]
             else:
                 todo.append(position)
-        pending = [requests[p] for p in todo]
-        for positions, documents in self._chunks(pending, kind):
-            answers = compute([pending[p] for p in positions])
-            for p, answer in zip(positions, answers, strict=True):
-                out[todo[p]] = answer
+        total = len({(req.task_name, self._true_doc_id(req)) for req in requests})
+        done = total - len({(requests[p].task_name, self._true_doc_id(requests[p])) for p in todo})
+        if done:
+            _log.info("probe-run %s: %d of %d documents answered by an earlier, interrupted run", kind, done, total)
+        for documents in self._chunks(requests, todo):
+            positions = [p for members in documents.values() for p in members]
+            for position, answer in zip(positions, compute(positions), strict=True):
+                out[position] = answer
             if self.progress is not None:
                 by_task: dict[str, dict[int, dict[tuple[str, int, int], Any]]] = defaultdict(dict)
                 for (task, doc_id), members in documents.items():
-                    by_task[task][doc_id] = {keys[todo[p]]: out[todo[p]] for p in members}
+                    by_task[task][doc_id] = {keys[p]: out[p] for p in members}
                 for task, finished in by_task.items():
                     self.progress.save(task, finished)
+            done += len(documents)
+            _log.info("probe-run %s: %d of %d documents probed", kind, done, total)
         return out
 
     # ----------------------------------------------------------------------------- loglikelihood
@@ -311,8 +318,8 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
         logged = [self._logged_loglikelihood(req) for req in requests]
         self._choose_from_logged(requests, logged)
 
-        def compute(chunk: list[Instance]) -> list[Any]:
-            return super(ReplayHFLM, self).loglikelihood(chunk, disable_tqdm=True)
+        def compute(positions: list[int]) -> list[Any]:
+            return super(ReplayHFLM, self).loglikelihood([requests[p] for p in positions], disable_tqdm=True)
 
         answers = self._answer(requests, LOGLIKELIHOOD, compute)
         return [ProbeLL(value, probe_of(answer)) for value, answer in zip(logged, answers, strict=True)]
@@ -357,11 +364,11 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
                                   f"{answers!r:.80}, the task asks for generation {repeat[i] + 1}")
             texts.append(answers[repeat[i]])
 
-        def compute(chunk: list[Instance]) -> list[Any]:
+        def compute(positions: list[int]) -> list[Any]:
             call = _ReplayCall()
-            for request in chunk:
-                call.texts[request.args[0]].append(text_of[id(request), _next(seen, request)])
-            seen.clear()
+            for p in positions:
+                call.texts[requests[p].args[0]].append(texts[p])
+            chunk = [requests[p] for p in positions]
             with _REPLAY.running(self, call):
                 answered = super(ReplayHFLM, self).generate_until(chunk, disable_tqdm=True)
             # rows sharing a context may have been given each other's texts: hand each its own text's probe
@@ -369,19 +376,13 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
             for request, answer in zip(chunk, answered, strict=True):
                 probes[request.args[0], str(answer)].append(probe_of(answer))
             out = []
-            for request in chunk:
-                text = text_of[id(request), _next(seen, request)]
-                replayed = replayed_tokens(self, text, _stop_strings(self, request), request.args[0])
+            for p in positions:
+                request = requests[p]
+                replayed = replayed_tokens(self, texts[p], _stop_strings(self, request), request.args[0])
                 queue = probes.get((request.args[0], replayed.text))
-                out.append(ProbeStr(text, queue.popleft() if queue else None))
-            seen.clear()
+                out.append(ProbeStr(texts[p], queue.popleft() if queue else None))
             return out
 
-        text_of = {}
-        seen: dict[int, int] = {}
-        for request, text in zip(requests, texts, strict=True):
-            text_of[id(request), _next(seen, request)] = text
-        seen.clear()
         return self._answer(requests, GENERATE, compute)
 
 
@@ -393,16 +394,14 @@ def _stop_strings(lm: HFLM, request: Instance) -> list[str]:
     return handle_stop_sequences(kwargs.get("until"), eos=lm.tok_decode(lm.eot_token_id, skip_special_tokens=False))
 
 
-def _next(seen: dict[int, int], request: Instance) -> int:
-    number = seen.get(id(request), 0)
-    seen[id(request)] = number + 1
-    return number
-
-
 def _repeat_numbers(requests: Sequence[Instance]) -> list[int]:
     """Which repeat each request is (lm_eval lists a request with ``repeats`` > 1 that many times, the same object)."""
-    seen: dict[int, int] = {}
-    return [_next(seen, request) for request in requests]
+    seen: dict[int, int] = defaultdict(int)
+    numbers = []
+    for request in requests:
+        numbers.append(seen[id(request)])
+        seen[id(request)] += 1
+    return numbers
 
 
 def _first_difference(logged: str, built: str) -> str:
