@@ -45,6 +45,7 @@ def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
 
 
 SUBCOMMANDS: dict[str, str] = {
+    "probe-run": "lm_eval_probes.probe_run.cli",
     "report": "lm_eval_probes.reports.report",
     "reproduce": "lm_eval_probes.reproduce.cli",
     "sweep": "lm_eval_probes.sweep.cli",
@@ -127,6 +128,10 @@ def plugin_help(tasks_dir: str) -> str:
                                   "lm-eval-probes sweep --help shows a config"),
             ("report RUN_DIR... --out DIR", "the leaderboard (HTML, Markdown, CSV, plots, paired comparisons) "
                                             "from lm_eval output folders"),
+            ("probe-run RUN --model_args ... --output_path DIR", "the probes added to a finished lm_eval run of any "
+                                                                "backend (vllm, sglang, hf) from its --log_samples "
+                                                                "files, one forward per document; lm-eval-probes "
+                                                                "probe-run --help"),
             ("reproduce PROTOCOL ...", "a paper's headline results as one command (bte, calibration, omega, tcb, "
                                        "margins): claim | paper | this run [95 % CI] | agrees?; docs/reproduce.md"),
             ("ls tasks | validate ...", "lm_eval's own, with the plugin's tasks on the include path"),
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     stderr and exit 2, before torch is imported. Ctrl-C ends with one line and exit 130 (a second one at once)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = wants_debug(args)
-    if not args or args[0] != "sweep":  # the sweep reads its own --debug
+    if not args or args[0] not in ("sweep", "probe-run"):  # these read their own --debug
         args = [arg for arg in args if arg != DEBUG_FLAG]
     try:
         _dispatch(args, debug=debug)

@@ -128,6 +128,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lm_eval_probes.models", "lm_eval_probes.harness"),
     ("lm_eval_probes.tasks",),
     ("lm_eval_probes.reports", "lm_eval_probes.sweep", "lm_eval_probes.reproduce", "lm_eval_probes.cli",
+     "lm_eval_probes.probe_run",
      "lm_eval_probes.__main__"),
 )
 """The layers, lowest first: a module imports its own layer's and the layers below, never one above

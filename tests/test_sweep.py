@@ -26,7 +26,7 @@ def config_dict(out: Path, models: list[dict], **extra) -> dict:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"task": ["x"]}, "unknown sweep config key 'task'. Did you mean 'tasks'?"),
-    ({"models": [{"name": "a", "model_arg": {}}]}, "unknown models[0] key 'model_arg'. Did you mean 'model_args'? Valid: name, model, model_args."),
+    ({"models": [{"name": "a", "model_arg": {}}]}, "unknown models[0] key 'model_arg'. Did you mean 'model_args'? Valid: name, model, model_args, generate_with, generate_args, samples, fallback."),
     ({"models": [{"name": "a", "model_args": {"dtype": "float32"}}]}, "models[0].model_args needs 'pretrained'"),
     ({"models": [{"name": "a", "model_args": {"pretrained": "x", "probe_tcb_epsilon": 2}}]},
      "unknown hf-probes option 'probe_tcb_epsilon'. Did you mean 'probe_tcb_eps'?"),

@@ -25,6 +25,12 @@ the leaderboard.
 * **Any machine.** Without ``device`` each model goes where lm_eval's CLI puts it without ``--device``:
   the first GPU when there is one, else the CPU (:func:`model_device`).
 * **One model load per model** (per process): its pairs reuse the loaded model.
+* **Generate elsewhere, probe here.** A model entry with ``generate_with: vllm`` (or ``sglang``, ``hf``) has lm_eval's
+  own model of that type (loaded once, released before the probing model loads) generate each pair with
+  ``--log_samples`` (kept in ``<output_dir>/generations/``), then ``probe-run`` (:mod:`lm_eval_probes.probe_run`)
+  adds the probes with one forward per document; ``samples: DIR``
+  probes existing runs instead. Without vLLM installed such a pair fails saying so, or runs as an ``hf-probes`` pair
+  with ``fallback: hf-probes``.
 
 The config is parsed into frozen dataclasses and validated (unknown keys name the valid ones, the
 plugin's ``probe_*`` options are checked) before anything heavy is imported; task names are checked

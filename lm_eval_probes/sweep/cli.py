@@ -8,12 +8,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from lm_eval_probes.cli.console import tidy_console
 from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 from lm_eval_probes.sweep.config import Shard, SweepConfigError, load_config
 from lm_eval_probes.sweep.store import is_finished
-from lm_eval_probes.sweep.runner import SweepInterrupted, run_sweep
+from lm_eval_probes.sweep.runner import GENERATE, SAMPLES, UNAVAILABLE, SweepInterrupted, pair_route, run_sweep
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -42,6 +43,12 @@ example config (YAML) on a chosen device:
   limit: 100
   device: cpu                        # or cuda, cuda:1, mps
   seeds: 0
+
+generate with vLLM, then probe (docs/scale-out.md): a model entry may add
+    generate_with: vllm        # lm_eval's vllm model generates (--log_samples), then probe-run adds the probes
+    fallback: hf-probes        # where vLLM is not installed, hf-probes generates instead (said in the status)
+  or, for runs that exist already (any backend, with --log_samples):
+    samples: runs/vllm         # probe-run on the newest run there that has each task's samples
 
 across machines (docs/scale-out.md): each runs its shard into its own folder, then copy runs/ into one:
   lm-eval-probes sweep sweep.yaml --shard 0/2 --output_dir /scratch/a     # machine 1
@@ -72,6 +79,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _route_column(model: Any) -> str:
+    """``--check``'s fourth column, for a model whose responses another model type makes (``generate_with``) or
+    exist (``samples``)."""
+    if model.generate_with is None and model.samples is None:
+        return ""
+    route = pair_route(model)
+    if route.kind == GENERATE:
+        return f"\tgenerate with {model.generate_with}, then probe-run"
+    if route.kind == SAMPLES:
+        return f"\tprobe-run on the samples in {model.samples}"
+    if route.kind == UNAVAILABLE:
+        return f"\tcannot run: {route.note}"
+    return f"\thf-probes ({route.note})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -83,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             for model, task in shard.select(config.pairs()):
                 state = "done" if is_finished(config, model, task) else "to run"
-                print(f"{model}\t{task}\t{state}")
+                print(f"{model}\t{task}\t{state}{_route_column(config.model(model))}")
             return 0
         with tidy_console():  # lm_eval's repeated notices once; warnings name the pair and the row
             summary = run_sweep(config, shard=shard)

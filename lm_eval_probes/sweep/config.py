@@ -25,7 +25,10 @@ CONFIG_KEYS: tuple[str, ...] = (
     "models", "tasks", "output_dir", "probes", "seeds", "limit", "num_fewshot", "batch_size", "max_batch_size",
     "device", "gen_kwargs", "metadata", "apply_chat_template", "bootstrap_iters", "log_samples",
 )
-MODEL_KEYS: tuple[str, ...] = ("name", "model", "model_args")
+MODEL_KEYS: tuple[str, ...] = ("name", "model", "model_args", "generate_with", "generate_args", "samples", "fallback")
+GENERATE_FALLBACKS: tuple[str, ...] = ("hf-probes",)
+"""What ``fallback`` may name: the model type that generates (and probes) a pair when ``generate_with``'s backend is
+not installed."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -42,11 +45,30 @@ class SweepModel:
         model: lm_eval model type (default ``hf-probes``).
         model_args: passed to the model as is (``pretrained``, ``dtype``, ``gguf_file``, ``parallelize``, …);
             the sweep adds its ``probes``. ``probes`` itself is a sweep-level key (same for every model).
+        generate_with: an lm_eval model type that generates the responses (``vllm``, ``sglang``, ``hf``): it runs
+            each pair with ``--log_samples`` into ``<output_dir>/generations/<name>/<task>/`` (one instance for all of
+            them, released before the probing model loads), then ``probe-run`` probes its samples with this model
+            (``hf-probes``, one forward per document); ``None``: ``hf-probes`` generates and probes at once.
+        generate_args: the generating model's ``model_args`` (default: ``model_args`` without the plugin's keys).
+        samples: a folder of finished lm_eval runs of this model (with ``--log_samples``): each pair runs
+            ``probe-run`` on the newest run there that has the task's samples, generating nothing.
+        fallback: ``hf-probes``: when ``generate_with``'s backend is not installed, generate with ``hf-probes``
+            instead (said in the progress line and the pair's status); ``None``: the pair fails, saying so.
     """
 
     name: str
     model: str = "hf-probes"
     model_args: Mapping[str, Any] = field(default_factory=dict)
+    generate_with: str | None = None
+    generate_args: Mapping[str, Any] | None = None
+    samples: Path | None = None
+    fallback: str | None = None
+
+    def generation_args(self) -> dict[str, Any]:
+        """The generating model's ``model_args``: ``generate_args``, else ``model_args`` without the plugin's keys."""
+        if self.generate_args is not None:
+            return dict(self.generate_args)
+        return split_model_args(self.model_args)[1]
 
 
 @dataclass(frozen=True)
@@ -116,7 +138,7 @@ def _int(name: str, value: Any, *, minimum: int) -> int:
     return int(value)
 
 
-def _parse_model(index: int, raw: Any) -> SweepModel:
+def _parse_model(index: int, raw: Any, base_dir: Path | None = None) -> SweepModel:
     where = f"models[{index}]"
     _require(isinstance(raw, Mapping), f"{where} must be a mapping with keys {', '.join(MODEL_KEYS)}, got {raw!r}")
     _check_keys(where, raw, MODEL_KEYS)
@@ -132,7 +154,32 @@ def _parse_model(index: int, raw: Any) -> SweepModel:
         ProbeConfig.from_model_args(plugin)
     except ValueError as error:
         raise SweepConfigError(f"{where}.model_args: {error}") from None
-    return SweepModel(name=name, model=str(raw.get("model", "hf-probes")), model_args=dict(model_args))
+    model = str(raw.get("model", "hf-probes"))
+    generate_with, samples, fallback = raw.get("generate_with"), raw.get("samples"), raw.get("fallback")
+    generate_args = raw.get("generate_args")
+    _require(generate_with is None or (isinstance(generate_with, str) and generate_with.strip() != ""),
+             f"{where}.generate_with must be an lm_eval model type (vllm, sglang, hf), got {generate_with!r}")
+    _require(generate_with is None or "diffusion" not in str(generate_with),
+             f"{where}.generate_with: {generate_with!r} does not generate left to right; probe-run needs an "
+             "autoregressive model's responses")
+    _require(generate_with is None or samples is None,
+             f"{where}: generate_with and samples exclude each other (generate the responses, or use existing ones)")
+    _require((generate_with is None and samples is None) or model == "hf-probes",
+             f"{where}: generate_with and samples are probed by probe-run with model hf-probes, got model {model!r}")
+    _require(generate_args is None or (isinstance(generate_args, Mapping) and generate_with is not None),
+             f"{where}.generate_args must be a mapping, given with generate_with, got {generate_args!r}")
+    _require(fallback is None or (generate_with is not None and fallback in GENERATE_FALLBACKS),
+             f"{where}.fallback must be {' or '.join(GENERATE_FALLBACKS)}, given with generate_with, got {fallback!r}")
+    _require(samples is None or isinstance(samples, str), f"{where}.samples must be a folder, got {samples!r}")
+    folder = None
+    if samples is not None:
+        folder = Path(samples)
+        if not folder.is_absolute() and base_dir is not None:
+            folder = base_dir / folder
+    return SweepModel(name=name, model=model, model_args=dict(model_args),
+                      generate_with=None if generate_with is None else str(generate_with).strip(),
+                      generate_args=None if generate_args is None else dict(generate_args), samples=folder,
+                      fallback=fallback)
 
 
 def _parse_seeds(value: Any) -> tuple[int, int, int, int]:
@@ -146,7 +193,8 @@ def _parse_seeds(value: Any) -> tuple[int, int, int, int]:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> SweepConfig:
     """Validate a parsed YAML mapping into a :class:`SweepConfig` (no model or lm_eval is loaded).
 
-    ``output_dir`` is resolved against ``base_dir`` (the config file's folder) when relative.
+    ``output_dir`` and a model's ``samples`` are resolved against ``base_dir`` (the config file's folder) when
+    relative.
 
     Raises:
         SweepConfigError: an unknown key (with the valid ones and a did-you-mean), a missing or ill-typed
@@ -157,7 +205,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Swe
     for key in ("models", "tasks", "output_dir"):
         _require(key in raw, f"the sweep config needs '{key}'")
     _require(isinstance(raw["models"], list) and raw["models"], "models must be a non-empty list")
-    models = tuple(_parse_model(i, m) for i, m in enumerate(raw["models"]))
+    models = tuple(_parse_model(i, m, base_dir) for i, m in enumerate(raw["models"]))
     names = [m.name for m in models]
     _require(len(set(names)) == len(names), f"model names must be unique, got {names}")
     tasks = raw["tasks"]

@@ -4,8 +4,8 @@ recorded and the sweep going on, one progress line per pair with its ETA."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
+import importlib.util
 import logging
 import math
 import os
@@ -13,11 +13,13 @@ import shutil
 import time
 import traceback
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lm_eval_probes.cli.interrupt import deferred_interrupt, restore_interrupt, stop_at_next_interrupt
 from lm_eval_probes.harness.pretrained import ModelNotFound, check_pretrained, hub_offline
+from lm_eval_probes.probe_run.runner import lm_eval_cli_device
 from lm_eval_probes.sweep.config import SWEEP_KEY, Shard, SweepConfig, SweepConfigError, SweepModel
 from lm_eval_probes.sweep.store import collect_status, is_finished, pair_dir, record_status
 
@@ -102,16 +104,22 @@ def check_tasks(config: SweepConfig, task_manager: Any) -> None:
             raise SweepConfigError(f"unknown task {task!r}.{hint} The plugin's tasks: {plugin}; or any task lm_eval knows.")
 
 
-def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard) -> None:
-    """Run one pair and move its lm_eval files into place atomically; its attempt folder in ``.partial/`` is removed
+def _evaluate_pair(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
+                   route: PairRoute | None = None) -> None:
+    """Run one pair (``hf-probes`` generating and probing at once, or ``probe-run`` on generated or existing samples:
+    ``route``) and move its lm_eval files into place atomically; its attempt folder in ``.partial/`` is removed
     whatever happens."""
+    route = route or PairRoute(DIRECT)
     partial_root = config.output_dir / ".partial" / model.name
     for stale in partial_root.glob(f"{task}.*"):
         shutil.rmtree(stale, ignore_errors=True)  # a killed earlier attempt of this pair
     partial = partial_root / f"{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     _make_folder(partial)
     try:
-        _evaluate_into(config, lm, model, task, task_manager, shard, partial)
+        if route.kind == DIRECT:
+            _evaluate_into(config, lm, model, task, task_manager, shard, partial)
+        else:
+            _probe_into(config, lm, model, task, task_manager, shard, partial, route)
     finally:  # done, failed or interrupted: nothing of this attempt stays in .partial/
         shutil.rmtree(partial, ignore_errors=True)
         remove_empty_partials(config)
@@ -158,14 +166,25 @@ def _evaluate_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     if results is None:  # a non-zero rank of a distributed run: rank 0 writes
         return
     samples = results.pop("samples", None)
-    device = getattr(lm, "device", None)
-    results[SWEEP_KEY] = {"model": model.name, "task": task, "shard": str(shard), "model_type": model.model,
-                          "device": None if device is None else str(device)}
+    results[SWEEP_KEY] = _sweep_note(model, task, shard, lm, pair_route(model))
     results.setdefault("config", {})["model_args"] = model_args
     tracker.save_results_aggregated(results=results, samples=samples)
     if config.log_samples and samples:
         for name in results["configs"]:
             tracker.save_results_samples(task_name=name, samples=samples[name])
+    _move_into_place(config, model, task, partial)
+
+
+def _sweep_note(model: SweepModel, task: str, shard: Shard, lm: Any, route: PairRoute) -> dict[str, Any]:
+    device = getattr(lm, "device", None)
+    note = {"model": model.name, "task": task, "shard": str(shard), "model_type": model.model,
+            "device": None if device is None else str(device)}
+    if model.generate_with is not None or model.samples is not None:
+        note["generated_with"] = route.generated_with(model)
+    return note
+
+
+def _move_into_place(config: SweepConfig, model: SweepModel, task: str, partial: Path) -> None:
     written = list(partial.rglob("results_*.json"))
     if len(written) != 1:
         raise RuntimeError(f"lm_eval wrote {len(written)} results files for {model.name} × {task} (expected 1)")
@@ -173,6 +192,190 @@ def _evaluate_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, t
     final = pair_dir(config, model.name, task)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(files, final)  # the pair appears complete or not at all
+
+
+# ----------------------------------------------------------------------------- generate elsewhere, then probe-run
+
+DIRECT, GENERATE, SAMPLES, UNAVAILABLE = "hf-probes", "generate", "samples", "unavailable"
+
+BACKENDS: dict[str, tuple[str, str]] = {"vllm": ("vllm", "pip install vllm"), "vllm-vlm": ("vllm", "pip install vllm"),
+                                        "sglang": ("sglang", "pip install sglang")}
+"""lm_eval model types that need a package lm_eval does not install: the module to find, how to install it."""
+
+
+@dataclass(frozen=True)
+class PairRoute:
+    """How a pair is run: ``hf-probes`` generating and probing (``DIRECT``), ``probe-run`` on responses another model
+    type generates (``GENERATE``) or on existing samples (``SAMPLES``), or not at all (``UNAVAILABLE``: ``note`` says
+    why). ``note`` also says why a pair fell back to ``hf-probes``."""
+
+    kind: str
+    note: str | None = None
+
+    def generated_with(self, model: SweepModel) -> str:
+        if self.kind == GENERATE:
+            return str(model.generate_with)
+        if self.kind == SAMPLES:
+            return f"samples in {model.samples}"
+        return DIRECT if self.note is None else f"{DIRECT} ({self.note})"
+
+
+def backend_missing(model_type: str) -> str | None:
+    """Why lm_eval's model type ``model_type`` cannot run here (its package is not installed), or ``None``."""
+    backend = BACKENDS.get(model_type)
+    if backend is None or importlib.util.find_spec(backend[0]) is not None:
+        return None
+    return f"{backend[0]} is not installed ({backend[1]})"
+
+
+def pair_route(model: SweepModel) -> PairRoute:
+    """How ``model``'s pairs run here (:class:`PairRoute`)."""
+    if model.samples is not None:
+        return PairRoute(SAMPLES)
+    if model.generate_with is None:
+        return PairRoute(DIRECT)
+    missing = backend_missing(model.generate_with)
+    if missing is None:
+        return PairRoute(GENERATE)
+    if model.fallback == DIRECT:
+        return PairRoute(DIRECT, f"generate_with {model.generate_with}: {missing}; fell back to {DIRECT}")
+    return PairRoute(UNAVAILABLE, f"generate_with {model.generate_with}: {missing}; set fallback: {DIRECT} to generate "
+                                  f"with {DIRECT} instead")
+
+
+def find_logged_run(folder: Path, task: str) -> Path:
+    """The newest results file under ``folder`` whose run logged samples of ``task``.
+
+    Raises:
+        FileNotFoundError: none.
+    """
+    found = []
+    for results in folder.rglob("results_*.json"):
+        date = results.name[len("results_"):-len(".json")]
+        if (results.parent / f"samples_{task}_{date}.jsonl").is_file():
+            found.append((date, results))
+    if not found:
+        raise FileNotFoundError(f"no lm_eval run with samples of {task} under {folder} (samples_{task}_<date>.jsonl "
+                                "beside its results_<date>.json)")
+    return max(found)[1]
+
+
+def generation_folder(config: SweepConfig, model: SweepModel, task: str) -> Path:
+    """Where ``generate_with``'s run of a pair is kept (reused by a rerun)."""
+    return config.output_dir / "generations" / model.name / task
+
+
+def load_generator(config: SweepConfig, model: SweepModel) -> Any:
+    """lm_eval's ``model.generate_with`` model (``vllm``, …) with ``generate_args`` and the sweep's batch size and
+    device, loaded once for all of the model's generations in this process."""
+    import lm_eval.api.registry
+    import lm_eval.models  # noqa: F401  (lm_eval's own model names)
+
+    additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": model_device(config)}
+    return lm_eval.api.registry.get_model(model.generate_with).create_from_arg_obj(
+        model.generation_args(), {k: v for k, v in additional.items() if v is not None})
+
+
+def generate_samples(config: SweepConfig, generator: Any, model: SweepModel, task: str, folder: Path,
+                     task_manager: Any) -> None:
+    """Run ``generator`` (:func:`load_generator`) on ``task`` with ``--log_samples`` into ``folder`` (the sweep's
+    limit, few-shot, generation kwargs, seeds and chat template), recorded as ``lm_eval --model <generate_with> ...
+    --log_samples`` records it."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    tracker = EvaluationTracker(output_path=str(folder))
+    results = lm_eval.simple_evaluate(
+        model=generator, model_args=model.generation_args(), tasks=[task], num_fewshot=config.num_fewshot,
+        batch_size=config.batch_size, max_batch_size=config.max_batch_size, device=model_device(config),
+        limit=config.limit, bootstrap_iters=0, log_samples=True, evaluation_tracker=tracker,
+        apply_chat_template=config.apply_chat_template,
+        gen_kwargs=dict(config.gen_kwargs) if config.gen_kwargs else None, task_manager=task_manager,
+        random_seed=config.seeds[0], numpy_random_seed=config.seeds[1], torch_random_seed=config.seeds[2],
+        fewshot_random_seed=config.seeds[3],
+    )
+    if results is None:
+        return
+    samples = results.pop("samples", None) or {}
+    results["model_source"] = results["config"]["model"] = model.generate_with
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for name in results["configs"]:
+        if name in samples:
+            tracker.save_results_samples(task_name=name, samples=samples[name])
+
+
+def _generate_all(config: SweepConfig, model: SweepModel, tasks: list[str], generation_tasks: Any) -> dict[str, Any]:
+    """Generate every pair of ``tasks`` that has no kept generation, with one ``generate_with`` model loaded for all
+    of them and released before any probing model loads (vLLM keeps its GPU memory while it lives). Returns, per task,
+    the seconds its generation took, or the exception that failed it (a failed load fails them all)."""
+    import gc
+
+    outcome: dict[str, Any] = {}
+    missing = []
+    for task in tasks:
+        try:
+            find_logged_run(generation_folder(config, model, task), task)
+            outcome[task] = 0.0
+        except FileNotFoundError:
+            missing.append(task)
+    if not missing:
+        return outcome
+    started = time.monotonic()
+    try:
+        generator = load_generator(config, model)
+    except Exception as error:  # noqa: BLE001  (recorded per pair)
+        error.trace = traceback.format_exc()[-4000:]  # type: ignore[attr-defined]
+        return {**outcome, **dict.fromkeys(missing, error)}
+    load_seconds = time.monotonic() - started
+    try:
+        for task in missing:
+            started = time.monotonic()
+            partial = (config.output_dir / ".partial" / "generations" / model.name
+                       / f"{task}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+            _make_folder(partial)
+            try:
+                generate_samples(config, generator, model, task, partial, generation_tasks())
+                find_logged_run(partial, task)  # raises when the generation logged nothing
+                final = generation_folder(config, model, task)
+                if final.exists():
+                    shutil.rmtree(final)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(partial, final)
+                outcome[task] = time.monotonic() - started + load_seconds
+                load_seconds = 0.0
+            except Exception as error:  # noqa: BLE001
+                error.trace = traceback.format_exc()[-4000:]  # type: ignore[attr-defined]
+                outcome[task] = error
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+    finally:
+        del generator
+        gc.collect()
+        _release_gpu_memory()
+    return outcome
+
+
+def _release_gpu_memory() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
+                partial: Path, route: PairRoute) -> None:
+    from lm_eval_probes.probe_run.runner import ProbeRunOptions, probe_run
+
+    folder = model.samples if route.kind == SAMPLES else generation_folder(config, model, task)
+    source = find_logged_run(folder, task)
+    options = ProbeRunOptions(
+        run=[source], output_path=partial, model_args=config.model_args(model), tasks=[task],
+        limit=config.limit if route.kind == SAMPLES else None, batch_size=config.batch_size,
+        max_batch_size=config.max_batch_size, device=model_device(config), metadata=dict(config.metadata),
+    )
+    probe_run(options, lm=lm, task_manager=task_manager, annotations={SWEEP_KEY: _sweep_note(model, task, shard, lm, route)})
+    _move_into_place(config, model, task, partial)
 
 
 def model_device(config: SweepConfig) -> str:
@@ -185,12 +388,7 @@ def model_device(config: SweepConfig) -> str:
     """
     if config.device is not None:
         return config.device
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    default = next((f.default for f in dataclasses.fields(EvaluatorConfig) if f.name == "device"), None)
-    if not isinstance(default, str):
-        raise RuntimeError(f"lm_eval's CLI has no default device to follow (got {default!r}); set 'device' in the sweep config")
-    return default
+    return lm_eval_cli_device()
 
 
 def check_model_folder(model: SweepModel) -> None:
@@ -224,6 +422,42 @@ def _load_model(config: SweepConfig, model: SweepModel) -> Any:
     additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": model_device(config)}
     return lm_eval.api.registry.get_model(model.model).create_from_arg_obj(
         config.model_args(model), {k: v for k, v in additional.items() if v is not None})
+
+
+def _load_replay(config: SweepConfig, model: SweepModel) -> Any:
+    """``hf-probes`` answering from logged responses (:class:`~lm_eval_probes.models.replay.ReplayHFLM`), for the
+    pairs that ``probe-run`` probes."""
+    check_model_folder(model)
+    from lm_eval_probes.models.replay import ReplayHFLM
+
+    additional = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": model_device(config)}
+    return ReplayHFLM(**config.model_args(model), **{k: v for k, v in additional.items() if v is not None}, logged={})
+
+
+class _ModelLoads:
+    """A model's loaded wrappers in this process, each loaded once when a pair first needs it (``hf-probes`` and
+    the replaying ``hf-probes`` of probe-run); a failed load is remembered and fails the model's later pairs alike."""
+
+    def __init__(self, config: SweepConfig, model: SweepModel) -> None:
+        self.config, self.model = config, model
+        self.loaded: dict[bool, Any] = {}
+
+    def get(self, replay: bool) -> Any:
+        if replay not in self.loaded:
+            try:
+                self.loaded[replay] = (_load_replay if replay else _load_model)(self.config, self.model)
+            except Exception as error:  # noqa: BLE001  (recorded per pair)
+                self.loaded[replay] = _LoadFailed(error, traceback.format_exc()[-4000:])
+        lm = self.loaded[replay]
+        if isinstance(lm, _LoadFailed):
+            raise lm
+        return lm
+
+
+class _LoadFailed(Exception):
+    def __init__(self, error: BaseException, trace: str) -> None:
+        super().__init__(str(error))
+        self.error, self.trace = error, trace
 
 
 def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any | None = None) -> dict[str, Any]:
@@ -284,6 +518,7 @@ def _run_pairs(config: SweepConfig, shard: Shard, task_manager: Any) -> None:
     by_model: dict[str, list[str]] = {}
     for model_name, task in mine:
         by_model.setdefault(model_name, []).append(task)
+    generation_tasks = _GenerationTasks(config)
     for model_name, tasks in by_model.items():
         todo = [t for t in tasks if not is_finished(config, model_name, t)]
         for task in tasks:
@@ -292,33 +527,62 @@ def _run_pairs(config: SweepConfig, shard: Shard, task_manager: Any) -> None:
         if not todo:
             continue
         model = config.model(model_name)
-        started = time.monotonic()
-        try:
-            lm = _load_model(config, model)
-        except Exception as error:  # noqa: BLE001  (any load failure is recorded; the sweep goes on)
-            message = load_failure(error)
-            details = {} if isinstance(error, ModelNotFound) else {"traceback": traceback.format_exc()[-4000:]}
-            for task in todo:
+        route = pair_route(model)
+        loads = _ModelLoads(config, model)
+        if route.note is not None:
+            logger.warning("%s: %s", model_name, route.note)
+        generated = _generate_all(config, model, todo, generation_tasks) if route.kind == GENERATE else {}
+        for task in todo:
+            started = time.monotonic()
+            generation = generated.get(task, 0.0)
+            if isinstance(generation, Exception):
+                message = f"generation with {model.generate_with} failed: {type(generation).__name__}: {generation}"
+                with deferred_interrupt():
+                    record_status(config, model_name, task, "failed", error=message,
+                                  traceback=getattr(generation, "trace", ""))
+                    progress.line(model_name, task, f"FAILED ({_shown(message)})", 0.0)
+                continue
+            started -= generation  # the pair's time includes its generation
+            try:
+                if route.kind == UNAVAILABLE:
+                    raise RuntimeError(route.note)
+                lm = loads.get(replay=route.kind != DIRECT)
+                _evaluate_pair(config, lm, model, task, task_manager, shard, route)
+            except _LoadFailed as failure:
+                message = load_failure(failure.error)
+                details = {} if isinstance(failure.error, ModelNotFound) else {"traceback": failure.trace}
                 with deferred_interrupt():  # the status is written whole
                     record_status(config, model_name, task, "failed", error=message, **details)
                     progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
-                started = time.monotonic()
-            continue
-        load_seconds = time.monotonic() - started
-        for task in todo:
-            started = time.monotonic()
-            try:
-                _evaluate_pair(config, lm, model, task, task_manager, shard)
             except Exception as error:  # noqa: BLE001
                 message = f"{type(error).__name__}: {error}"
                 with deferred_interrupt():
                     record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
-                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started + load_seconds)
+                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
             else:
-                seconds = time.monotonic() - started + load_seconds
+                seconds = time.monotonic() - started
+                extra = {} if model.generate_with is None and model.samples is None else {
+                    "generated_with": route.generated_with(model)}
                 with deferred_interrupt():
                     record_status(config, model_name, task, "done", seconds=round(seconds, 3), shard=str(shard),
-                                  results_dir=str(pair_dir(config, model_name, task)))
-                    progress.line(model_name, task, "done", seconds)
-            load_seconds = 0.0
-        del lm
+                                  results_dir=str(pair_dir(config, model_name, task)), **extra)
+                    progress.line(model_name, task, "done" + (f" ({route.note})" if route.note else ""), seconds)
+        del loads
+
+
+class _GenerationTasks:
+    """lm_eval's own task manager for the ``generate_with`` runs (the plugin's tasks on its path, no probe rows),
+    built when a pair first needs it."""
+
+    def __init__(self, config: SweepConfig) -> None:
+        self.config = config
+        self.manager: Any = None
+
+    def __call__(self) -> Any:
+        if self.manager is None:
+            from lm_eval.tasks import TaskManager
+
+            import lm_eval_probes
+
+            self.manager = TaskManager(include_path=lm_eval_probes.tasks_dir(), metadata=dict(self.config.metadata) or None)
+        return self.manager
