@@ -137,10 +137,10 @@ def replayed_tokens(lm: HFLM, text: str, stop: Sequence[str], prompt: str | None
 
 @dataclass
 class _ReplayCall:
-    """What one ``generate_until`` chunk hands to the generation step: the logged texts per context, first come first
-    served, and the contexts of the batch being encoded."""
+    """What one ``generate_until`` chunk hands to the generation step: the logged responses' replayed tokens per
+    context, first come first served, and the contexts of the batch being encoded."""
 
-    texts: dict[str, deque[str]] = field(default_factory=lambda: defaultdict(deque))
+    texts: dict[str, deque[ReplayedTokens]] = field(default_factory=lambda: defaultdict(deque))
     batch: list[str] = field(default_factory=list)
 
 
@@ -164,7 +164,7 @@ class _ReplayedGeneration(HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         if len(call.batch) != context.shape[0]:
             raise RuntimeError(f"replay: {context.shape[0]} rows to generate for {len(call.batch)} encoded contexts")
-        responses = [list(replayed_tokens(self, call.texts[prompt].popleft(), stop, prompt).ids) for prompt in call.batch]
+        responses = [list(call.texts[prompt].popleft().ids) for prompt in call.batch]
         eos = self.eot_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         width = max(len(ids) for ids in responses) + 1
@@ -366,8 +366,10 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
 
         def compute(positions: list[int]) -> list[Any]:
             call = _ReplayCall()
+            replayed = {p: replayed_tokens(self, texts[p], _stop_strings(self, requests[p]), requests[p].args[0])
+                        for p in positions}  # once per response: the prompt's encoding is the long part
             for p in positions:
-                call.texts[requests[p].args[0]].append(texts[p])
+                call.texts[requests[p].args[0]].append(replayed[p])
             chunk = [requests[p] for p in positions]
             with _REPLAY.running(self, call):
                 answered = super(ReplayHFLM, self).generate_until(chunk, disable_tqdm=True)
@@ -377,9 +379,7 @@ class ReplayHFLM(ProbeHFLM, _ReplayedGeneration):
                 probes[request.args[0], str(answer)].append(probe_of(answer))
             out = []
             for p in positions:
-                request = requests[p]
-                replayed = replayed_tokens(self, texts[p], _stop_strings(self, request), request.args[0])
-                queue = probes.get((request.args[0], replayed.text))
+                queue = probes.get((requests[p].args[0], replayed[p].text))
                 out.append(ProbeStr(texts[p], queue.popleft() if queue else None))
             return out
 
