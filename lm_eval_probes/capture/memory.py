@@ -11,6 +11,8 @@ Without ``auto`` nothing is reserved.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,18 +47,24 @@ def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
     at most 2²⁴ values, 64 MiB)."""
     if not config.probes:
         return 0
-    from lm_eval_probes.capture.positions import kept_layers, position_captures, whole_forward
-
-    try:
-        kept = len(kept_layers(shapes.layers, config, whole_forward(position_captures(config, shapes.layers))))
-    except ValueError:  # options that do not fit this depth (the run refuses them): every layer
-        kept = shapes.layers + 1
-    states = kept * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
+    states = _kept_count(config, shapes.layers) * shapes.batch * shapes.tokens * shapes.width * shapes.dtype_bytes
     from lm_eval_probes.probes.row_blocks import ROW_BLOCK_ELEMENTS
 
     rows = min(shapes.vocab, max(1, ROW_BLOCK_ELEMENTS // max(shapes.width, 1)))
     block = rows * shapes.width * 4 if shapes.dtype_bytes < 4 else 0
     return states + block
+
+
+@functools.lru_cache(maxsize=32)
+def _kept_count(config: ProbeConfig, num_layers: int) -> int:
+    """How many ``hidden_states`` a forward keeps under ``config`` (once per configuration and depth: it is asked at
+    every forward under ``batch_size=auto``)."""
+    from lm_eval_probes.capture.positions import kept_layers, position_captures, whole_forward
+
+    try:
+        return len(kept_layers(num_layers, config, whole_forward(position_captures(config, num_layers))))
+    except ValueError:  # options that do not fit this depth (the run refuses them): every layer
+        return num_layers + 1
 
 
 def declared(config: ProbeConfig, shapes: Shapes) -> dict[str, int]:
