@@ -36,8 +36,7 @@ HFLM (``hf-probes``: 6 overridden methods besides ``__init__``, 2 private; ``hf-
     * ``_model_generate`` (private) — the one place where a generation's ids (and the states of ``generate``'s own
       calls) exist; the text it becomes is predicted with ``lm_eval.models.utils.postprocess_generated_text``, as
       HFLM's ``generate_until`` makes it;
-    * diffusion only: ``_get_backend`` (private; the model is a masked LM, and its family is decided from the config
-      before any weight loads), ``_model_generate`` replaced by masked-diffusion decoding, ``_loglikelihood_tokens``
+    * diffusion only: ``_model_generate`` replaced by masked-diffusion decoding, ``_loglikelihood_tokens``
       by the Monte-Carlo estimate (HFLM's rolling windows, keyed ``None``, are refused there).
     * Data parallel: ``_rank`` / ``_world_size`` set from HFLM's own ``accelerator`` (:func:`.hflm.take_ranks_from_accelerate`;
       HFLM 0.4.13 splits documents only when it sees more than one GPU).

@@ -5,9 +5,10 @@ probes on the final denoising pass's hidden states.
 Thin by design (like lm_eval's ``hf_steered``): HFLM does the tokenizing, batching, left padding, stop
 strings and ``--use_cache``; this subclass only
 
-* loads the model as a masked LM (``AutoModelForMaskedLM`` for masked-LM configs, else the class its
-  remote code maps; ``trust_remote_code`` only as the user gives it) and decides its family (LLaDA,
-  Dream, generic: :meth:`DiffusionConfig.resolved`) from the config before any weight loads;
+* reads the model's config first, and from it picks the class that loads it as a masked LM (``AutoModelForMaskedLM``
+  for masked-LM configs, else the class its remote code maps; ``trust_remote_code`` only as the user gives it; HFLM
+  keeps an ``AUTO_MODEL_CLASS`` already set), decides its family (LLaDA, Dream, generic:
+  :meth:`DiffusionConfig.resolved`) and plans its probes, all before any weight loads;
 * generate_until — replaces ``_model_generate`` with :func:`~lm_eval_probes.models.diffusion_decoding.masked_diffusion_decode`
   (the family's sampler, one seeded generator per row), keeps the family's text (its harness's stop rule)
   and hands each kept generation a :class:`~lm_eval_probes.records.ResponseProbe` carrying every kept
@@ -115,6 +116,17 @@ def model_class_for(config: Any) -> type:
     return transformers.AutoModelForCausalLM
 
 
+def _model_config(pretrained: Any, hf_args: dict[str, Any]) -> Any:
+    """The model's config, read as HFLM reads it (``AutoConfig`` with the same ``revision``, ``trust_remote_code``,
+    ``gguf_file`` and ``subfolder``; a model object's own), before HFLM loads any weight."""
+    if not isinstance(pretrained, str):
+        return pretrained.config
+    return transformers.AutoConfig.from_pretrained(
+        pretrained, revision=str(hf_args.get("revision", "main")), trust_remote_code=hf_args.get("trust_remote_code", False),
+        gguf_file=hf_args.get("gguf_file"), subfolder=hf_args.get("subfolder") or "",
+    )
+
+
 def resolve_mask_token_id(option: int | None, config: Any, tokenizer: Any) -> int:
     """The mask token id: the ``diffusion_mask_token_id`` option, else the model config's
     ``mask_token_id``, else the tokenizer's mask token; ``ValueError`` when none is known."""
@@ -170,19 +182,17 @@ class DiffusionProbeHFLM(HFLM):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
-        super().__init__(pretrained, **hf_args)
+        config = _model_config(pretrained, hf_args)
+        self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
+        self.AUTO_MODEL_CLASS = model_class_for(config)  # HFLM's _get_backend keeps a class already set
+        self._plan_probes(config)
+        super().__init__(pretrained, **{**hf_args, "backend": "causal"})
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
         folder = None if self.whole.states_folder is None else self.whole.states_folder[1]
         self.states_writer = states_writer(folder, self.rank)
-
-    def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: bool | None = False) -> None:
-        self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
-        self.AUTO_MODEL_CLASS = model_class_for(config)
-        self._plan_probes(config)
-        super()._get_backend(config, backend="causal", trust_remote_code=trust_remote_code)
 
     def _plan_probes(self, config: Any) -> None:
         """The enabled probes' position probes for this model's depth, what they ask of a forward, and the
