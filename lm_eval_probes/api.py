@@ -10,7 +10,9 @@ A probe is one :class:`Probe` object exported by one module and registered by na
 * what it reads: a :class:`PositionProbe` built per model (``position_probe(options, num_layers)``): the layers whose
   states it reads at a response's positions, its per-position values over a :class:`LensChunk` and their reduction to
   its record fields;
-* its rows (:class:`Row`, typed: per-document value kind, aggregation, direction) and the record field each reads;
+* its record: a frozen dataclass of the values it gives each response (its fields, typed; a
+  :class:`~lm_eval_probes.records.ResponseProbe` carries one per probe), and its rows (:class:`Row`, typed:
+  per-document value kind, aggregation, direction), each reading one field of that record;
 * its extra memory as a function of the shapes (:class:`Shapes`; ``batch_size=auto`` reserves it).
 
 Everything here is torch-free and lm_eval-free: ``--help``, option validation and the reports read probes without
@@ -513,6 +515,39 @@ class FirstAttention:
     prefix: str
 
 
+GENERATED_RECORD = "__lm_eval_probes_generated__"
+"""Marks a record class made by :func:`generated_record` (remade when the probe's fields change)."""
+
+_GENERATED: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def record_fields(record: type) -> tuple[str, ...]:
+    """The field names of a probe's record class."""
+    return tuple(f.name for f in dataclasses.fields(record))
+
+
+def generated_record(probe: str, fields: tuple[str, ...]) -> type:
+    """The record class of a probe that declares only its field names: a frozen dataclass with those fields (typed
+    ``Any``, default ``None``), one class per ``(probe, fields)`` in a process; it pickles by value (rebuilt by name
+    in the receiving process: lm_eval's cross-rank gather)."""
+    key = (probe, tuple(fields))
+    if key not in _GENERATED:
+        title = "".join(part.capitalize() for part in probe.split("_")) or "Probe"
+        cls = dataclasses.make_dataclass(
+            f"{title}Record", [(name, Any, field(default=None)) for name in key[1]], frozen=True,
+            namespace={"__reduce__": lambda self: (_rebuilt_record, (key[0], key[1], tuple(getattr(self, n) for n in key[1]))),
+                       "__doc__": f"Probe {probe!r}'s values of one response (made from its field names).",
+                       GENERATED_RECORD: True},
+        )
+        cls.__module__ = __name__
+        _GENERATED[key] = cls
+    return _GENERATED[key]
+
+
+def _rebuilt_record(probe: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    return generated_record(probe, fields)(*values)
+
+
 class ProbeRegistrationError(ValueError):
     """A probe that cannot produce what it declares (named with the probe and the row or field)."""
 
@@ -524,7 +559,12 @@ class Probe:
     Attributes:
         name: its name in ``probes=`` (lower case letters, digits and ``_``).
         summary: one line for ``--help`` and the report's glossary.
-        fields: the record fields its capture fills (names unique across all probes).
+        fields: the record fields its capture fills (names unique across all probes): the field names of
+            :attr:`record` (give either).
+        record: a frozen dataclass, one instance per response: the probe's values, typed, each field defaulting to
+            ``None`` (not computed); a :class:`~lm_eval_probes.records.ResponseProbe` carries it under the probe's
+            name (:meth:`~lm_eval_probes.records.ResponseProbe.of`). Given :attr:`fields` only, one is made whose
+            fields are typed ``Any``.
         rows: its own rows (family ``probe``), each reading one of :attr:`fields`.
         position_probe: ``(options, num_layers) -> PositionProbe``: its capture at a response's positions (a class
             that takes those two arguments serves; it may also ask for a whole-forward capture, see
@@ -546,7 +586,7 @@ class Probe:
 
     name: str
     summary: str
-    fields: tuple[str, ...]
+    fields: tuple[str, ...] = ()
     rows: tuple[Row, ...] = ()
     position_probe: Callable[[Any, int], PositionProbe] | None = None
     options: type[ProbeOptions] = NoOptions
@@ -560,9 +600,28 @@ class Probe:
     reads: str = ""
     default_enabled: bool = False
     feed_states: Callable[..., LayerStates | None] | None = None
+    record: type | None = None
 
     def __post_init__(self) -> None:
+        record = self.record
+        generated = getattr(record, GENERATED_RECORD, False)
+        if record is not None and not generated:
+            if not (isinstance(record, type) and dataclasses.is_dataclass(record)):
+                raise ProbeRegistrationError(f"probe {self.name!r}: record must be a dataclass, got {record!r}")
+            names = tuple(f.name for f in dataclasses.fields(record))
+            if self.fields and tuple(self.fields) != names:
+                raise ProbeRegistrationError(f"probe {self.name!r}: fields {tuple(self.fields)} differ from its record "
+                                             f"{record.__name__}'s {names} (give one of them)")
+            unset = [f.name for f in dataclasses.fields(record) if f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING]
+            if unset:
+                raise ProbeRegistrationError(f"probe {self.name!r}: record {record.__name__}'s fields {unset} need a "
+                                             "default (None: not computed for this response)")
+            object.__setattr__(self, "fields", names)
+        object.__setattr__(self, "fields", tuple(self.fields))
         self.check()
+        if record is None or (generated and record_fields(record) != self.fields):
+            object.__setattr__(self, "record", generated_record(self.name, self.fields))
 
     def check(self) -> None:
         """Raises :class:`ProbeRegistrationError` for a probe that cannot produce a row it declares."""

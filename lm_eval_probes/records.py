@@ -10,6 +10,7 @@ cross-rank ``gather_object``), and lose the attribute only when stringified (``-
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -20,17 +21,55 @@ from lm_eval_probes import declarations
 from lm_eval_probes.api import LayerStates
 
 
-_DECLARED: list[Any] = [None, ()]  # (the declarations.PROBES tuple they were read from, its fields)
+_DECLARED: list[Any] = [None, (), {}]  # the declarations.PROBES tuple they were read from, its fields, field → probe
+
+
+def _declared() -> list[Any]:
+    if _DECLARED[0] is not declarations.PROBES:
+        probes = declarations.PROBES
+        owners = {name: probe for probe in probes for name in probe.fields}
+        _DECLARED[:] = [probes, tuple(owners), owners]
+    return _DECLARED
 
 
 def declared_fields() -> tuple[str, ...]:
-    """Every registered probe's record fields (:attr:`~lm_eval_probes.api.Probe.fields`), in
-    declaration order: the names a :class:`ResponseProbe` carries in :attr:`~ResponseProbe.probe_fields`. Read once
-    per ``declarations.PROBES`` tuple (every record's construction and attribute reads ask for them)."""
-    if _DECLARED[0] is not declarations.PROBES:
-        _DECLARED[:] = [declarations.PROBES,
-                        tuple(dict.fromkeys(name for probe in declarations.PROBES for name in probe.fields))]
-    return _DECLARED[1]
+    """Every registered probe's record fields (:attr:`~lm_eval_probes.api.Probe.fields`), in declaration order. Read
+    once per ``declarations.PROBES`` tuple (every record's construction and reads ask for them)."""
+    return _declared()[1]
+
+
+def field_owners() -> Mapping[str, Any]:
+    """Record field → the registered :class:`~lm_eval_probes.api.Probe` that declares it."""
+    return _declared()[2]
+
+
+def _unknown_field(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _merged(by_probe: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``by_probe`` (probe name → its record) with the flat ``field → value`` updates applied, each to its probe's
+    record (made when missing); a record whose every field is ``None`` is left out."""
+    owners = field_owners()
+    out = {}
+    for name, record in by_probe.items():
+        probe = next((p for p in declarations.PROBES if p.name == name), None)
+        if probe is None:
+            raise TypeError(f"ResponseProbe: no registered probe is called {name!r}")
+        if not isinstance(record, probe.record):
+            raise TypeError(f"ResponseProbe: probe {name!r}'s values must be a {probe.record.__name__}, got "
+                            f"{type(record).__name__}")
+        out[name] = record
+    updates: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        updates.setdefault(owners[name].name, {})[name] = value
+    for name, changes in updates.items():
+        current = out.get(name)
+        out[name] = (dataclasses.replace(current, **changes) if current is not None
+                     else next(p for p in declarations.PROBES if p.name == name).record(**changes))
+    return {name: record for name, record in out.items()
+            if any(getattr(record, f.name) is not None for f in fields(record))}
 
 
 @dataclass(frozen=True, init=False)
@@ -40,21 +79,21 @@ class ResponseProbe:
     Response positions are those whose next-token prediction scores a response token (teacher
     forcing): from the last prompt position to the position predicting the last response token.
 
-    Each probe's own values are its declared record fields (:attr:`ProbeDeclaration.fields
-    <lm_eval_probes.declarations.ProbeDeclaration.fields>`), held in :attr:`probe_fields` and read as attributes
-    (``probe.tcb_log10_mean``): ``None`` when their probe is disabled, ``nan`` when undefined (empty response).
-    Their meaning is documented where they are computed, the ``reduce`` of each probe's capture (the modules of
-    :mod:`lm_eval_probes.plugins`; the margins: :mod:`~lm_eval_probes.capture.margins`). They are given as
-    keyword arguments like the attributes below (``ResponseProbe(n_tokens=3, mean_token_logprob=-0.5,
-    tcb_log10_mean=2.5)``, ``dataclasses.replace(probe, margin_mean=0.1)``), or as one ``probe_fields`` mapping; a
-    name no probe declares raises.
+    Each enabled probe's values are one instance of its typed record (:attr:`Probe.record
+    <lm_eval_probes.api.Probe.record>`), held in :attr:`by_probe` under the probe's name and read with :meth:`of`
+    (``probe.of("tcb").tcb_log10_mean``) or, by field name, :meth:`get`: ``None`` when the probe is disabled, ``nan``
+    when undefined (empty response). Their meaning is documented where they are computed, the ``reduce`` of each
+    probe's capture (the modules of :mod:`lm_eval_probes.plugins`; the margins: :mod:`~lm_eval_probes.capture.margins`).
+    A record is made with the probes' fields as keyword arguments like the attributes below (``ResponseProbe(n_tokens=3,
+    mean_token_logprob=-0.5, tcb_log10_mean=2.5)``, ``dataclasses.replace(probe, margin_mean=0.1)``: each goes to its
+    probe's record), or with :attr:`by_probe`; a name no probe declares raises.
 
     Attributes:
         n_tokens: number of response tokens (= response positions).
         mean_token_logprob: mean natural-log probability of the response tokens (its exp is the
             geometric-mean token probability).
         prompt_tokens: number of context tokens the model saw before the response (after any truncation).
-        probe_fields: the declared probe fields that were filled (field name → value; no ``None`` values).
+        by_probe: probe name → that probe's record (only the probes that filled a value).
         token_logprobs: generation only: the log-probability of every response token.
         token_ends: generation only: the character offset where each response token ends in the text.
         answer_span: ``[start, stop)`` response-token indices of the filter-extracted answer (set by the
@@ -83,7 +122,7 @@ class ResponseProbe:
     n_tokens: int
     mean_token_logprob: float
     prompt_tokens: int | None = None
-    probe_fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    by_probe: Mapping[str, Any] = field(default_factory=dict, hash=False)
     token_logprobs: tuple[float, ...] | None = None
     token_ends: tuple[int, ...] | None = None
     answer_span: tuple[int, int] | None = None
@@ -96,36 +135,45 @@ class ResponseProbe:
     trajectory_token_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     def __init__(self, n_tokens: int, mean_token_logprob: float, **values: Any) -> None:
-        declared = declared_fields()
-        probe_fields = dict(values.pop("probe_fields", None) or {})
-        probe_fields.update((name, values.pop(name)) for name in declared if name in values)
+        owners = field_owners()
+        by_probe = values.pop("by_probe", None) or {}
+        flat = {name: values.pop(name) for name in list(values) if name in owners}
         own = {f.name: f for f in fields(self)}
-        unknown = sorted((set(values) - own.keys()) | (probe_fields.keys() - set(declared)))
+        unknown = sorted(set(values) - own.keys())
         if unknown:
-            close = difflib.get_close_matches(unknown[0], [*own, *declared], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"ResponseProbe has no field {unknown[0]!r} (not its own, no declared probe's).{hint}")
-        values.update(n_tokens=n_tokens, mean_token_logprob=mean_token_logprob,
-                      probe_fields={name: value for name, value in probe_fields.items() if value is not None})
+            raise TypeError(f"ResponseProbe has no field {unknown[0]!r} (not its own, no declared probe's)."
+                            f"{_unknown_field(unknown[0], [*own, *owners])}")
+        values.update(n_tokens=n_tokens, mean_token_logprob=mean_token_logprob, by_probe=_merged(by_probe, flat))
         for name, f in own.items():
             value = values[name] if name in values else f.default_factory() if f.default_factory is not MISSING else f.default
             object.__setattr__(self, name, value)
 
+    def of(self, probe: str) -> Any:
+        """Probe ``probe``'s record of this response (its :attr:`~lm_eval_probes.api.Probe.record`), or ``None`` (the
+        probe was disabled, or filled nothing)."""
+        if probe not in self.by_probe and not any(p.name == probe for p in declarations.PROBES):
+            names = [p.name for p in declarations.PROBES]
+            raise KeyError(f"no registered probe is called {probe!r}.{_unknown_field(probe, names)}")
+        return self.by_probe.get(probe)
+
     def get(self, name: str) -> Any:
         """The value of the declared probe field ``name``, or ``None`` (its probe was disabled, or filled nothing)."""
-        if name not in declared_fields():
-            close = difflib.get_close_matches(name, declared_fields(), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(f"no registered probe declares the record field {name!r}.{hint}")
-        return self.probe_fields.get(name)
+        owner = field_owners().get(name)
+        if owner is None:
+            raise KeyError(f"no registered probe declares the record field {name!r}."
+                           f"{_unknown_field(name, declared_fields())}")
+        record = self.by_probe.get(owner.name)
+        return None if record is None else getattr(record, name)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickling; a record pickled before :attr:`probe_fields` existed (one attribute per probe field, as in an
-        older ``--use_cache`` table) has its probe fields moved there."""
+        """Unpickling; a record pickled before :attr:`by_probe` existed (its probe fields in one flat ``probe_fields``
+        mapping, or one attribute per probe field, as in an older ``--use_cache`` table) has them moved to their
+        probes' records."""
         state = dict(state)
-        if "probe_fields" not in state:
-            moved = {name: state.pop(name) for name in declared_fields() if name in state}
-            state["probe_fields"] = {name: value for name, value in moved.items() if value is not None}
+        if "by_probe" not in state:
+            flat = dict(state.pop("probe_fields", None) or {})
+            flat.update((name, state.pop(name)) for name in declared_fields() if name in state)
+            state["by_probe"] = _merged({}, {name: value for name, value in flat.items() if value is not None})
         self.__dict__.update(state)
 
     def trajectory_at(self, percent: int) -> tuple[float, ...] | None:
@@ -145,8 +193,8 @@ class ResponseProbe:
         :meth:`LayerStates.to_dict`)."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name == "probe_fields":
-                out.update((name, _json_native(self.probe_fields.get(name))) for name in declared_fields())
+            if f.name == "by_probe":
+                out.update((name, _json_native(self.get(name))) for name in declared_fields())
             else:
                 out[f.name] = _json_native(getattr(self, f.name))
         return out
@@ -154,7 +202,7 @@ class ResponseProbe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ResponseProbe:
         """Inverse of :meth:`to_dict`."""
-        known = {f.name for f in fields(cls)} - {"probe_fields"} | set(declared_fields())
+        known = {f.name for f in fields(cls)} - {"by_probe"} | set(declared_fields())
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown ResponseProbe fields: {sorted(unknown)}")

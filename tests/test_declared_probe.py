@@ -86,6 +86,7 @@ def test_a_probe_declared_here_is_captured_recorded_and_given_its_rows(toy_decla
         want = torch.softmax(logits[start : start + len(continuation_ids)].double(), -1).amax(-1).mean()
         probe = answer.probe
         assert probe.get("toy_top1_mean") == pytest.approx(float(want), rel=1e-5)
+        assert isinstance(probe.of("toy"), TOY.record) and probe.of("toy").toy_top1_mean == probe.get("toy_top1_mean")
         assert probe.get("tcb_log10_mean") is None and probe.get("answer_states") is None  # the other probes stay off
         assert ResponseProbe.from_dict(probe.to_dict()) == probe == pickle.loads(pickle.dumps(probe))
         values = probe_metric_values(probe, 0.5, 2.0, declared=True)

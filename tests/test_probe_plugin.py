@@ -5,6 +5,7 @@ report; and probes that cannot produce what they declare are refused when they r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -153,6 +154,16 @@ class _Nothing:
         return {}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ToyRecord:
+    toy_other: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnsetRecord:
+    toy_value: float
+
+
 def _probe(**overrides) -> Probe:
     spec = dict(name="toy", summary="a toy", fields=("toy_value",), position_probe=_Nothing,
                 rows=(Row("toy", "float", "mean", True, "probe", "a toy row", "toy_value"),))
@@ -170,6 +181,9 @@ def _probe(**overrides) -> Probe:
     ({"name": "all"}, r"reserved"),
     ({"options": dict}, r"options must be a ProbeOptions dataclass"),
     ({"rows": (Row("toy", "float", "mean", True, "confidence", "wrong family", "toy_value"),)}, r"family 'probe'"),
+    ({"record": _ToyRecord}, r"probe 'toy': fields \('toy_value',\) differ from its record _ToyRecord's \('toy_other',\)"),
+    ({"fields": (), "record": _UnsetRecord}, r"probe 'toy': record _UnsetRecord's fields \['toy_value'\] need a default"),
+    ({"fields": (), "record": dict}, r"probe 'toy': record must be a dataclass"),
 ])
 def test_a_probe_that_cannot_produce_its_rows_is_refused(overrides, message):
     with pytest.raises(ProbeRegistrationError, match=message):

@@ -26,17 +26,29 @@ def test_pickle_round_trip_keeps_probes():
         assert back == response and type(back) is type(response) and back.probe == PROBE
 
 
-def test_probe_fields_read_as_attributes_and_a_record_of_the_older_layout_unpickles():
-    """Each declared probe field is an attribute (``None``: its probe was off); a record pickled when every probe
-    field was an attribute of its own (an older ``--use_cache`` table) unpickles to the same record."""
-    assert PROBE.probe_fields == {"tcb_log10_mean": 2.5, "tcb_log10_min": 2.0, "tcb_argmin": 1, "bte_profile": (0.1, 0.2),
-                                  "bte_energy": 0.15}
+def test_each_probe_s_values_travel_in_its_typed_record_and_older_layouts_unpickle():
+    """Each enabled probe's values are one instance of its record dataclass (``None`` where its probe was off), read
+    with ``of`` or by field with ``get``; a record pickled with every probe field as an attribute of its own (an older
+    ``--use_cache`` table) or in one flat ``probe_fields`` mapping unpickles to the same record."""
+    from lm_eval_probes.plugins.bte import BteRecord
+    from lm_eval_probes.plugins.tcb import TcbRecord
+
+    assert PROBE.by_probe == {"tcb": TcbRecord(tcb_log10_mean=2.5, tcb_log10_min=2.0, tcb_argmin=1),
+                              "bte": BteRecord(bte_energy=0.15, bte_profile=(0.1, 0.2))}
+    assert isinstance(PROBE.of("tcb"), TcbRecord) and PROBE.of("tcb").tcb_argmin == 1 and PROBE.of("omega") is None
     assert PROBE.get("tcb_argmin") == 1 and PROBE.get("omega") is None and PROBE.get("answer_states") is None
-    assert dataclasses.replace(PROBE, omega=1.5).get("omega") == 1.5 and dataclasses.replace(PROBE, omega=1.5).get("bte_energy") == 0.15
-    older = object.__new__(ResponseProbe)
-    older.__dict__.update({name: value for name, value in PROBE.__dict__.items() if name != "probe_fields"},
-                          **PROBE.probe_fields, omega=None, answer_states=None)
-    assert pickle.loads(pickle.dumps(older)) == PROBE
+    moved = dataclasses.replace(PROBE, omega=1.5)
+    assert moved.of("omega").omega == 1.5 and moved.get("bte_energy") == 0.15 and moved.of("bte") == PROBE.of("bte")
+    flat = {"tcb_log10_mean": 2.5, "tcb_log10_min": 2.0, "tcb_argmin": 1, "bte_profile": (0.1, 0.2), "bte_energy": 0.15}
+    own = {name: value for name, value in PROBE.__dict__.items() if name != "by_probe"}
+    for older_layout in ({**own, **flat, "omega": None, "answer_states": None}, {**own, "probe_fields": flat}):
+        older = object.__new__(ResponseProbe)
+        older.__dict__.update(older_layout)
+        assert pickle.loads(pickle.dumps(older)) == PROBE
+    with pytest.raises(KeyError, match="omeg.*Did you mean 'omega'"):
+        PROBE.of("omeg")
+    with pytest.raises(TypeError, match="must be a TcbRecord"):
+        ResponseProbe(n_tokens=1, mean_token_logprob=0.0, by_probe={"tcb": BteRecord(bte_energy=1.0)})
 
 
 def test_responses_behave_like_plain_values():

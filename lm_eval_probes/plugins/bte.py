@@ -97,6 +97,15 @@ def bte_memory(options: BteOptions, shapes: Shapes) -> float:
     return 6 * shapes.lens_positions * shapes.vocab * 4
 
 
+@dataclass(frozen=True)
+class BteRecord:
+    """BTE's values of one response (:meth:`BtePositions.reduce`; ``None``: not computed)."""
+
+    bte_energy: float | None = None
+    bte_profile: tuple[float, ...] | None = None
+    bte_features: tuple[float, ...] | None = None
+
+
 PROBE = Probe(
     name="bte",
     summary="BTE: Jensen–Shannon energy between consecutive logit-lens beliefs, over the central window of "
@@ -105,7 +114,7 @@ PROBE = Probe(
     formula="BTE_t,l = JSD(p_t^(l), p_t^(l+1)) of consecutive logit-lens beliefs (nats); e(l) = mean over response "
             "positions; ē_M = mean of e(l) over the central window [⌊3L/8⌋, ⌊5L/8⌋)",
     reads="the states of the layers of the central window (or all L+1) at every response position",
-    fields=("bte_energy", "bte_profile", "bte_features"),
+    record=BteRecord,
     position_probe=BtePositions,
     options=BteOptions,
     memory=bte_memory,

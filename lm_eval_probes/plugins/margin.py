@@ -59,6 +59,18 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     return 8 * (2 * p * d + t * d + 6 * t * p + 2 * t * t + (1 << 23) + 3 * 64 * p * p)
 
 
+@dataclass(frozen=True)
+class MarginRecord:
+    """The stability margins of one response's sequence (the wrappers' first-attention capture,
+    :meth:`~lm_eval_probes.capture.margins.MarginSummary.record_fields`; ``None``: not computed)."""
+
+    margin_mean: float | None = None
+    margin_min: float | None = None
+    margin_support_positions: tuple[int, ...] | None = None
+    margin_support_tokens: tuple[str, ...] | None = None
+    margin_support_values: tuple[float, ...] | None = None
+
+
 PROBE = Probe(
     name="margin",
     summary="stability margins log|det(I − Σ_t A)| of the first attention layer and the support tokens",
@@ -68,7 +80,7 @@ PROBE = Probe(
             "per head of the first attention layer (mean over heads); per document the mean and the minimum; "
             "support tokens: the k smallest",
     reads="the first attention layer's inputs at every position the model saw",
-    fields=("margin_mean", "margin_min", "margin_support_positions", "margin_support_tokens", "margin_support_values"),
+    record=MarginRecord,
     position_probe=MarginPositions,
     options=MarginOptions,
     memory=margin_memory,

@@ -116,6 +116,14 @@ def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
     return blocks + 6 * shapes.lens_positions * shapes.vocab * 4
 
 
+@dataclass(frozen=True)
+class OmegaRecord:
+    """Ω's values of one response (:meth:`OmegaPositions.reduce`; ``None``: not computed)."""
+
+    omega: float | None = None
+    omega_trajectory: tuple[float, ...] | None = None
+
+
 PROBE = Probe(
     name="omega",
     summary="Ω: HyperLens refinement area of the focal-depth confidence trajectory (runs the model's last m "
@@ -124,7 +132,7 @@ PROBE = Probe(
     formula="C_i = mean over response positions of the top-K mass of D_m(H_i) = softmax(W_U norm(f_N ∘ … ∘ "
             "f_N−m+1(H_i))); Ω = Σ_i (1 − C_i)",
     reads="every source layer's states at the response positions, and the last m blocks' inputs",
-    fields=("omega", "omega_trajectory"),
+    record=OmegaRecord,
     position_probe=OmegaPositions,
     options=OmegaOptions,
     memory=omega_memory,

@@ -131,6 +131,16 @@ def reader_memory(options: ReaderOptions, shapes: Shapes) -> float:
     return layers * shapes.batch * (shapes.response_tokens + 1) * shapes.width * 4 + shapes.batch * shapes.tokens * 4
 
 
+@dataclass(frozen=True)
+class ReaderStates:
+    """The reader's states of one response (:meth:`ReaderPositions.reduce`; ``prompt_states``: the wrappers' prompt
+    means; ``None``: not computed)."""
+
+    answer_states: LayerStates | None = None
+    prompt_states: LayerStates | None = None
+    tail_states: LayerStates | None = None
+
+
 PROBE = Probe(
     name="reader",
     summary="the mean hidden states (answer and prompt positions, a few layers) that the latent correctness "
@@ -139,7 +149,7 @@ PROBE = Probe(
     formula="mean hidden state over the answer (prompt) positions at the reader layers (L/2, 2L/3, 5L/6) → "
             "standardised L2 logistic regression, out-of-fold P(correct) (P(noised))",
     reads="the reader layers' states at the response (answer) and prompt positions",
-    fields=("answer_states", "prompt_states", "tail_states"),
+    record=ReaderStates,
     position_probe=ReaderPositions,
     options=ReaderOptions,
     memory=reader_memory,

@@ -120,6 +120,22 @@ def tcb_memory(options: TcbOptions, shapes: Shapes) -> float:
     return lens_bytes(shapes, 5)
 
 
+@dataclass(frozen=True)
+class TcbRecord:
+    """δ_TCB's values of one response (:meth:`TcbPositions.reduce`; ``None``: not computed, ``nan``: no positions)."""
+
+    tcb_log10_mean: float | None = None
+    tcb_log10_min: float | None = None
+    tcb_argmin: int | None = None
+    entropy: float | None = None
+    logit_margin: float | None = None
+    v_eff_ipr: float | None = None
+    v_eff_exp: float | None = None
+    tcb_cluster_log10_mean: float | None = None
+    tcb_disperse_log10_mean: float | None = None
+    tcb_ablation_ordered: float | None = None
+
+
 PROBE = Probe(
     name="tcb",
     summary="δ_TCB: how far the final hidden state can move before the next-token distribution changes "
@@ -128,8 +144,7 @@ PROBE = Probe(
     formula="δ_TCB = ε / ‖J‖_F, J = ∂softmax(W h + b)/∂h, ‖J‖_F² = Σ_i o_i² ‖w_i − Wᵀo‖², ε = 1, per response "
             "position; per document the mean and the minimum of log10 δ_TCB",
     reads="the final layer's state at every response position (its logits: the harness's own readout)",
-    fields=("tcb_log10_mean", "tcb_log10_min", "tcb_argmin", "entropy", "logit_margin", "v_eff_ipr", "v_eff_exp",
-            "tcb_cluster_log10_mean", "tcb_disperse_log10_mean", "tcb_ablation_ordered"),
+    record=TcbRecord,
     position_probe=TcbPositions,
     options=TcbOptions,
     memory=tcb_memory,

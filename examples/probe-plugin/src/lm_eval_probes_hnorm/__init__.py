@@ -53,10 +53,18 @@ def hnorm_memory(options: HnormOptions, shapes: Shapes) -> float:
     return shapes.batch * shapes.response_tokens * 8 + shapes.lens_positions * shapes.width * 8
 
 
+@dataclass(frozen=True)
+class HnormRecord:
+    """``hnorm``'s value of one response (what a :class:`~lm_eval_probes.records.ResponseProbe` carries under
+    ``"hnorm"``; ``None``: not computed)."""
+
+    hnorm: float | None = None
+
+
 PROBE = Probe(
     name="hnorm",
     summary="mean L2 norm of the last hidden state over the response positions (an example plugin)",
-    fields=("hnorm",),
+    record=HnormRecord,
     rows=(Row("hnorm", "float", "mean", True, "probe",
               "mean over documents of the mean L2 norm of the last hidden state over the response positions",
               "hnorm", scored=False),),
