@@ -605,20 +605,21 @@ class Probe:
     def __post_init__(self) -> None:
         record = self.record
         generated = getattr(record, GENERATED_RECORD, False)
+        fields = tuple(self.fields)
         if record is not None and not generated:
             if not (isinstance(record, type) and dataclasses.is_dataclass(record)):
                 raise ProbeRegistrationError(f"probe {self.name!r}: record must be a dataclass, got {record!r}")
-            names = tuple(f.name for f in dataclasses.fields(record))
-            if self.fields and tuple(self.fields) != names:
-                raise ProbeRegistrationError(f"probe {self.name!r}: fields {tuple(self.fields)} differ from its record "
+            names = record_fields(record)
+            if fields and fields != names:
+                raise ProbeRegistrationError(f"probe {self.name!r}: fields {fields} differ from its record "
                                              f"{record.__name__}'s {names} (give one of them)")
             unset = [f.name for f in dataclasses.fields(record) if f.default is dataclasses.MISSING
                      and f.default_factory is dataclasses.MISSING]
             if unset:
                 raise ProbeRegistrationError(f"probe {self.name!r}: record {record.__name__}'s fields {unset} need a "
                                              "default (None: not computed for this response)")
-            object.__setattr__(self, "fields", names)
-        object.__setattr__(self, "fields", tuple(self.fields))
+            fields = names
+        object.__setattr__(self, "fields", fields)
         self.check()
         if record is None or (generated and record_fields(record) != self.fields):
             object.__setattr__(self, "record", generated_record(self.name, self.fields))

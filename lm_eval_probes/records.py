@@ -21,14 +21,14 @@ from lm_eval_probes import declarations
 from lm_eval_probes.api import LayerStates
 
 
-_DECLARED: list[Any] = [None, (), {}]  # the declarations.PROBES tuple they were read from, its fields, field → probe
+_DECLARED: list[Any] = [None, (), {}, {}]  # the declarations.PROBES tuple read, its fields, field → probe, name → probe
 
 
 def _declared() -> list[Any]:
     if _DECLARED[0] is not declarations.PROBES:
         probes = declarations.PROBES
         owners = {name: probe for probe in probes for name in probe.fields}
-        _DECLARED[:] = [probes, tuple(owners), owners]
+        _DECLARED[:] = [probes, tuple(owners), owners, {probe.name: probe for probe in probes}]
     return _DECLARED
 
 
@@ -51,10 +51,10 @@ def _unknown_field(name: str, candidates: Sequence[str]) -> str:
 def _merged(by_probe: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
     """``by_probe`` (probe name → its record) with the flat ``field → value`` updates applied, each to its probe's
     record (made when missing); a record whose every field is ``None`` is left out."""
-    owners = field_owners()
+    _, _, owners, by_name = _declared()
     out = {}
     for name, record in by_probe.items():
-        probe = next((p for p in declarations.PROBES if p.name == name), None)
+        probe = by_name.get(name)
         if probe is None:
             raise TypeError(f"ResponseProbe: no registered probe is called {name!r}")
         if not isinstance(record, probe.record):
@@ -67,7 +67,7 @@ def _merged(by_probe: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, A
     for name, changes in updates.items():
         current = out.get(name)
         out[name] = (dataclasses.replace(current, **changes) if current is not None
-                     else next(p for p in declarations.PROBES if p.name == name).record(**changes))
+                     else by_name[name].record(**changes))
     return {name: record for name, record in out.items()
             if any(getattr(record, f.name) is not None for f in fields(record))}
 
@@ -151,9 +151,9 @@ class ResponseProbe:
     def of(self, probe: str) -> Any:
         """Probe ``probe``'s record of this response (its :attr:`~lm_eval_probes.api.Probe.record`), or ``None`` (the
         probe was disabled, or filled nothing)."""
-        if probe not in self.by_probe and not any(p.name == probe for p in declarations.PROBES):
-            names = [p.name for p in declarations.PROBES]
-            raise KeyError(f"no registered probe is called {probe!r}.{_unknown_field(probe, names)}")
+        by_name = _declared()[3]
+        if probe not in by_name:
+            raise KeyError(f"no registered probe is called {probe!r}.{_unknown_field(probe, list(by_name))}")
         return self.by_probe.get(probe)
 
     def get(self, name: str) -> Any:
