@@ -14,7 +14,8 @@ on one document first, so one-time copies are not timed); the best wall time of 
 seconds and the ratio over plain ``hf`` (and over ``probes=none``).
 
 Tasks: ``mc`` = ``probes_synth_logic`` (multiple choice), ``gen`` = ``probes_synth_arith_gen`` (generation,
-``--max_gen_toks`` tokens). The text is tokenised by SmolLM2's tokenizer (offline; real lengths); the models keep
+``--max_gen_toks`` tokens), ``long`` = one two-option document whose context is ``--context_tokens`` tokens (4096:
+the bounded-memory check of ``docs/performance.md``; ``--limit`` does not apply). The text is tokenised by SmolLM2's tokenizer (offline; real lengths); the models keep
 their real vocabulary (``shapes.confine_to_tokenizer``).
 """
 
@@ -35,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import PeakRss  # noqa: E402  (the RSS sampler both benchmarks use)
 from shapes import SHAPES, Shape, resolve  # noqa: E402
 
-TASKS = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen"}
+TASKS = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen", "long": None}
+LONG_TEXT = "Anne is kind. If someone is kind then they are smart. The bear is red and the cat is big. "
 PROBES = ("none", "tcb+bte", "tcb", "bte", "omega", "margin", "reader", "all")
 GIB = 2**30
 
@@ -53,10 +55,13 @@ def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens
 
     if probe == "none":
         return 0.0
+    from shapes import model_config
+
     config = ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk_positions})
+    layer_types = tuple(getattr(model_config(shape, layers, pad=0, eos=0), "layer_types", None) or ())
     shapes = Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=shape.hidden,
                     vocab=shape.vocab, heads=shape.heads, head_dim=shape.head_dim, dtype_bytes=dtype_bytes,
-                    chunk_positions=chunk_positions, ffn=shape.ffn)
+                    chunk_positions=chunk_positions, ffn=shape.ffn, layer_types=layer_types)
     return float(expected_peak(config, shapes))
 
 
@@ -135,6 +140,23 @@ def evaluate(lm: Any, task: str, limit: int, args: argparse.Namespace) -> None:
                                verbosity="ERROR")
 
 
+def long_requests(lm: Any, tokens: int) -> list[Any]:
+    """One two-option multiple-choice document whose context is ``tokens`` tokens of text (the ``long`` task): the
+    probes' buffers at a long request (T ≈ ``tokens``), where they are not hidden in what the forward itself frees."""
+    from lm_eval.api.instance import Instance
+
+    ids = lm.tok_encode(LONG_TEXT * (tokens // 8 + 1))[:tokens]
+    context = lm.tokenizer.decode(ids)
+    return [Instance("loglikelihood", {}, (context, option), 0, ("long", 0, 1)) for option in (" True", " False")]
+
+
+def run_task(lm: Any, task: str, limit: int, args: argparse.Namespace) -> None:
+    if task == "long":
+        lm.loglikelihood(long_requests(lm, args.context_tokens), disable_tqdm=True)
+    else:
+        evaluate(lm, TASKS[task], limit, args)
+
+
 def memory_worker(args: argparse.Namespace) -> None:
     """One (shape, layers, task, probes) in this process; prints one JSON line."""
     import psutil
@@ -149,7 +171,7 @@ def memory_worker(args: argparse.Namespace) -> None:
     sampler = PeakRss()
     sampler.start()
     start = time.perf_counter()
-    evaluate(lm, TASKS[args.task], args.limit, args)
+    run_task(lm, args.task, args.limit, args)
     wall = time.perf_counter() - start
     peak = sampler.stop()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -169,9 +191,9 @@ def time_worker(args: argparse.Namespace) -> None:
     for _ in range(args.repeats):
         for name in settings:
             lm = wrapper(name, model, tokenizer, shape, args)
-            evaluate(lm, TASKS[args.task], 1, args)  # warm-up: the lens's float32 W, kernels, the task's documents
+            run_task(lm, args.task, 1, args)  # warm-up: the lens's float32 W, kernels, the task's documents
             start = time.perf_counter()
-            evaluate(lm, TASKS[args.task], args.limit, args)
+            run_task(lm, args.task, args.limit, args)
             best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
             del lm
             gc.collect()
@@ -190,6 +212,7 @@ def run_worker(mode: str, args: argparse.Namespace, **overrides: Any) -> list[di
                "--task", fields["task"], "--limit", str(fields["limit"]), "--batch_size", str(fields["batch_size"]),
                "--dtype", fields["dtype"], "--threads", str(fields["threads"]), "--tokenizer", fields["tokenizer"],
                "--max_gen_toks", str(fields["max_gen_toks"]), "--device", fields["device"],
+               "--context_tokens", str(fields["context_tokens"]), "--max_length", str(fields["max_length"]),
                "--probes", fields.get("probes_one") or "none", "--repeats", str(fields["repeats"]),
                "--probes_list", *fields["probes"]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -251,7 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max_gen_toks", type=int, default=16)
-    parser.add_argument("--max_length", type=int, default=0)
+    parser.add_argument("--max_length", type=int, default=0, help="HFLM's max_length (0: the model's; the long task: "
+                                                                   "context_tokens + 64)")
+    parser.add_argument("--context_tokens", type=int, default=4096, help="the long task's context length")
     parser.add_argument("--tokenizer", default="smollm2", choices=("smollm2", "tiny"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--diffusion_steps", type=int, default=8)
@@ -264,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.memory_worker or args.time_worker:
         args.layers = args.layers[0]
+        if args.task == "long" and not args.max_length:
+            args.max_length = args.context_tokens + 64
         args.batch_size = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
         if args.memory_worker:
             args.probes = args.probes[0]

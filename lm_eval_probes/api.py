@@ -27,7 +27,7 @@ import difflib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import base64
 
@@ -367,6 +367,7 @@ class Shapes:
         dtype_bytes: bytes of one element of the model's states (2 for bfloat16).
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``).
         ffn: the width of a block's feed-forward layer (0: unknown, read as 4·d).
+        layer_types: each block's attention type (``config.layer_types``: sliding or full; empty: all alike).
     """
 
     batch: int
@@ -380,6 +381,7 @@ class Shapes:
     dtype_bytes: int = 4
     chunk_positions: int = 64
     ffn: int = 0
+    layer_types: tuple[str, ...] = ()
 
     @property
     def lens_positions(self) -> int:
@@ -489,13 +491,27 @@ class FocalDepth:
         depth: blocks re-run (0 = the logit lens).
         source_layers: ``[start, stop)`` ``hidden_states`` indices.
         top_k: K of the mass.
-        chunk_tokens: at most this many tokens go through the blocks at once.
+        chunk_tokens: at most this many tokens go through the blocks at once (at least one sequence); ``None``: as
+            many as :meth:`tokens_per_chunk` gives the model's widths.
     """
 
     depth: int
     source_layers: tuple[int, int]
     top_k: int = 1
-    chunk_tokens: int = 16384
+    chunk_tokens: int | None = None
+
+    RERUN_BYTES: ClassVar[int] = 2**29
+    """The blocks' activations one re-run may hold when ``chunk_tokens`` is not given (512 MiB)."""
+    MAX_CHUNK_TOKENS: ClassVar[int] = 16384
+
+    def tokens_per_chunk(self, width: int, ffn: int, dtype_bytes: int) -> int:
+        """``chunk_tokens``, or the most tokens whose activations in the re-run blocks — states, queries, keys, values
+        and attention output (4·d) and the feed-forward's gate, up and product (3·F) per token, in the model's dtype —
+        fit in :attr:`RERUN_BYTES`, at most :attr:`MAX_CHUNK_TOKENS` (a small model: 16384)."""
+        if self.chunk_tokens is not None:
+            return self.chunk_tokens
+        per_token = (4 * width + 3 * (ffn or 4 * width)) * dtype_bytes
+        return max(1, min(self.MAX_CHUNK_TOKENS, self.RERUN_BYTES // max(per_token, 1)))
 
 
 @dataclass(frozen=True)

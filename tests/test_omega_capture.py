@@ -157,6 +157,134 @@ def test_the_main_pass_cache_is_untouched_and_chunks_do_not_matter(tiny_model_di
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def _mixed_gemma(tiny_model_dir) -> nn.Module:
+    """The tiny Gemma-3 with four blocks of both attention types (sliding, sliding, full, sliding; window 16)."""
+    import transformers as tf
+
+    config = tf.AutoConfig.from_pretrained(tiny_model_dir("gemma3_text"))
+    config.num_hidden_layers = 4
+    config.layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("arch", [*FOCAL_ARCHS, "gemma3_mixed"])
+@pytest.mark.parametrize("chunk_tokens", [1, 50])  # one sequence per chunk; two (T = 22)
+def test_sources_decoded_during_the_forward_are_released_and_change_nothing(tiny_model_dir, arch, chunk_tokens):
+    """With the positions said beforehand (read_at), full chunks are decoded inside the forward and their states let
+    go: the same values, bit for bit, as decoding after the forward; the forward's own hidden_states untouched. A
+    chunk waits until a block of every attention type the re-run blocks use has run (the mixed Gemma-3: block 2)."""
+    model = _mixed_gemma(tiny_model_dir) if arch == "gemma3_mixed" else _load(tiny_model_dir, arch)
+    readout = LensReadout(model)
+    num_layers = readout.num_layers
+    depth = num_layers - 1  # the first block is never re-run: decoding during the forward applies
+    ids, mask, positions, spans = padded_batch(model.config.pad_token_id, left=True)
+    batch = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": False}
+    with torch.no_grad():
+        plain = model(**batch, output_hidden_states=True)
+    got = {}
+    for said in (False, True):
+        decoder = FocalDepthDecoder(model, readout, depth=depth, source_layers=(0, num_layers + 1),
+                                    chunk_tokens=chunk_tokens)
+        held = []
+        with decoder.capture() as inputs, torch.no_grad():
+            watch = [block.register_forward_pre_hook(lambda *_: held.append(len(inputs.sources)))
+                     for block in decoder.all_blocks]
+            if said:
+                decoder.read_at(inputs, {row: (start, stop) for row, start, stop in spans})
+            out = model(**batch, output_hidden_states=True)
+            for handle in watch:
+                handle.remove()
+        assert len(out.hidden_states) == num_layers + 1
+        for mine, theirs in zip(out.hidden_states, plain.hidden_states):
+            assert torch.equal(mine, theirs)
+        per_chunk = max(1, chunk_tokens // ids.shape[1])
+        if said:
+            assert inputs.decoded_during_forward > 0
+            waiting = 2 if arch == "gemma3_mixed" else 0  # sources 0..2 wait for the full-attention block's arguments
+            assert max(held) <= -(-per_chunk // len(SEQUENCES)) + 1 + waiting
+            assert max(held) > waiting or arch != "gemma3_mixed"
+        else:
+            assert inputs.decoded_during_forward == 0 and held[-1] == num_layers  # every source layer held
+        got[said] = decoder.confidences(out.hidden_states, inputs, spans)
+        assert not inputs.sources and not inputs.masses  # nothing held past the answer
+    for (row, start, stop), before, during in zip(spans, got[False], got[True]):
+        assert torch.equal(before, during)
+        want = focal_reference(model, SEQUENCES[row], depth, 1, len(SEQUENCES[row]) - RESPONSE, len(SEQUENCES[row]))
+        torch.testing.assert_close(during.double(), want, rtol=2e-5, atol=2e-6)
+
+
+def _peak_allocated(run):
+    """``run()`` and the peak of the bytes its CPU tensors held at once beyond those alive before (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run()
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda event: event.time_range.start):
+        held += event.self_cpu_memory_usage
+        peak = max(peak, held)
+    return out, peak
+
+
+def test_a_long_request_holds_a_chunk_of_source_layers_not_all_of_them():
+    """hf-probes on a 16-block model, one request of 1024 tokens, one sequence per re-run: Ω decodes each source layer
+    as the forward makes it and keeps about one at a time: its extra peak over probes=none stays within its declared
+    memory, which holding all 17 (decoding after the forward, as before) exceeds. The values are the same."""
+    import transformers as tf
+
+    from conftest import build_tokenizer
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_probes.capture.memory import capture_memory, declared, model_shapes
+
+    tokenizer = build_tokenizer()
+    config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=128, num_hidden_layers=16,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).eval()
+    context = " ".join(["Anne is kind. If someone is kind then they are smart."] * 54)
+    request = [Instance("loglikelihood", {}, (context, " Anne is smart."), 0, ("t", 0, 1))]
+    lm = ProbeHFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=1, probes="omega",
+                   probe_omega_chunk_tokens=1024, max_length=1100)
+    length = len(lm.tok_encode(context + " Anne is smart.")) - 1
+    assert 900 < length <= 1100
+    streamed, streamed_peak = _peak_allocated(lambda: lm.loglikelihood(request))
+    lm.focal_decoder.decodes_during_forward = False  # decoded after the forward, as before: every source layer held
+    held, held_peak = _peak_allocated(lambda: lm.loglikelihood(request))
+    none = ProbeHFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=1, probes="none", max_length=1100)
+    plain, plain_peak = _peak_allocated(lambda: none.loglikelihood(request))
+    assert streamed[0].probe.get("omega") == held[0].probe.get("omega")
+    assert streamed[0][0] == pytest.approx(plain[0][0], rel=1e-6)  # the logits of the continuation only: float32 rounding
+    layer = length * 512 * 4  # one source layer's states, float32
+    shapes = model_shapes(model, batch=1, tokens=length, vocab=len(tokenizer), chunk_positions=64)
+    model_bytes = capture_memory(lm.probe_config, shapes) + declared(lm.probe_config, shapes)["omega"]
+    extra = {"streamed": streamed_peak - plain_peak, "held": held_peak - plain_peak}
+    assert extra["streamed"] <= model_bytes < extra["held"], ({k: v / layer for k, v in extra.items()}, model_bytes / layer)
+    assert extra["held"] - extra["streamed"] > 10 * layer  # about 2.5 layers against 14
+
+
+def test_a_block_given_other_arguments_than_its_type_fails_loudly(tiny_model_dir):
+    """The re-run blocks borrow the arguments of an earlier block of their attention type during the forward; were
+    the types wrong (here: Gemma-3's sliding and full blocks taken for one type), the check after the forward says so."""
+    model = _mixed_gemma(tiny_model_dir)
+    readout = LensReadout(model)
+    num_layers = readout.num_layers
+    assert len(set(model.config.layer_types[1:])) == 2  # the re-run blocks are of both types
+    ids, mask, positions, spans = padded_batch(model.config.pad_token_id, left=True)
+    decoder = FocalDepthDecoder(model, readout, depth=num_layers - 1, source_layers=(0, num_layers + 1), chunk_tokens=1)
+    decoder.block_types = [None] * num_layers
+    decoder.rerun_types = frozenset({None})
+    with decoder.capture() as inputs, torch.no_grad():
+        decoder.read_at(inputs, {row: (start, stop) for row, start, stop in spans})
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    assert inputs.decoded_during_forward > 0
+    with pytest.raises(RuntimeError, match=r"with the arguments of an earlier block of its attention type"):
+        decoder.confidences([None] * (num_layers + 1), inputs, spans)
+    del out
+
+
 def test_the_blocks_rerun_under_the_main_pass_autocast(tiny_model_dir):
     """HFLM's mixed precision runs the forward under autocast: the self-check (source layer L − m decodes
     to the model's own output) holds only if the blocks re-run under the same autocast."""
@@ -242,6 +370,13 @@ def test_generation_omega_matches_the_reference_in_a_left_padded_batch(tiny_mode
 def test_default_probes_leave_omega_out_and_all_includes_it():
     assert ProbeConfig().probes == DEFAULT_PROBES == ("tcb", "bte", "reader")
     assert "omega" in PROBE_NAMES and ProbeConfig.from_model_args({"probes": "all"}).probes == PROBE_NAMES
+    focal = ProbeConfig(probes=("omega",)).options_of("omega")
+    assert focal.chunk_tokens is None  # auto: 512 MiB of the re-run blocks' activations, at most 16384 tokens
+    from lm_eval_probes.api import FocalDepth
+
+    assert FocalDepth(5, (0, 33)).tokens_per_chunk(4096, 14336, 2) == 2**29 // ((4 * 4096 + 3 * 14336) * 2) == 4519
+    assert FocalDepth(5, (0, 33)).tokens_per_chunk(64, 256, 4) == 16384
+    assert FocalDepth(5, (0, 33), chunk_tokens=7).tokens_per_chunk(4096, 14336, 2) == 7
     config = ProbeConfig.from_model_args({"probes": "omega", "probe_omega_depth": "3", "probe_omega_topk": "5",
                                           "probe_omega_layers": "2:7", "probe_omega_chunk_tokens": 512})
     omega = config.options_of("omega")

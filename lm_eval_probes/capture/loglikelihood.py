@@ -104,6 +104,8 @@ class RequestRows:
         self._requests: dict[Any, tuple[int, int, int]] = {}  # key → (hash of its row's ids, row length, continuation tokens)
         self._reads_from_end: dict[int, int] = {}  # hash of a row's ids → the most positions any of its requests reads
         self._batch_rows: dict[int, int] = {}  # hash of a row's ids → its row in the latest batch
+        self.windows: dict[int, tuple[int, int]] = {}
+        """Row of the latest batch → the positions ``[start, stop)`` its requests may read (its longest continuation's)."""
 
     def note_requests(self, requests: Sequence[Any], max_length: int) -> None:
         """HFLM's tokenized requests ``((context, continuation), context ids, continuation ids)``; HFLM's row of a
@@ -119,7 +121,7 @@ class RequestRows:
         """A forward of the right-padded rows ``input_ids`` ``[B, T]`` is about to run: find each row's request row.
         Returns the first position whose logits any row reads (row i reads the c_i positions before its length
         n_i), or 0 when a row is no known request's (batch-size detection, say): every position."""
-        self._batch_rows = {}
+        self._batch_rows, self.windows = {}, {}
         if input_ids.dim() != 2 or not self._reads_from_end:
             return 0
         real = input_ids != 0  # HFLM pads on the right with id 0; a real trailing 0 is tried below
@@ -131,7 +133,9 @@ class RequestRows:
                 first = 0
                 continue
             row, length = found
-            self._batch_rows.setdefault(row, index)
+            if row not in self._batch_rows:
+                self._batch_rows[row] = index
+                self.windows[index] = (length - self._reads_from_end[row], length)
             first = min(first, length - self._reads_from_end[row])
         return max(0, first)
 
@@ -226,7 +230,10 @@ class LoglikelihoodRows:
         """A forward of ``input_ids`` is about to replace the states of the previous batch: take what its answers
         need first; then :meth:`RequestRows.new_batch`."""
         self._take_batch()
-        return self.requests.new_batch(input_ids)
+        first = self.requests.new_batch(input_ids)
+        if self.decoder is not None:  # Ω decodes the rows' read positions during the forward
+            self.decoder.read_at(self.block_inputs, self.requests.windows)
+        return first
 
     def locate(self, request_key: Any) -> tuple[int, int, int] | None:
         """See :meth:`RequestRows.locate`."""

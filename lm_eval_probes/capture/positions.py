@@ -344,9 +344,10 @@ def span_positions(layer_states: Sequence[torch.Tensor | None]) -> int:
 def kept_layers(num_layers: int, config: ProbeConfig, whole: WholeForward) -> frozenset[int]:
     """The ``hidden_states`` indices a probed forward keeps: those the enabled probes read at a response's positions
     (:func:`read_layers`), the last one (its states tell the positions), the prompt-means layers and the focal-depth
-    source layers."""
+    source layers at focal depth 0 (at m >= 1 :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` takes them
+    from the blocks' inputs itself, and releases them as it decodes them)."""
     layers = set(read_layers(num_layers, config)) | {num_layers} | set(whole.prompt_layers)
-    if whole.focal_depth is not None:
+    if whole.focal_depth is not None and whole.focal_depth[1].depth == 0:
         layers |= set(range(*whole.focal_depth[1].source_layers))
     return frozenset(layers)
 

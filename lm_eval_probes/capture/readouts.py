@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lm_eval_probes.api import FocalDepth
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 
@@ -148,10 +149,15 @@ FOCAL_DEPTH_FAMILIES: tuple[str, ...] = tuple(sorted(name for name, spec in ARCH
 
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 
+try:  # transformers' collector of hidden states and attentions (its hooks on every block)
+    from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
+except ImportError:  # another transformers: Ω then decodes after the forward only
+    _OUTPUT_COLLECTOR = None
+
 
 @dataclass
 class BlockInputs:
-    """What :meth:`FocalDepthDecoder.capture` recorded during the model's latest forward.
+    """What :meth:`FocalDepthDecoder.capture` records during the model's latest forward, and what it decodes then.
 
     ``block_kwargs``: the keyword arguments each of the last m blocks was called with (masks, rotary
     ``position_embeddings``, position ids; the KV cache and ``use_cache`` already neutralised).
@@ -159,6 +165,14 @@ class BlockInputs:
     HF ``hidden_states[L]`` is after it). ``batch_size``: B of that forward. ``device_type`` and
     ``autocast_dtype``: the autocast the forward ran under (HFLM's mixed precision; ``None``: none), which
     the re-run of the blocks repeats.
+
+    ``windows`` (set before a forward by :meth:`FocalDepthDecoder.read_at`): batch row → the positions
+    ``[start, stop)`` the caller will ask about; with them the source layers are decoded while the forward runs.
+    The rest is the decoder's own bookkeeping of one forward: ``sources`` (source index → its ``[B, T, H]``
+    states, held until every row of it is decoded), ``pending`` ((source index, row) pairs not decoded yet, in
+    source-major order), ``masses`` ((source index, row) → the top-K masses of the row's window),
+    ``type_kwargs`` (attention type → the keyword arguments of the latest block of that type) and ``borrowed``
+    (what each mid-forward decoding gave each re-run block, checked against the block's own after the forward).
     """
 
     block_kwargs: list[dict[str, Any]] = field(default_factory=list)
@@ -166,6 +180,23 @@ class BlockInputs:
     batch_size: int = 0
     device_type: str = "cpu"
     autocast_dtype: torch.dtype | None = None
+    windows: dict[int, tuple[int, int]] | None = None
+    sources: dict[int, torch.Tensor] = field(default_factory=dict)
+    pending: list[tuple[int, int]] = field(default_factory=list)
+    masses: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    type_kwargs: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    borrowed: list[list[dict[str, Any]]] = field(default_factory=list)
+    decoded_during_forward: int = 0
+    decoding: bool = False
+
+    def new_forward(self, batch_size: int, device_type: str, autocast_dtype: torch.dtype | None) -> None:
+        """Forget the previous forward's records (the windows stay: they were set for this one)."""
+        self.block_kwargs = []
+        self.final_norm_input = None
+        self.batch_size, self.device_type, self.autocast_dtype = batch_size, device_type, autocast_dtype
+        self.sources, self.pending, self.masses = {}, [], {}
+        self.type_kwargs, self.borrowed = {}, []
+        self.decoded_during_forward = 0
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int) -> Any:
@@ -187,6 +218,28 @@ def _rows_of(value: Any, index: torch.Tensor, batch_size: int) -> Any:
     return value
 
 
+def _same_argument(a: Any, b: Any) -> bool:
+    """Whether two block arguments are the same: the same tensor objects (not equal values), containers mapped."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_argument, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_argument(a[k], b[k]) for k in a)
+    return a is b or a == b
+
+
+def _neutralised(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A block's keyword arguments with the KV cache replaced by ``None`` and ``use_cache=False``."""
+    kept = dict(kwargs)
+    for name in _CACHE_KWARGS:
+        if name in kept:
+            kept[name] = None
+    if "use_cache" in kept:
+        kept["use_cache"] = False
+    return kept
+
+
 class FocalDepthDecoder:
     """Top-K confidence of HyperLens focal-depth decodings D_m(H_i) at the response positions of a batch.
 
@@ -198,9 +251,22 @@ class FocalDepthDecoder:
     positions only. m = 0 is exactly the logit lens of :class:`LensReadout`. For source layer L and
     m ≥ 1 the input is block L's pre-norm output (captured on the final norm), not ``hidden_states[L]``.
 
-    The (row, source layer) pairs are stacked along the batch dimension in chunks of at most
-    ``chunk_tokens`` tokens (at least one sequence), and the m blocks run once per chunk: about
-    m · S / L extra forwards of the batch for S source layers.
+    The (source layer, row) pairs are stacked along the batch dimension in chunks of at most
+    ``chunk_tokens`` tokens (at least one sequence; ``None``: :meth:`FocalDepth.tokens_per_chunk`, 512 MiB of the
+    blocks' activations), in source-major order, and the m blocks run once per
+    chunk: about m · S / L extra forwards of the batch for S source layers.
+
+    For m ≥ 1 the decoder's hooks take each source layer's states as the forward makes them (the input of
+    block i; the final norm's input for layer L) — the forward's ``hidden_states`` need not hold them. When
+    the caller said beforehand which positions of which rows it will ask about (:meth:`read_at`), a chunk
+    is decoded as soon as it is full, inside the forward (before the next block runs), and its states are
+    released: the decoder then holds about one chunk's states instead of every source layer's, S·B·T·d
+    values (1.09 GiB for the Llama-3-8B shape at T = 4096). The re-run blocks then get the keyword arguments
+    of the latest block of their attention type (``config.layer_types``; the same objects the model passes
+    to every block of that type, checked against each block's own after the forward), transformers' own
+    output hooks are paused meanwhile (so the forward's ``hidden_states`` stay the forward's), and a chunk
+    waits until a block of every attention type the re-run blocks use has run. The chunks, and so the
+    values, are the same whether decoded during the forward or after it.
     """
 
     def __init__(
@@ -211,7 +277,7 @@ class FocalDepthDecoder:
         depth: int,
         source_layers: tuple[int, int],
         top_k: int = 1,
-        chunk_tokens: int = 16384,
+        chunk_tokens: int | None = None,
         chunk_positions: int = 64,
     ) -> None:
         num_layers = readout.num_layers
@@ -222,7 +288,7 @@ class FocalDepthDecoder:
             raise ValueError(f"source layers {start}:{stop} must satisfy 0 <= start < stop <= {num_layers + 1}")
         if not 1 <= top_k <= readout.vocab_size:
             raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
-        if chunk_tokens < 1 or chunk_positions < 1:
+        if (chunk_tokens is not None and chunk_tokens < 1) or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
         spec = architecture_of(model)
         if depth > 0 and not spec.focal_depth:
@@ -236,70 +302,141 @@ class FocalDepthDecoder:
         self.depth = depth
         self.source_layers = tuple(range(start, stop))
         self.top_k = top_k
-        self.chunk_tokens = chunk_tokens
         self.chunk_positions = chunk_positions
-        blocks = _get_path(model, spec.blocks)
-        self.blocks: list[nn.Module] = list(blocks)[num_layers - depth :] if depth else []
+        self.all_blocks: list[nn.Module] = list(_get_path(model, spec.blocks))
+        self.blocks: list[nn.Module] = self.all_blocks[num_layers - depth :] if depth else []
+        text = getattr(model.config, "text_config", None) or model.config
+        dtype_bytes = next((p.element_size() for block in self.blocks for p in block.parameters()
+                            if p.is_floating_point()), 4)
+        self.chunk_tokens = FocalDepth(depth=depth, source_layers=source_layers, top_k=top_k,
+                                       chunk_tokens=chunk_tokens).tokens_per_chunk(
+            int(getattr(text, "hidden_size", 0) or 0), int(getattr(text, "intermediate_size", 0) or 0), dtype_bytes)
+        types = getattr(model.config, "layer_types", None)
+        self.block_types: list[Any] = list(types) if types is not None and len(types) == num_layers else [None] * num_layers
+        self.rerun_types = frozenset(self.block_types[num_layers - depth :]) if depth else frozenset()
+        # during the forward only: transformers' output hooks can be paused, and no other probe hooks the first
+        # block (margin's capture does), which a re-run of every block would call again
+        self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers
+
+    def read_at(self, inputs: BlockInputs, windows: dict[int, tuple[int, int]]) -> None:
+        """Say, before a forward, which positions ``[start, stop)`` of which batch rows the next
+        :meth:`confidences` will ask about (its spans lie within them): the source layers are then decoded
+        while the forward runs."""
+        inputs.windows = dict(sorted(windows.items()))
 
     @contextmanager
     def capture(self) -> Iterator[BlockInputs]:
-        """Hooks that record, for every forward of the model inside the block, what the last m blocks and the
-        final norm were called with (calls outside the model's forward — the lens, the decoder itself — are not
-        recorded). Nothing is recorded when m = 0."""
+        """Hooks that record, for every forward of the model inside the block, the source layers' states, what the
+        blocks and the final norm were called with (calls outside the model's forward — the lens, the decoder itself
+        — are not recorded), and decode full chunks as the forward goes (:meth:`read_at`). Nothing is recorded when
+        m = 0."""
         inputs = BlockInputs()
         if not self.blocks:
             yield inputs
             return
         inside = [False]
+        first_rerun = len(self.all_blocks) - self.depth
+        first_source, stop_source = self.source_layers[0], self.source_layers[-1] + 1
 
         def enter(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             inside[0] = True
-            inputs.block_kwargs = [{} for _ in self.blocks]
-            inputs.final_norm_input = None
             ids = kwargs.get("input_ids", args[0] if args else None)
             tokens = ids if ids is not None else kwargs.get("inputs_embeds")
-            inputs.batch_size = int(tokens.shape[0])
-            inputs.device_type = tokens.device.type
-            autocast = torch.is_autocast_enabled(inputs.device_type)
-            inputs.autocast_dtype = torch.get_autocast_dtype(inputs.device_type) if autocast else None
+            device_type = tokens.device.type
+            autocast = torch.is_autocast_enabled(device_type)
+            inputs.new_forward(int(tokens.shape[0]), device_type,
+                               torch.get_autocast_dtype(device_type) if autocast else None)
+            inputs.block_kwargs = [{} for _ in self.blocks]
 
         def leave(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
             inside[0] = False
 
-        def block_hook(position: int) -> Any:
+        def block_hook(index: int) -> Any:
             def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-                if not inside[0]:
+                if not inside[0] or inputs.decoding:
                     return
                 if len(args) != 1:
                     raise UnsupportedModelError(
                         f"{type(module).__name__} was called with {len(args)} positional arguments; Ω re-runs blocks "
                         f"called as block(hidden_states, **kwargs) only (families: {', '.join(FOCAL_DEPTH_FAMILIES)})"
                     )
-                kept = dict(kwargs)
-                for name in _CACHE_KWARGS:
-                    if name in kept:
-                        kept[name] = None
-                if "use_cache" in kept:
-                    kept["use_cache"] = False
-                inputs.block_kwargs[position] = kept
+                kept = _neutralised(kwargs)
+                inputs.type_kwargs[self.block_types[index]] = kept
+                if index >= first_rerun:
+                    inputs.block_kwargs[index - first_rerun] = kept
+                if first_source <= index < stop_source:
+                    self._add_source(inputs, index - first_source, args[0].detach())
 
             return record
 
         def norm_hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            if inside[0]:
+            if inside[0] and not inputs.decoding:
                 inputs.final_norm_input = args[0].detach()
+                if stop_source == len(self.all_blocks) + 1:
+                    self._add_source(inputs, len(self.source_layers) - 1, inputs.final_norm_input)
 
         handles = []
         try:
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave, always_call=True))
             handles.append(self.readout.final_norm.register_forward_pre_hook(norm_hook))
-            for i, block in enumerate(self.blocks):
-                handles.append(block.register_forward_pre_hook(block_hook(i), with_kwargs=True))
+            for index, block in enumerate(self.all_blocks):
+                handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _add_source(self, inputs: BlockInputs, source: int, states: torch.Tensor) -> None:
+        """Source ``source``'s states arrived during the forward; decode the chunks that are full, if the windows are
+        known and a block of every re-run attention type has run."""
+        inputs.sources[source] = states
+        if inputs.windows is None:
+            return
+        inputs.pending.extend((source, row) for row in inputs.windows)
+        if not self.decodes_during_forward or not self.rerun_types.issubset(inputs.type_kwargs):
+            return
+        per_chunk = self._per_chunk(states.shape[1])
+        if len(inputs.pending) < per_chunk:
+            return
+        borrowed = [inputs.type_kwargs[self.block_types[index]] for index in range(len(self.all_blocks) - self.depth,
+                                                                                    len(self.all_blocks))]
+        token = _OUTPUT_COLLECTOR.set(None)  # the re-run blocks' outputs are not the forward's hidden_states
+        inputs.decoding = True  # nor are their inputs the forward's (this capture's own hooks)
+        try:
+            while len(inputs.pending) >= per_chunk:
+                self._decode_chunk(inputs, inputs.pending[:per_chunk], borrowed)
+                del inputs.pending[:per_chunk]
+                inputs.borrowed.append(borrowed)
+                inputs.decoded_during_forward += 1
+        finally:
+            inputs.decoding = False
+            _OUTPUT_COLLECTOR.reset(token)
+        waiting = {source for source, _ in inputs.pending}
+        for done in [s for s in inputs.sources if s not in waiting]:
+            del inputs.sources[done]
+
+    def _per_chunk(self, length: int) -> int:
+        return max(1, self.chunk_tokens // max(length, 1))
+
+    def _decode_chunk(self, inputs: BlockInputs, chunk: Sequence[tuple[int, int]], kwargs_of: Sequence[dict[str, Any]]) -> None:
+        """Run the last m blocks on the chunk's (source, row) sequences, then the lens at each row's window."""
+        first_device = next(self.blocks[0].parameters()).device
+        rows = torch.tensor([row for _, row in chunk])
+        states = torch.stack([inputs.sources[source][row].to(first_device) for source, row in chunk])
+        with torch.no_grad(), torch.autocast(device_type=inputs.device_type,
+                                             dtype=inputs.autocast_dtype or torch.float32,
+                                             enabled=inputs.autocast_dtype is not None):
+            for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
+                result = block(states, **_rows_of(kwargs, rows, inputs.batch_size))
+                states = result[0] if isinstance(result, tuple) else result
+        windows = [inputs.windows[row] for _, row in chunk]
+        picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
+        masses = self._masses(picked, normalized=False).cpu()
+        offset = 0
+        for pair, (start, stop) in zip(chunk, windows, strict=True):
+            inputs.masses[pair] = masses[offset : offset + stop - start]
+            offset += stop - start
 
     @torch.no_grad()
     def confidences(
@@ -309,9 +446,10 @@ class FocalDepthDecoder:
 
         Args:
             hidden_states: the forward's L+1 HF ``hidden_states`` ``[B, T, H]`` (the last one post-norm; ``None`` for a
-                layer that is not a source layer).
+                layer that is not kept). m = 0 reads the source layers here; m ≥ 1 reads what :meth:`capture` took.
             inputs: what :meth:`capture` recorded during that same forward.
-            spans: ``(row, start, stop)``: batch row and its response positions ``[start, stop)``.
+            spans: ``(row, start, stop)``: batch row and its response positions ``[start, stop)`` (within the
+                row's window of :meth:`read_at`, when one was given).
 
         Returns:
             Per span, a float32 CPU tensor ``[S, stop − start]`` in [K/V, 1] (S source layers, in order).
@@ -321,6 +459,7 @@ class FocalDepthDecoder:
             raise ValueError(f"got {len(hidden_states)} hidden-state tensors for a model with {num_layers} layers")
         lengths = [stop - start for _, start, stop in spans]
         if not spans:
+            inputs.windows = None
             return []
         if not self.blocks:
             masses = torch.stack([
@@ -331,41 +470,44 @@ class FocalDepthDecoder:
                 for layer in self.source_layers
             ])
             return [part.cpu() for part in masses.split(lengths, dim=1)]
-        if inputs.final_norm_input is None or len(inputs.block_kwargs) != len(self.blocks) or not all(inputs.block_kwargs):
+        if (inputs.final_norm_input is None or len(inputs.block_kwargs) != len(self.blocks)
+                or not all(inputs.block_kwargs) or len(inputs.sources) + len(inputs.masses) == 0):
             raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
-        batch, length = next(h for h in hidden_states if h is not None).shape[:2]
-        if inputs.batch_size != batch or inputs.final_norm_input.shape[:2] != (batch, length):
+        batch, length = inputs.final_norm_input.shape[:2]
+        kept = next((h for h in hidden_states if h is not None), None)
+        if inputs.batch_size != batch or (kept is not None and kept.shape[:2] != (batch, length)):
             raise RuntimeError(
                 f"the captured block inputs (batch {inputs.batch_size}) belong to another forward than the states "
                 f"({batch} x {length})"
             )
-        out = [torch.empty(len(self.source_layers), n, dtype=torch.float32) for n in lengths]
-        pairs = [(s, j) for s in range(len(self.source_layers)) for j in range(len(spans))]
-        per_chunk = max(1, self.chunk_tokens // max(length, 1))
-        first_device = next(self.blocks[0].parameters()).device
-        for lo in range(0, len(pairs), per_chunk):
-            chunk = pairs[lo : lo + per_chunk]
-            rows = torch.tensor([spans[j][0] for _, j in chunk])
-            states = torch.stack([self._source(hidden_states, inputs, self.source_layers[s])[spans[j][0]] for s, j in chunk])
-            states = states.to(first_device)
-            with torch.autocast(device_type=inputs.device_type, dtype=inputs.autocast_dtype or torch.float32,
-                                enabled=inputs.autocast_dtype is not None):
-                for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-                    result = block(states, **_rows_of(kwargs, rows, batch))
-                    states = result[0] if isinstance(result, tuple) else result
-            picked = torch.cat([states[k, spans[j][1] : spans[j][2]] for k, (_, j) in enumerate(chunk)])
-            masses = self._masses(picked, normalized=False).cpu()
-            offset = 0
-            for s, j in chunk:
-                out[j][s] = masses[offset : offset + lengths[j]]
-                offset += lengths[j]
+        for borrowed in inputs.borrowed:  # what a mid-forward decoding gave each block is what the block itself got
+            for position, (used, own) in enumerate(zip(borrowed, inputs.block_kwargs, strict=True)):
+                if not _same_argument(used, own):
+                    raise RuntimeError(
+                        f"Ω re-ran block {num_layers - self.depth + position} during the forward with the arguments of "
+                        f"an earlier block of its attention type, but the model gave it others ({sorted(own)}); "
+                        "a larger probe_omega_chunk_tokens (at least sources × batch × tokens) decodes after the forward")
+        if inputs.windows is None:  # not said beforehand: each row's positions that the spans read
+            windows: dict[int, tuple[int, int]] = {}
+            for row, start, stop in spans:
+                lo, hi = windows.get(row, (start, stop))
+                windows[row] = (min(lo, start), max(hi, stop))
+            self.read_at(inputs, windows)
+            inputs.pending = [(source, row) for source in sorted(inputs.sources) for row in inputs.windows]
+        per_chunk = self._per_chunk(length)
+        while inputs.pending:
+            self._decode_chunk(inputs, inputs.pending[:per_chunk], inputs.block_kwargs)
+            del inputs.pending[:per_chunk]
+        out = []
+        for row, start, stop in spans:
+            lo, hi = inputs.windows.get(row, (start, start))
+            if not lo <= start <= stop <= hi:
+                raise ValueError(f"span {start}:{stop} of row {row} is outside the positions {lo}:{hi} read_at gave")
+            out.append(torch.stack([inputs.masses[source, row][start - lo : stop - lo]
+                                    for source in range(len(self.source_layers))]))
+        inputs.windows = None
+        inputs.sources, inputs.masses = {}, {}
         return out
-
-    def _source(self, hidden_states: Sequence[torch.Tensor], inputs: BlockInputs, layer: int) -> torch.Tensor:
-        """Source layer ``layer``'s ``[B, T, H]`` states; for layer L the final norm's input (pre-norm)."""
-        if layer == self.readout.num_layers:
-            return inputs.final_norm_input
-        return hidden_states[layer]
 
     def _masses(self, hidden: torch.Tensor, *, normalized: bool) -> torch.Tensor:
         """``[n, H]`` states → ``[n]`` top-K masses of their lens readout, ``chunk_positions`` at a time."""

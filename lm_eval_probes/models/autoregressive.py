@@ -271,8 +271,12 @@ class ProbeHFLM(HFLM):
         if first_layer is not None and call.margins is not None:
             call.margins.extend(generation_margins(self.first_layer, first_layer, prompt_len, bounds))
         teacher_forced = block_inputs = None
+        # Ω: the response positions of the teacher-forced forward, decoded while it runs
+        focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
         if not during or self.focal_decoder is not None:
             with block_inputs_of(self.focal_decoder) as block_inputs:
+                if self.focal_decoder is not None:
+                    self.focal_decoder.read_at(block_inputs, {row: (start, stop) for row, start, stop in focal_spans})
                 teacher_forced = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
@@ -292,8 +296,7 @@ class ProbeHFLM(HFLM):
         spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
-        if self.focal_decoder is not None:  # the response positions of the teacher-forced forward
-            focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
+        if self.focal_decoder is not None:
             masses = self.focal_decoder.confidences(teacher_forced, block_inputs, focal_spans)
             name = self.whole.focal_depth[0]
             rows = [probes.with_values(name, mass=mass) for probes, mass in zip(rows, masses, strict=True)]

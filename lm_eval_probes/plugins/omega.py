@@ -29,8 +29,10 @@ class OmegaOptions(ProbeOptions):
     layers: tuple[int, int] | None = option(
         None, "source layers [start, stop) as hidden_states indices 0..L (e.g. 0:33); auto/all = every layer",
         parse=or_none(as_range, "", "none", "auto", "all"))
-    chunk_tokens: int = option(16384, "memory budget: at most this many tokens (sequences × length, at least one "
-                                      "sequence) go through the last m blocks at once")
+    chunk_tokens: int | None = option(
+        None, "memory budget: at most this many tokens (sequences × length, at least one sequence) go through the last "
+              "m blocks at once; auto = as many as fit in 512 MiB of their activations, at most 16384",
+        parse=or_none(as_int))
 
     def __post_init__(self) -> None:
         if self.depth is not None and self.depth < 0:
@@ -43,7 +45,7 @@ class OmegaOptions(ProbeOptions):
                 raise ValueError(
                     f"probe_omega_layers must be 'start:stop' with 0 <= start < stop <= L + 1 (hidden_states indices), "
                     f"got {start}:{stop}")
-        if self.chunk_tokens < 1:
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"probe_omega_chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
     def resolved_depth(self, num_layers: int) -> int:
@@ -99,21 +101,39 @@ class OmegaPositions:
 
 
 def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
-    """The last m blocks re-run on one chunk of (source layer, sequence) pairs — at most ``chunk_tokens`` tokens, at
-    least one sequence — holding per token the states, queries, keys, values and attention output (4·d) and the
-    feed-forward's gate, up and product (3·F) in the model's dtype (the attention itself through PyTorch's fused
-    kernel: no T² weights held); then the lens of a chunk of positions (about six ``[chunk, V]`` float32 buffers: the
-    readout, its top-K and softmax). The states of every layer are the wrappers' (counted once); measured at real
-    widths in ``docs/performance.md``."""
+    """The source layers' states Ω holds, and the larger of two phases of a chunk of n (source layer, sequence) pairs —
+    at most ``chunk_tokens`` tokens (auto: :meth:`~lm_eval_probes.api.FocalDepth.tokens_per_chunk`, 512 MiB of
+    activations), at least one sequence: the last m blocks re-run on it, holding per token the states, queries, keys,
+    values and attention output (4·d) and the feed-forward's gate, up and product (3·F) in the model's dtype (the
+    attention itself through PyTorch's fused kernel: no T² weights held); then, with only the blocks' output left (d per
+    token), the lens of a chunk of positions (about six ``[chunk, V]`` float32 buffers: the readout, its top-K and
+    softmax).
+
+    The states: at 0 < m < L the decoder decodes a chunk as soon as it is full, during the forward, and lets its
+    states go — it holds the ⌈n/B⌉ + 1 source layers of a chunk and its successor, and before the first block of
+    every attention type the re-run blocks use has run (Gemma-3's first full-attention block is its sixth), the w
+    source layers before it; at m = 0 or m = L (a re-run of every block: decoded after the forward) all S of them.
+    Measured at real widths in ``docs/performance.md``."""
     try:
         start, stop = options.resolved_layers(shapes.layers)
-    except ValueError:  # source layers beyond this model's: the run refuses them; count every layer
-        start, stop = 0, shapes.layers + 1
+        depth = options.resolved_depth(shapes.layers)
+    except ValueError:  # source layers or depth beyond this model's: the run refuses them; count every layer
+        start, stop, depth = 0, shapes.layers + 1, shapes.layers
     length = max(shapes.tokens, 1)
-    sequences = min((stop - start) * shapes.batch, max(1, options.chunk_tokens // length))
+    batch = max(shapes.batch, 1)
+    sources = stop - start
+    focal = FocalDepth(depth=depth, source_layers=(start, stop), top_k=options.topk, chunk_tokens=options.chunk_tokens)
+    chunk_tokens = focal.tokens_per_chunk(shapes.width, shapes.ffn, shapes.dtype_bytes)
+    sequences = min(sources * batch, max(1, chunk_tokens // length))
+    if 0 < depth < shapes.layers:
+        types = shapes.layer_types if len(shapes.layer_types) == shapes.layers else ("",) * shapes.layers
+        waiting = max(types.index(kind) for kind in set(types[shapes.layers - depth:]))
+        sources = min(sources, -(-sequences // batch) + 1 + waiting)
+    states = sources * batch * length * shapes.width * shapes.dtype_bytes
     ffn = shapes.ffn or 4 * shapes.width
     blocks = sequences * length * (4 * shapes.width + 3 * ffn) * shapes.dtype_bytes
-    return blocks + 6 * shapes.lens_positions * shapes.vocab * 4
+    lens = sequences * length * shapes.width * shapes.dtype_bytes + 6 * shapes.lens_positions * shapes.vocab * 4
+    return states + max(blocks, lens)
 
 
 @dataclass(frozen=True)
