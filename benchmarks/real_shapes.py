@@ -204,6 +204,80 @@ def time_worker(args: argparse.Namespace) -> None:
                           "ratio_none": best[name] / best["none"] if "none" in best else None}), flush=True)
 
 
+def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batch: int = 1,
+                  chunk: int = 64) -> list[dict[str, Any]]:
+    """Each probe's own phase on ``model``, its allocations counted by the profiler (:func:`shapes.peak_allocated`),
+    beside its declaration (:attr:`~lm_eval_probes.api.Probe.memory`): the generated tokens' log-probabilities and
+    the lens probes on one chunk of ``chunk`` positions; Ω's decoding of one forward of ``batch`` × ``tokens`` (the
+    source layers' states, held before, left out of both); the margins of one sequence of ``tokens``. One row per
+    probe: ``measured`` and ``declared`` bytes."""
+    import torch
+
+    from lm_eval_probes import registry
+    from lm_eval_probes.capture.margins import FirstLayerMargins
+    from lm_eval_probes.capture.memory import model_shapes, token_logprob_memory
+    from lm_eval_probes.capture.positions import position_probes
+    from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout
+    from lm_eval_probes.config import ProbeConfig
+    from shapes import peak_allocated
+
+    readout = LensReadout(model)
+    num_layers, width = readout.num_layers, shape.hidden
+    dtype = next(model.parameters()).dtype
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+
+    def row(probe: str, measured: int, declared: int, shapes: Any) -> None:
+        rows.append({"probe": probe, "layers": num_layers, "batch": shapes.batch, "tokens": shapes.tokens,
+                     "positions": shapes.lens_positions, "measured": measured, "declared": declared})
+
+    def config_of(probe: str) -> ProbeConfig:
+        return ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk})
+
+    def declaration(probe: str, shapes: Any) -> int:
+        return int(registry.probe(probe).memory_bytes(config_of(probe).options_of(probe), shapes))
+
+    states = [torch.randn(chunk, width, generator=generator).to(dtype) for _ in range(num_layers + 1)]
+    shapes = model_shapes(model, batch=1, tokens=chunk, vocab=readout.vocab_size, chunk_positions=chunk)
+    ids = torch.arange(chunk)
+    position_probes(states, readout, config_of("none"), ids)  # warm-up: the lens's reused block of W
+    _, measured = peak_allocated(lambda: position_probes(states, readout, config_of("none"), ids))
+    row("logprobs", measured, token_logprob_memory(shapes), shapes)
+    for probe in ("tcb", "bte", "reader"):  # a response's own phase: no token log-probabilities (counted above)
+        _, measured = peak_allocated(lambda: position_probes(states, readout, config_of(probe)))
+        row(probe, measured, declaration(probe, shapes), shapes)
+
+    shapes = model_shapes(model, batch=batch, tokens=tokens, vocab=readout.vocab_size, chunk_positions=chunk)
+    focal = registry.probe("omega").position_probe(config_of("omega").options_of("omega"), num_layers).focal_depth
+    decoder = FocalDepthDecoder(model, readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
+                                chunk_tokens=focal.chunk_tokens, chunk_positions=chunk)
+    if decoder.depth == num_layers:  # decoded after the forward: the held source layers are the "before"
+        spans = [(r, tokens - chunk, tokens) for r in range(batch)]
+        input_ids = torch.randint(0, len(tokenizer), (batch, tokens), generator=generator)
+        with decoder.capture() as inputs, torch.no_grad():
+            model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+        _, measured = peak_allocated(lambda: decoder.confidences([None] * (num_layers + 1), inputs, spans))
+        held = len(decoder.source_layers) * batch * tokens * width * dtype.itemsize
+        row("omega", measured, declaration("omega", shapes) - held, shapes)
+
+    margins = FirstLayerMargins(model)
+    hidden = torch.randn(1, tokens, width, generator=generator).to(dtype)
+    rotary, positions = model.model.rotary_emb, torch.arange(tokens)[None]
+    cos, sin = rotary(hidden, positions, "sliding_attention") if shape.family == "gemma3_text" else rotary(hidden, positions)
+    _, measured = peak_allocated(lambda: margins.margins(hidden, cos, sin))
+    row("margin", measured, declaration("margin", model_shapes(model, batch=1, tokens=tokens, vocab=readout.vocab_size,
+                                                                chunk_positions=chunk)), shapes)
+    return rows
+
+
+def declared_worker(args: argparse.Namespace) -> None:
+    """:func:`declared_rows` of one (shape, layers) in this process; one JSON line per probe."""
+    model, tokenizer, shape = build(args)
+    for row in declared_rows(model, tokenizer, shape, tokens=args.context_tokens, batch=args.batch_size):
+        print(json.dumps({"shape": args.shape, **row, "measured_gib": row["measured"] / GIB,
+                          "declared_gib": row["declared"] / GIB, "ratio": row["measured"] / row["declared"]}), flush=True)
+
+
 # --------------------------------------------------------------------------------------------- the sweep
 
 def run_worker(mode: str, args: argparse.Namespace, **overrides: Any) -> list[dict[str, Any]]:
@@ -248,6 +322,21 @@ def memory(args: argparse.Namespace) -> None:
                     print(json.dumps(row), flush=True)
 
 
+def declared(args: argparse.Namespace) -> None:
+    print(f"{'shape':12s} {'L':>2s} {'probe':8s} {'B':>2s} {'T':>5s} {'n':>3s} {'measured GiB':>12s} {'declared GiB':>12s} "
+          f"{'ratio':>6s}")
+    for name in args.shapes:
+        for layers in args.layers:
+            for row in run_worker("declared", args, shape=name, layers=layers, task="long"):
+                if "failed" in row:
+                    print(f"{name:12s} {layers:2d} failed: {row['failed'][:200]}", flush=True)
+                    continue
+                print(f"{name:12s} {layers:2d} {row['probe']:8s} {row['batch']:2d} {row['tokens']:5d} "
+                      f"{row['positions']:3d} {row['measured_gib']:12.3f} {row['declared_gib']:12.3f} {row['ratio']:6.2f}",
+                      flush=True)
+                print(json.dumps(row), flush=True)
+
+
 def timing(args: argparse.Namespace) -> None:
     for name in args.shapes:
         for layers in args.layers:
@@ -263,7 +352,7 @@ def timing(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", nargs="?", choices=("memory", "time"))
+    parser.add_argument("mode", nargs="?", choices=("memory", "time", "declared"))
     parser.add_argument("--shapes", nargs="*", default=["llama3-8b"], help=f"of {', '.join(SHAPES)} (NAME/DIVISOR: scaled)")
     parser.add_argument("--layers", nargs="*", type=int, default=[2])
     parser.add_argument("--tasks", nargs="*", default=["mc"], choices=list(TASKS))
@@ -281,18 +370,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--diffusion_steps", type=int, default=8)
     parser.add_argument("--diffusion_mc_samples", type=int, default=2)
-    for hidden in ("--memory_worker", "--time_worker"):
+    for hidden in ("--memory_worker", "--time_worker", "--declared_worker"):
         parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--probes_list", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.memory_worker or args.time_worker:
+    if args.memory_worker or args.time_worker or args.declared_worker:
         args.layers = args.layers[0]
         if args.task == "long" and not args.max_length:
             args.max_length = args.context_tokens + 64
         args.batch_size = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
-        if args.memory_worker:
+        if args.declared_worker:
+            declared_worker(args)
+        elif args.memory_worker:
             args.probes = args.probes[0]
             memory_worker(args)
         else:
@@ -300,8 +391,8 @@ def main(argv: list[str] | None = None) -> None:
             time_worker(args)
         return
     if args.mode is None:
-        parser.error("memory or time")
-    (memory if args.mode == "memory" else timing)(args)
+        parser.error("memory, time or declared")
+    {"memory": memory, "time": timing, "declared": declared}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -263,6 +263,20 @@ def offline_tokenizer(kind: str = "smollm2", *, mask: bool = False) -> Any:
     return tokenizer
 
 
+def peak_allocated(run: Any) -> tuple[Any, int]:
+    """``run()`` and the peak of the bytes its CPU tensors held at once beyond those alive before (torch's profiler
+    records every allocation and free: the CPU's counterpart of ``torch.cuda.max_memory_allocated``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run()
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda event: event.time_range.start):
+        held += event.self_cpu_memory_usage
+        peak = max(peak, held)
+    return out, peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build one shape and print its parameters and the peak RSS of building it.")
     parser.add_argument("shape", choices=list(SHAPES))

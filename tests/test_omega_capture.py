@@ -20,6 +20,7 @@ from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
 from lm_eval_probes.declarations import PROBE_NAMES
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
+from test_real_shapes import peak_allocated
 
 FOCAL_ARCHS = ("llama", "qwen2", "gemma3_text")
 SEQUENCES = [
@@ -214,19 +215,6 @@ def test_sources_decoded_during_the_forward_are_released_and_change_nothing(tiny
         torch.testing.assert_close(during.double(), want, rtol=2e-5, atol=2e-6)
 
 
-def _peak_allocated(run):
-    """``run()`` and the peak of the bytes its CPU tensors held at once beyond those alive before (torch's profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = run()
-    held = peak = 0
-    for event in sorted(prof.events(), key=lambda event: event.time_range.start):
-        held += event.self_cpu_memory_usage
-        peak = max(peak, held)
-    return out, peak
-
-
 def test_a_long_request_holds_a_chunk_of_source_layers_not_all_of_them():
     """hf-probes on a 16-block model, one request of 1024 tokens, one sequence per re-run: Ω decodes each source layer
     as the forward makes it and keeps about one at a time: its extra peak over probes=none stays within its declared
@@ -250,11 +238,11 @@ def test_a_long_request_holds_a_chunk_of_source_layers_not_all_of_them():
                    probe_omega_chunk_tokens=1024, max_length=1100)
     length = len(lm.tok_encode(context + " Anne is smart.")) - 1
     assert 900 < length <= 1100
-    streamed, streamed_peak = _peak_allocated(lambda: lm.loglikelihood(request))
+    streamed, streamed_peak = peak_allocated(lambda: lm.loglikelihood(request))
     lm.focal_decoder.decodes_during_forward = False  # decoded after the forward, as before: every source layer held
-    held, held_peak = _peak_allocated(lambda: lm.loglikelihood(request))
+    held, held_peak = peak_allocated(lambda: lm.loglikelihood(request))
     none = ProbeHFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=1, probes="none", max_length=1100)
-    plain, plain_peak = _peak_allocated(lambda: none.loglikelihood(request))
+    plain, plain_peak = peak_allocated(lambda: none.loglikelihood(request))
     assert streamed[0].probe.get("omega") == held[0].probe.get("omega")
     assert streamed[0][0] == pytest.approx(plain[0][0], rel=1e-6)  # the logits of the continuation only: float32 rounding
     layer = length * 512 * 4  # one source layer's states, float32

@@ -16,7 +16,26 @@ shapes = importlib.util.module_from_spec(_spec)  # not on sys.path: benchmarks/c
 sys.modules[_spec.name] = shapes  # its dataclasses look their module up
 _spec.loader.exec_module(shapes)
 FORBIDDEN_LOGIT, SHAPES, build_model, model_config = shapes.FORBIDDEN_LOGIT, shapes.SHAPES, shapes.build_model, shapes.model_config
-offline_tokenizer, resolve = shapes.offline_tokenizer, shapes.resolve
+offline_tokenizer, peak_allocated, resolve = shapes.offline_tokenizer, shapes.peak_allocated, shapes.resolve
+
+
+def _load_real_shapes():
+    """``benchmarks/real_shapes.py`` as a module, without leaving the benchmarks folder on ``sys.path``."""
+    spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_real_shapes", BENCHMARKS / "real_shapes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+@pytest.fixture(scope="module")
+def gemma_one_layer():
+    """Gemma-3-4B's real widths (V = 262144, d = 2560, head width 256, bfloat16) with one block."""
+    return build_model("gemma3-4b", 1, tokenizer=offline_tokenizer("tiny"))
 
 
 @pytest.mark.parametrize("name, widths", [
@@ -73,28 +92,14 @@ def test_a_real_width_layer_is_built_without_a_float32_copy():
     assert extra < 0.6, done.stdout  # a float32 copy would add 4.7 GiB
 
 
-def peak_allocated(run):
-    """``run()`` and the peak of the bytes its CPU tensors held at once beyond those alive before (torch's profiler
-    records every allocation and free)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = run()
-    held = peak = 0
-    for event in sorted(prof.events(), key=lambda event: event.time_range.start):
-        held += event.self_cpu_memory_usage
-        peak = max(peak, held)
-    return out, peak
-
-
-def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary():
+def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary(gemma_one_layer):
     """Gemma-3-4B's real widths (V = 262144, d = 2560, bfloat16; one layer): the lens and δ_TCB + BTE over two chunks
     of positions hold at most 1 GiB (the bound of 7.3 GiB of weights) — a float32 copy of W alone would take 2.5 GiB."""
     from lm_eval_probes.capture.positions import position_probes
     from lm_eval_probes.capture.readouts import LensReadout
     from lm_eval_probes.config import ProbeConfig
 
-    model = build_model("gemma3-4b", 1, tokenizer=offline_tokenizer("tiny"))
+    model = gemma_one_layer
     readout, building = peak_allocated(lambda: LensReadout(model))
     assert readout.unembed.dtype == torch.bfloat16 and building < 2**26  # the row norms' buffer and [V] float64
     config = ProbeConfig.from_model_args({"probes": "tcb+bte", "probe_chunk_positions": 8})
@@ -104,3 +109,15 @@ def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary():
     probes, probing = peak_allocated(lambda: position_probes(states, readout, config, torch.arange(positions)))
     assert probes.num_positions == positions and probing < 2**30, probing / 2**30
 
+
+
+def test_each_probe_declares_the_memory_it_allocates(gemma_one_layer, monkeypatch):
+    """At Gemma-3-4B's real widths each probe's declared memory (what ``batch_size=auto`` reserves and the memory model
+    of docs/performance.md adds up) is within ±20 % of what its own phase allocates (torch's profiler): the lens
+    probes on a chunk of 64 positions, the token log-probabilities, Ω's decoding and the margins at T = 256."""
+    real_shapes = _load_real_shapes()
+    monkeypatch.setitem(sys.modules, "shapes", shapes)  # what real_shapes imports by that name
+    rows = real_shapes.declared_rows(gemma_one_layer, offline_tokenizer("tiny"), SHAPES["gemma3-4b"], tokens=256)
+    assert {row["probe"] for row in rows} == {"logprobs", "tcb", "bte", "reader", "omega", "margin"}
+    for row in rows:
+        assert 0.8 <= row["measured"] / row["declared"] <= 1.2, row

@@ -42,6 +42,12 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
                   layer_types=layer_types)
 
 
+def token_logprob_memory(shapes: Shapes) -> int:
+    """The generated tokens' log-probabilities of a chunk of positions (bytes): its final logits and their
+    log-softmax, two float32 ``[chunk, V]`` (the final logits stay for the probes that read them)."""
+    return 2 * shapes.lens_positions * shapes.vocab * 4
+
+
 def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
     """What the wrappers hold for any enabled probe, counted once (bytes): the forward's ``hidden_states`` of the layers
     the probes keep (:func:`~lm_eval_probes.capture.positions.kept_layers`, k of them: ``k·B·T·d·b``) and, for a
@@ -77,16 +83,23 @@ def declared(config: ProbeConfig, shapes: Shapes) -> dict[str, int]:
 
 
 def probes_memory(config: ProbeConfig, shapes: Shapes) -> int:
-    """What ``batch_size=auto`` reserves for a forward of ``shapes`` (bytes): :func:`capture_memory` and the sum of the
-    enabled probes' declared memory (an upper bound: the probes' buffers are not all alive at once)."""
-    return capture_memory(config, shapes) + sum(declared(config, shapes).values())
+    """What ``batch_size=auto`` reserves for a forward of ``shapes`` (bytes): :func:`capture_memory`, the generated
+    tokens' log-probabilities (:func:`token_logprob_memory`) and the sum of the enabled probes' declared memory (an
+    upper bound: these buffers are not all alive at once)."""
+    if not config.probes:
+        return 0
+    return capture_memory(config, shapes) + token_logprob_memory(shapes) + sum(declared(config, shapes).values())
 
 
 def expected_peak(config: ProbeConfig, shapes: Shapes) -> int:
     """The memory model of ``docs/performance.md``: the extra peak over ``probes=none`` expected for a forward of
-    ``shapes`` (bytes): :func:`capture_memory` and the largest enabled probe's declared memory (the probes run one
-    after the other on each chunk of positions, each freeing its buffers)."""
-    return capture_memory(config, shapes) + max(declared(config, shapes).values(), default=0)
+    ``shapes`` (bytes): :func:`capture_memory` and the largest of the enabled probes' declared memory and the generated
+    tokens' log-probabilities (each is a phase of its own: the probes run one after the other on each chunk of
+    positions, each freeing its buffers)."""
+    if not config.probes:
+        return 0
+    phases = [*declared(config, shapes).values(), token_logprob_memory(shapes)]
+    return capture_memory(config, shapes) + max(phases)
 
 
 def reserve(size: int, device: torch.device) -> torch.Tensor:

@@ -92,9 +92,9 @@ class BtePositions:
 
 
 def bte_memory(options: BteOptions, shapes: Shapes) -> float:
-    """Two alternating ``[chunk, V]`` lens buffers and the JSD's log-softmaxes and mixture of a transition (float32),
-    about six buffers; the per-transition energies are small (``[L, chunk]``)."""
-    return 6 * shapes.lens_positions * shapes.vocab * 4
+    """Two alternating ``[chunk, V]`` lens buffers and the JSD's log-softmaxes and mixture of a transition (float32):
+    five buffers at the peak, as measured at real widths; the per-transition energies are small (``[L, chunk]``)."""
+    return 5 * shapes.lens_positions * shapes.vocab * 4
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,14 @@ class MarginPositions:
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     """Float64 (8 bytes) of one sequence and one head at a time: the layer's inputs (T·d), that head's rows of W_Q
-    and W_K (2·p·d), its inputs, queries, keys and rotations (6·T·p), its attention weights (2·T²: logits, then their
-    softmax), and :func:`~lm_eval_probes.probes.margin.head_margins`' outer-product block (2²³ values) and chunk
-    products (3·64·p²) — the memory model measured at real widths in ``docs/performance.md``."""
+    and W_K (2·p·d), its inputs, queries, keys and rotations (6·T·p), then the larger of two phases — its attention
+    weights (2·T²: logits, then their softmax), or :func:`~lm_eval_probes.probes.margin.head_margins` with the weights
+    (T²), one block of flattened outer products (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's
+    ``[64, p, p]`` products and their LU (2·64·p²) — the memory model measured at real widths in
+    ``docs/performance.md``."""
     p, d, t = shapes.head_dim, shapes.width, shapes.tokens
-    return 8 * (2 * p * d + t * d + 6 * t * p + 2 * t * t + (1 << 23) + 3 * 64 * p * p)
+    block = min(t, max(1, (1 << 23) // (p * p))) * p * p
+    return 8 * (2 * p * d + t * d + 6 * t * p + max(2 * t * t, t * t + block + 2 * 64 * p * p))
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,8 @@ def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
     activations), at least one sequence: the last m blocks re-run on it, holding per token the states, queries, keys,
     values and attention output (4·d) and the feed-forward's gate, up and product (3·F) in the model's dtype (the
     attention itself through PyTorch's fused kernel: no T² weights held); then, with only the blocks' output left (d per
-    token), the lens of a chunk of positions (about six ``[chunk, V]`` float32 buffers: the readout, its top-K and
-    softmax).
+    token), the lens of a chunk of positions (one ``[chunk, V]`` float32 buffer, the readout: the top-K and the
+    log-sum-exp add nothing of that size, as measured).
 
     The states: at 0 < m < L the decoder decodes a chunk as soon as it is full, during the forward, and lets its
     states go — it holds the ⌈n/B⌉ + 1 source layers of a chunk and its successor, and before the first block of
@@ -132,7 +132,7 @@ def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
     states = sources * batch * length * shapes.width * shapes.dtype_bytes
     ffn = shapes.ffn or 4 * shapes.width
     blocks = sequences * length * (4 * shapes.width + 3 * ffn) * shapes.dtype_bytes
-    lens = sequences * length * shapes.width * shapes.dtype_bytes + 6 * shapes.lens_positions * shapes.vocab * 4
+    lens = sequences * length * shapes.width * shapes.dtype_bytes + 4 * shapes.lens_positions * shapes.vocab
     return states + max(blocks, lens)
 
 

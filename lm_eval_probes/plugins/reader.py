@@ -126,8 +126,12 @@ def reader_states(record: Any, field: str, *, answer_span: bool = False) -> Laye
 
 
 def reader_memory(options: ReaderOptions, shapes: Shapes) -> float:
-    """The reader layers' float32 states at the response positions, and the prompt means' batch of weights."""
-    layers = len(options.layers) if options.layers is not None else len(LAYER_FRACTIONS)
+    """The reader layers' float32 states at the response positions (its k distinct layers stacked, and one more
+    layer's while they are gathered: k + 1, as measured), and the prompt means' batch of weights."""
+    try:
+        layers = len(options.resolved_layers(shapes.layers)) + 1
+    except ValueError:  # layers beyond this model's: the run refuses them
+        layers = len(options.layers) + 1
     return layers * shapes.batch * (shapes.response_tokens + 1) * shapes.width * 4 + shapes.batch * shapes.tokens * 4
 
 

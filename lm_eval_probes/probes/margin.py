@@ -261,6 +261,7 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
                 second.addmm_(alpha[:, start:stop], outer)
             else:
                 second = second + alpha[:, start:stop] @ outer
+            del outer  # freed before the next block is built: one block alive at a time
         cross = second.unflatten(-1, (dim, dim))
         mean_u, mean_k = alpha @ u[:span], alpha @ keys[:span]  # [c, p]
         correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]

@@ -311,6 +311,11 @@ def _tcb_of_probabilities(
     o_k = o.gather(-1, k).squeeze(-1)
     o_rest = o.scatter_(-1, k, 0.0)  # o'
     s = o_rest.sum(-1, keepdim=True)
+    # rows whose weights may fall below the products' normal range (log o_i' of their least likely token, and the
+    # soft-capping's smallest slope): read before ``capped``'s storage takes the weights
+    lowest = capped.amin(-1, keepdim=True) if scale is None else \
+        capped.amin(-1, keepdim=True) + 2 * scale.amin(-1, keepdim=True).log()
+    log_tiny = math.log(torch.finfo(mm).tiny)
 
     # the two moments' weights (o_i' ĝ_i and o_i'² ĝ_i), in the products' dtype, in one [2N, V] tensor; o' is
     # squared in place after its copy (no further [N, V] float64 tensor). For float32 products the weights take
@@ -319,19 +324,20 @@ def _tcb_of_probabilities(
         weights = capped.view(torch.float32).view(2 * n, o.shape[-1])
     else:
         weights = torch.empty(2 * n, o.shape[-1], dtype=mm, device=o.device)
-    if scale is None:
-        weights[:n].copy_(o_rest)
-    else:
-        torch.mul(o_rest, scale, out=weights[:n])
+    first = _normal_weights(weights[:n], o_rest, scale, lowest < log_tiny)
     squares = o_rest.mul_(o_rest)  # o_i'²
     s2 = squares.sum(-1, keepdim=True)
     if scale is None:
-        weights[n:].copy_(squares)
+        second = _normal_weights(weights[n:], squares, None, 2 * lowest < log_tiny)
         spread_rows = squares.mul_(row_sq).sum(-1)  # Σ_{i≠k} o_i'² ‖w_i‖²
     else:
-        weights[n:].copy_(squares.mul_(scale))
+        second = _normal_weights(weights[n:], squares.mul_(scale), None, 2 * lowest < log_tiny)
         spread_rows = squares.mul_(scale).mul_(row_sq).sum(-1)  # Σ_{i≠k} o_i'² ‖ŵ_i‖²
     moments = w.weighted_sum(weights).to(f64)  # [2N, d]: Σ o_i ŵ_i and Σ o_i² ŵ_i over i ≠ k, in one product
+    if first is not None:
+        moments[:n] /= first
+    if second is not None:
+        moments[n:] /= second
     nu = moments[:n] - s * w_hat_k  # [N, d]
     m2 = moments[n:] - s2 * w_hat_k  # Σ_{i≠k} o_i² u_i
     # Σ_{i≠k} o_i² ‖ŵ_i − ŵ_k‖², expanded: the second moment gives the cross term (no [N, V] dot products)
@@ -339,6 +345,39 @@ def _tcb_of_probabilities(
     terms = JacobianTerms(spread=spread, cross=(m2 * nu).sum(-1), nu_sq=(nu * nu).sum(-1), o_k=o_k,
                           s=s.squeeze(-1), s2=s2.squeeze(-1))
     return float(eps) / terms.squared_norm().clamp_min(0.0).sqrt(), terms
+
+
+def _normal_weights(out: Tensor, values: Tensor, scale: Tensor | None, suspect: Tensor) -> Tensor | None:
+    """Write ``values`` (non-negative float64 ``[N, V]``, times ``scale`` if given) into ``out`` (the products' dtype),
+    as they are — except in the rows flagged ``suspect`` (``[N, 1]`` bool: their smallest entry may fall below
+    ``finfo(out.dtype).tiny``; a confident prediction over a large vocabulary has many: o_i'² < 1.2e-38 for every token
+    43 nats below the top). Subnormal operands make a CPU's float32 matrix product tens of times slower and lose their
+    digits, so such a row is written times the power of two that brings its largest entry into [1/2, 1), with the
+    entries still below float32's range (under 2⁻¹²⁶ of the row's largest, together under 1e-32 of its sum) set to 0.
+    Exact: the product's row is the same up to that power, which the caller divides out in float64 — and in a row
+    that had nothing subnormal, bit for bit the same. Returns the ``[N, 1]`` float64 powers of two (1 for untouched
+    rows), or ``None`` when no row is suspect (``out`` is then exactly the rounded values)."""
+    rows = suspect.squeeze(-1).nonzero().flatten().tolist()
+    if len(rows) < out.shape[0]:
+        if scale is None:
+            out.copy_(values)
+        else:
+            torch.mul(values, scale, out=out)
+    if not rows:
+        return None
+    tiny = torch.finfo(out.dtype).tiny
+    factor = torch.ones(out.shape[0], 1, dtype=torch.float64, device=out.device)
+    for row in rows:
+        value = values[row] if scale is None else values[row] * scale[row if scale.shape[0] > 1 else 0]
+        peak = value.max()
+        if not bool(peak > 0):
+            out[row].zero_()
+            continue
+        power = torch.ldexp(torch.ones_like(peak), -torch.frexp(peak).exponent)
+        scaled = value * power
+        out[row].copy_(scaled.masked_fill_(scaled < tiny, 0.0))
+        factor[row] = power
+    return factor
 
 
 @dataclass(frozen=True)
