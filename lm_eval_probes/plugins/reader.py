@@ -126,12 +126,12 @@ def reader_states(record: Any, field: str, *, answer_span: bool = False) -> Laye
 
 
 def reader_memory(options: ReaderOptions, shapes: Shapes) -> float:
-    """The reader layers' float32 states at the response positions (its k distinct layers stacked, and one more
-    layer's while they are gathered: k + 1, as measured), and the prompt means' batch of weights."""
+    """The reader layers' float32 states at the response positions (its k distinct layers' float32 copies and their
+    stack: 2·k, as measured), and the prompt means' batch of weights."""
     try:
-        layers = len(options.resolved_layers(shapes.layers)) + 1
+        layers = 2 * len(options.resolved_layers(shapes.layers))
     except ValueError:  # layers beyond this model's: the run refuses them
-        layers = len(options.layers) + 1
+        layers = 2 * len(options.layers)
     return layers * shapes.batch * (shapes.response_tokens + 1) * shapes.width * 4 + shapes.batch * shapes.tokens * 4
 
 
