@@ -215,6 +215,19 @@ def test_sources_decoded_during_the_forward_are_released_and_change_nothing(tiny
         torch.testing.assert_close(during.double(), want, rtol=2e-5, atol=2e-6)
 
 
+def test_a_forward_whose_rows_no_one_asks_about_holds_no_source_layer(tiny_model_dir):
+    """HFLM's batch-size search runs forwards of rows that are no request's (read_at with no rows): Ω keeps nothing."""
+    model = _load(tiny_model_dir, "llama")
+    readout = LensReadout(model)
+    decoder = FocalDepthDecoder(model, readout, depth=2, source_layers=(0, readout.num_layers + 1))
+    ids, _, _, _ = padded_batch(model.config.pad_token_id, left=False)
+    with decoder.capture() as inputs, torch.no_grad():
+        decoder.read_at(inputs, {})
+        model(ids)
+    assert not inputs.sources and not inputs.pending and inputs.decoded_during_forward == 0
+    assert decoder.confidences([None] * (readout.num_layers + 1), inputs, []) == []
+
+
 def test_a_long_request_holds_a_chunk_of_source_layers_not_all_of_them():
     """hf-probes on a 16-block model, one request of 1024 tokens, one sequence per re-run: Ω decodes each source layer
     as the forward makes it and keeps about one at a time: its extra peak over probes=none stays within its declared

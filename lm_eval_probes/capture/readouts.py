@@ -390,24 +390,26 @@ class FocalDepthDecoder:
     def _add_source(self, inputs: BlockInputs, source: int, states: torch.Tensor) -> None:
         """Source ``source``'s states arrived during the forward; decode the chunks that are full, if the windows are
         known and a block of every re-run attention type has run."""
+        if inputs.windows is None:  # the positions are not known yet: hold the states for confidences()
+            inputs.sources[source] = states
+            return
+        if not inputs.windows:  # no row will be asked about (HFLM's batch-size search): nothing to hold
+            return
         inputs.sources[source] = states
-        if inputs.windows is None:
-            return
         inputs.pending.extend((source, row) for row in inputs.windows)
-        if not self.decodes_during_forward or not self.rerun_types.issubset(inputs.type_kwargs):
-            return
         per_chunk = self._per_chunk(states.shape[1])
-        if len(inputs.pending) < per_chunk:
+        if (not self.decodes_during_forward or not self.rerun_types.issubset(inputs.type_kwargs)
+                or len(inputs.pending) < per_chunk):
             return
         borrowed = [inputs.type_kwargs[self.block_types[index]] for index in range(len(self.all_blocks) - self.depth,
                                                                                     len(self.all_blocks))]
+        inputs.borrowed.append(borrowed)
         token = _OUTPUT_COLLECTOR.set(None)  # the re-run blocks' outputs are not the forward's hidden_states
         inputs.decoding = True  # nor are their inputs the forward's (this capture's own hooks)
         try:
             while len(inputs.pending) >= per_chunk:
                 self._decode_chunk(inputs, inputs.pending[:per_chunk], borrowed)
                 del inputs.pending[:per_chunk]
-                inputs.borrowed.append(borrowed)
                 inputs.decoded_during_forward += 1
         finally:
             inputs.decoding = False
