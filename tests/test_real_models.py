@@ -54,3 +54,23 @@ def test_real_model_generation_capture_matches_teacher_forced(real_lm):
         assert real_lm.tok_decode(generated[:n]).startswith(text)
         assert_same_probe(text.probe, recompute(real_lm, _prompt_ids(real_lm, prompt), generated[:n], real_lm.probe_config), rel=2e-3)
     assert torch.isfinite(torch.tensor([t.probe.get("tcb_log10_mean") for t in texts if t.probe.n_tokens])).all()
+
+
+def test_real_model_omega_decoded_during_the_forward(real_lm):
+    """Ω (m = 5 of 30 / 18 blocks: decoded during the forward; Gemma-3-270M mixes sliding and full attention, so the
+    re-run blocks borrow the arguments of two types) gives the same values, bit for bit, as decoding after the
+    forward, and each request's trajectory equals the truncated-model recomputation of its unpadded sequence."""
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+    from test_omega_capture import focal_reference
+
+    lm = ProbeHFLM(pretrained=real_lm.model, tokenizer=real_lm.tokenizer, device="cpu", batch_size=3, probes="omega",
+                   probe_omega_chunk_tokens=40)  # about two sequences per re-run: several decodings per forward
+    assert lm.focal_decoder.decodes_during_forward
+    during = lm.loglikelihood(ll_instances())
+    lm.focal_decoder.decodes_during_forward = False
+    after = lm.loglikelihood(ll_instances())
+    for (context, continuation), a, b in zip(LL_REQUESTS, during, after):
+        assert a.probe.get("omega_trajectory") == b.probe.get("omega_trajectory")
+        ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+        want = focal_reference(lm.model, ctx_ids + cont_ids, 5, 1, len(ctx_ids) - 1, len(ctx_ids) + len(cont_ids) - 1)
+        assert a.probe.get("omega_trajectory") == pytest.approx(tuple(want.mean(-1).tolist()), rel=2e-4, abs=2e-5)
