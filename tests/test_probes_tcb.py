@@ -471,7 +471,7 @@ class _ProductOperands(TorchDispatchMode):
 @pytest.mark.parametrize("scale", [20.0, 40.0, 90.0])  # top-2 probability 2e-6, 3e-11, 4e-23
 def test_confident_predictions_put_no_subnormal_float32_into_the_products(scale):
     """Over a vocabulary where most tokens lie 43+ nats below the top, o_i'² (and from 87 nats o_i') fall below
-    float32's normal range: subnormal operands make a CPU's matrix product tens of times slower (73 s against 6 s for
+    float32's normal range: subnormal operands make a CPU's matrix product tens of times slower (33 s against 1.2 s for
     64 positions at Gemma-3's 262k vocabulary) and lose their digits. δ still matches autograd's float64 Jacobian of
     the same float32 inputs — where that is well conditioned: at a top-2 probability of 4e-23 (every o_i'² subnormal)
     autograd's 1 − o_k loses its digits, and the float64 products of the same function are the reference — and no
