@@ -277,19 +277,6 @@ def peak_allocated(run: Any) -> tuple[Any, int]:
     return out, peak
 
 
-def _peak_rss() -> int | None:
-    """This process's peak resident memory (bytes) from Linux's ``VmHWM``: its own, unlike ``ru_maxrss``, which a
-    child started by a large process (pytest) inherits from it at the fork; ``None`` elsewhere."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build one shape and print its parameters and the peak RSS of building it.")
     parser.add_argument("shape", choices=list(SHAPES))
@@ -297,8 +284,6 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="tiny")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
-    import resource
-
     import psutil
 
     before = psutil.Process().memory_info().rss
@@ -306,7 +291,9 @@ def main() -> None:
     model = build_model(args.shape, args.layers, tokenizer=tokenizer, dtype=args.dtype)
     count = sum(p.numel() for p in model.parameters())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    peak = _peak_rss() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from overhead import own_peak_rss
+
+    peak = own_peak_rss()
     print(f"{args.shape} x {args.layers} layers: {count / 1e9:.3f} B parameters (formula {SHAPES[args.shape].parameters(args.layers) / 1e9:.3f} B), "
           f"{weights / 2**30:.2f} GiB of {args.dtype} weights; RSS before {before / 2**30:.2f} GiB, "
           f"peak {peak / 2**30:.2f} GiB (peak − before − weights = {(peak - before - weights) / 2**30:+.2f} GiB)")
