@@ -15,32 +15,41 @@ import difflib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from lm_eval_probes import declarations
 from lm_eval_probes.api import LayerStates
 
 
-_DECLARED: list[Any] = [None, (), {}, {}]  # the declarations.PROBES tuple read, its fields, field → probe, name → probe
+class _Declared(NamedTuple):
+    """What the records read of the registered probes, once per ``declarations.PROBES`` tuple."""
+
+    probes: tuple[Any, ...] | None
+    fields: tuple[str, ...]
+    owners: Mapping[str, Any]  # record field → its probe
+    by_name: Mapping[str, Any]  # probe name → the probe
 
 
-def _declared() -> list[Any]:
-    if _DECLARED[0] is not declarations.PROBES:
+_DECLARED = [_Declared(None, (), {}, {})]
+
+
+def _declared() -> _Declared:
+    if _DECLARED[0].probes is not declarations.PROBES:
         probes = declarations.PROBES
         owners = {name: probe for probe in probes for name in probe.fields}
-        _DECLARED[:] = [probes, tuple(owners), owners, {probe.name: probe for probe in probes}]
-    return _DECLARED
+        _DECLARED[0] = _Declared(probes, tuple(owners), owners, {probe.name: probe for probe in probes})
+    return _DECLARED[0]
 
 
 def declared_fields() -> tuple[str, ...]:
     """Every registered probe's record fields (:attr:`~lm_eval_probes.api.Probe.fields`), in declaration order. Read
     once per ``declarations.PROBES`` tuple (every record's construction and reads ask for them)."""
-    return _declared()[1]
+    return _declared().fields
 
 
 def field_owners() -> Mapping[str, Any]:
     """Record field → the registered :class:`~lm_eval_probes.api.Probe` that declares it."""
-    return _declared()[2]
+    return _declared().owners
 
 
 def _unknown_field(name: str, candidates: Sequence[str]) -> str:
@@ -51,7 +60,8 @@ def _unknown_field(name: str, candidates: Sequence[str]) -> str:
 def _merged(by_probe: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[str, Any]:
     """``by_probe`` (probe name → its record) with the flat ``field → value`` updates applied, each to its probe's
     record (made when missing); a record whose every field is ``None`` is left out."""
-    _, _, owners, by_name = _declared()
+    declared = _declared()
+    owners, by_name = declared.owners, declared.by_name
     out = {}
     for name, record in by_probe.items():
         probe = by_name.get(name)
@@ -151,7 +161,7 @@ class ResponseProbe:
     def of(self, probe: str) -> Any:
         """Probe ``probe``'s record of this response (its :attr:`~lm_eval_probes.api.Probe.record`), or ``None`` (the
         probe was disabled, or filled nothing)."""
-        by_name = _declared()[3]
+        by_name = _declared().by_name
         if probe not in by_name:
             raise KeyError(f"no registered probe is called {probe!r}.{_unknown_field(probe, list(by_name))}")
         return self.by_probe.get(probe)
