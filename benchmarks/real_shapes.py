@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import PeakRss  # noqa: E402  (the RSS sampler both benchmarks use)
-from shapes import SHAPES, Shape, resolve  # noqa: E402
+from shapes import SHAPES, Shape, peak_allocated, resolve  # noqa: E402
 
 TASKS = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen", "long": None}
 LONG_TEXT = "Anne is kind. If someone is kind then they are smart. The bear is red and the cat is big. "
@@ -219,7 +219,6 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
     from lm_eval_probes.capture.positions import position_probes
     from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout
     from lm_eval_probes.config import ProbeConfig
-    from shapes import peak_allocated
 
     readout = LensReadout(model)
     num_layers, width = readout.num_layers, shape.hidden
@@ -250,7 +249,8 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
     shapes = model_shapes(model, batch=batch, tokens=tokens, vocab=readout.vocab_size, chunk_positions=chunk)
     focal = registry.probe("omega").position_probe(config_of("omega").options_of("omega"), num_layers).focal_depth
     decoder = FocalDepthDecoder(model, readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-                                chunk_tokens=focal.chunk_tokens, chunk_positions=chunk)
+                                chunk_tokens=focal.tokens_per_chunk(shapes.width, shapes.ffn, shapes.dtype_bytes),
+                                chunk_positions=chunk)
     if decoder.depth == num_layers:  # decoded after the forward: the held source layers are the "before"
         spans = [(r, tokens - chunk, tokens) for r in range(batch)]
         input_ids = torch.randint(0, len(tokenizer), (batch, tokens), generator=generator)

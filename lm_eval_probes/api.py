@@ -504,13 +504,18 @@ class FocalDepth:
     """The blocks' activations one re-run may hold when ``chunk_tokens`` is not given (512 MiB)."""
     MAX_CHUNK_TOKENS: ClassVar[int] = 16384
 
+    @staticmethod
+    def rerun_bytes_per_token(width: int, ffn: int, dtype_bytes: int) -> int:
+        """What one token holds in the re-run blocks: states, queries, keys, values and attention output (4·d) and the
+        feed-forward's gate, up and product (3·F; 0: unknown, read as 4·d), in the model's dtype."""
+        return (4 * width + 3 * (ffn or 4 * width)) * dtype_bytes
+
     def tokens_per_chunk(self, width: int, ffn: int, dtype_bytes: int) -> int:
-        """``chunk_tokens``, or the most tokens whose activations in the re-run blocks — states, queries, keys, values
-        and attention output (4·d) and the feed-forward's gate, up and product (3·F) per token, in the model's dtype —
-        fit in :attr:`RERUN_BYTES`, at most :attr:`MAX_CHUNK_TOKENS` (a small model: 16384)."""
+        """``chunk_tokens``, or the most tokens whose re-run activations (:meth:`rerun_bytes_per_token`) fit in
+        :attr:`RERUN_BYTES`, at most :attr:`MAX_CHUNK_TOKENS` (a small model: 16384)."""
         if self.chunk_tokens is not None:
             return self.chunk_tokens
-        per_token = (4 * width + 3 * (ffn or 4 * width)) * dtype_bytes
+        per_token = self.rerun_bytes_per_token(width, ffn, dtype_bytes)
         return max(1, min(self.MAX_CHUNK_TOKENS, self.RERUN_BYTES // max(per_token, 1)))
 
 

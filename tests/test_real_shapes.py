@@ -111,12 +111,11 @@ def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary(gemma_o
 
 
 
-def test_each_probe_declares_the_memory_it_allocates(gemma_one_layer, monkeypatch):
+def test_each_probe_declares_the_memory_it_allocates(gemma_one_layer):
     """At Gemma-3-4B's real widths each probe's declared memory (what ``batch_size=auto`` reserves and the memory model
     of docs/performance.md adds up) is within ±20 % of what its own phase allocates (torch's profiler): the lens
     probes on a chunk of 64 positions, the token log-probabilities, Ω's decoding and the margins at T = 256."""
     real_shapes = _load_real_shapes()
-    monkeypatch.setitem(sys.modules, "shapes", shapes)  # what real_shapes imports by that name
     rows = real_shapes.declared_rows(gemma_one_layer, offline_tokenizer("tiny"), SHAPES["gemma3-4b"], tokens=256)
     assert {row["probe"] for row in rows} == {"logprobs", "tcb", "bte", "reader", "omega", "margin"}
     for row in rows:

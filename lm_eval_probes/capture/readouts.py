@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.api import FocalDepth
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 
@@ -252,8 +251,8 @@ class FocalDepthDecoder:
     m ≥ 1 the input is block L's pre-norm output (captured on the final norm), not ``hidden_states[L]``.
 
     The (source layer, row) pairs are stacked along the batch dimension in chunks of at most
-    ``chunk_tokens`` tokens (at least one sequence; ``None``: :meth:`FocalDepth.tokens_per_chunk`, 512 MiB of the
-    blocks' activations), in source-major order, and the m blocks run once per
+    ``chunk_tokens`` tokens (at least one sequence; the wrappers give :meth:`FocalDepth.tokens_per_chunk`, 512 MiB of
+    the blocks' activations by default), in source-major order, and the m blocks run once per
     chunk: about m · S / L extra forwards of the batch for S source layers.
 
     For m ≥ 1 the decoder's hooks take each source layer's states as the forward makes them (the input of
@@ -277,7 +276,7 @@ class FocalDepthDecoder:
         depth: int,
         source_layers: tuple[int, int],
         top_k: int = 1,
-        chunk_tokens: int | None = None,
+        chunk_tokens: int = 16384,
         chunk_positions: int = 64,
     ) -> None:
         num_layers = readout.num_layers
@@ -288,7 +287,7 @@ class FocalDepthDecoder:
             raise ValueError(f"source layers {start}:{stop} must satisfy 0 <= start < stop <= {num_layers + 1}")
         if not 1 <= top_k <= readout.vocab_size:
             raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
-        if (chunk_tokens is not None and chunk_tokens < 1) or chunk_positions < 1:
+        if chunk_tokens < 1 or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
         spec = architecture_of(model)
         if depth > 0 and not spec.focal_depth:
@@ -305,12 +304,7 @@ class FocalDepthDecoder:
         self.chunk_positions = chunk_positions
         self.all_blocks: list[nn.Module] = list(_get_path(model, spec.blocks))
         self.blocks: list[nn.Module] = self.all_blocks[num_layers - depth :] if depth else []
-        text = getattr(model.config, "text_config", None) or model.config
-        dtype_bytes = next((p.element_size() for block in self.blocks for p in block.parameters()
-                            if p.is_floating_point()), 4)
-        self.chunk_tokens = FocalDepth(depth=depth, source_layers=source_layers, top_k=top_k,
-                                       chunk_tokens=chunk_tokens).tokens_per_chunk(
-            int(getattr(text, "hidden_size", 0) or 0), int(getattr(text, "intermediate_size", 0) or 0), dtype_bytes)
+        self.chunk_tokens = chunk_tokens
         types = getattr(model.config, "layer_types", None)
         self.block_types: list[Any] = list(types) if types is not None and len(types) == num_layers else [None] * num_layers
         self.rerun_types = frozenset(self.block_types[num_layers - depth :]) if depth else frozenset()

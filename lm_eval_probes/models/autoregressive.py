@@ -58,7 +58,7 @@ from lm_eval_probes.capture.loglikelihood import (
     loglikelihood_rows,
 )
 from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
-from lm_eval_probes.capture.memory import reserved_during_forwards
+from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
 from lm_eval_probes.capture.positions import (
     PositionProbes,
     WholeForward,
@@ -124,9 +124,12 @@ class ProbeHFLM(HFLM):
         self.focal_decoder: FocalDepthDecoder | None = None
         if self.whole.focal_depth is not None:
             focal = self.whole.focal_depth[1]
+            widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
+                                  chunk_positions=self.probe_config.chunk_positions)
             self.focal_decoder = FocalDepthDecoder(
                 self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-                chunk_tokens=focal.chunk_tokens, chunk_positions=self.probe_config.chunk_positions,
+                chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
+                chunk_positions=self.probe_config.chunk_positions,
             )
         self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
                                                                              self.whole)

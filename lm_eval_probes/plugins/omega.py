@@ -130,8 +130,7 @@ def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:
         waiting = max(types.index(kind) for kind in set(types[shapes.layers - depth:]))
         sources = min(sources, -(-sequences // batch) + 1 + waiting)
     states = sources * batch * length * shapes.width * shapes.dtype_bytes
-    ffn = shapes.ffn or 4 * shapes.width
-    blocks = sequences * length * (4 * shapes.width + 3 * ffn) * shapes.dtype_bytes
+    blocks = sequences * length * focal.rerun_bytes_per_token(shapes.width, shapes.ffn, shapes.dtype_bytes)
     lens = sequences * length * shapes.width * shapes.dtype_bytes + 4 * shapes.lens_positions * shapes.vocab
     return states + max(blocks, lens)
 
