@@ -126,8 +126,9 @@ def reader_states(record: Any, field: str, *, answer_span: bool = False) -> Laye
 
 
 def reader_memory(options: ReaderOptions, shapes: Shapes) -> float:
-    """The reader layers' float32 states at the response positions (its k distinct layers' float32 copies and their
-    stack: 2·k, as measured), and the prompt means' batch of weights."""
+    """The reader layers' float32 states at the response positions, twice (its k distinct layers' states per chunk of
+    positions, then their concatenation over the response's chunks: 2·k, as measured), and the prompt means' batch of
+    weights."""
     try:
         layers = 2 * len(options.resolved_layers(shapes.layers))
     except ValueError:  # layers beyond this model's: the run refuses them
