@@ -188,9 +188,10 @@ class BlockInputs:
     decoded_during_forward: int = 0
     decoding: bool = False
 
-    def new_forward(self, batch_size: int, device_type: str, autocast_dtype: torch.dtype | None) -> None:
-        """Forget the previous forward's records (the windows stay: they were set for this one)."""
-        self.block_kwargs = []
+    def new_forward(self, batch_size: int, device_type: str, autocast_dtype: torch.dtype | None, blocks: int) -> None:
+        """Forget the previous forward's records, for a forward that re-runs ``blocks`` blocks (the windows stay: they
+        were set for this one)."""
+        self.block_kwargs = [{} for _ in range(blocks)]
         self.final_norm_input = None
         self.batch_size, self.device_type, self.autocast_dtype = batch_size, device_type, autocast_dtype
         self.sources, self.pending, self.masses = {}, [], {}
@@ -339,8 +340,7 @@ class FocalDepthDecoder:
             device_type = tokens.device.type
             autocast = torch.is_autocast_enabled(device_type)
             inputs.new_forward(int(tokens.shape[0]), device_type,
-                               torch.get_autocast_dtype(device_type) if autocast else None)
-            inputs.block_kwargs = [{} for _ in self.blocks]
+                               torch.get_autocast_dtype(device_type) if autocast else None, len(self.blocks))
 
         def leave(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
             inside[0] = False
