@@ -15,8 +15,8 @@ seconds and the ratio over plain ``hf`` (and over ``probes=none``).
 
 Tasks: ``mc`` = ``probes_synth_logic`` (multiple choice), ``gen`` = ``probes_synth_arith_gen`` (generation,
 ``--max_gen_toks`` tokens), ``long`` = one two-option document whose context is ``--context_tokens`` tokens (4096:
-the bounded-memory check of ``docs/performance.md``; ``--limit`` does not apply). The text is tokenised by SmolLM2's tokenizer (offline; real lengths); the models keep
-their real vocabulary (``shapes.confine_to_tokenizer``).
+the bounded-memory check of ``docs/performance.md``; ``--limit`` does not apply). The text is tokenised by SmolLM2's
+tokenizer (offline; real lengths); the models keep their real vocabulary (``shapes.confine_to_tokenizer``).
 """
 
 from __future__ import annotations
@@ -263,7 +263,8 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
     margins = FirstLayerMargins(model)
     hidden = torch.randn(1, tokens, width, generator=generator).to(dtype)
     rotary, positions = model.model.rotary_emb, torch.arange(tokens)[None]
-    cos, sin = rotary(hidden, positions, "sliding_attention") if shape.family == "gemma3_text" else rotary(hidden, positions)
+    local = ("sliding_attention",) if shape.family == "gemma3_text" else ()  # Gemma-3's first layer is a local one
+    cos, sin = rotary(hidden, positions, *local)
     _, measured = peak_allocated(lambda: margins.margins(hidden, cos, sin))
     row("margin", measured, declaration("margin", model_shapes(model, batch=1, tokens=tokens, vocab=readout.vocab_size,
                                                                 chunk_positions=chunk)), shapes)
@@ -274,8 +275,9 @@ def declared_worker(args: argparse.Namespace) -> None:
     """:func:`declared_rows` of one (shape, layers) in this process; one JSON line per probe."""
     model, tokenizer, shape = build(args)
     for row in declared_rows(model, tokenizer, shape, tokens=args.context_tokens, batch=args.batch_size):
+        ratio = row["measured"] / row["declared"]
         print(json.dumps({"shape": args.shape, **row, "measured_gib": row["measured"] / GIB,
-                          "declared_gib": row["declared"] / GIB, "ratio": row["measured"] / row["declared"]}), flush=True)
+                          "declared_gib": row["declared"] / GIB, "ratio": ratio}), flush=True)
 
 
 # --------------------------------------------------------------------------------------------- the sweep
@@ -323,8 +325,8 @@ def memory(args: argparse.Namespace) -> None:
 
 
 def declared(args: argparse.Namespace) -> None:
-    print(f"{'shape':12s} {'L':>2s} {'probe':8s} {'B':>2s} {'T':>5s} {'n':>3s} {'measured GiB':>12s} {'declared GiB':>12s} "
-          f"{'ratio':>6s}")
+    print(f"{'shape':12s} {'L':>2s} {'probe':8s} {'B':>2s} {'T':>5s} {'n':>3s} {'measured GiB':>12s} "
+          f"{'declared GiB':>12s} {'ratio':>6s}")
     for name in args.shapes:
         for layers in args.layers:
             for row in run_worker("declared", args, shape=name, layers=layers, task="long"):
@@ -332,8 +334,8 @@ def declared(args: argparse.Namespace) -> None:
                     print(f"{name:12s} {layers:2d} failed: {row['failed'][:200]}", flush=True)
                     continue
                 print(f"{name:12s} {layers:2d} {row['probe']:8s} {row['batch']:2d} {row['tokens']:5d} "
-                      f"{row['positions']:3d} {row['measured_gib']:12.3f} {row['declared_gib']:12.3f} {row['ratio']:6.2f}",
-                      flush=True)
+                      f"{row['positions']:3d} {row['measured_gib']:12.3f} {row['declared_gib']:12.3f} "
+                      f"{row['ratio']:6.2f}", flush=True)
                 print(json.dumps(row), flush=True)
 
 
