@@ -435,8 +435,8 @@ class PositionProbe(Protocol):
     capture with an optional attribute (``None`` or absent: not asked): ``prompt_means`` (:class:`PromptMeans`: the
     mean states over the prompt, set as a record field), ``focal_depth`` (:class:`FocalDepth`: top-K masses of the
     model's last blocks re-run on every source layer, given to :meth:`reduce` as the value ``mass [S, n]``),
-    ``first_attention`` (:class:`FirstAttention`: the stability margins of the first attention layer over every
-    position the model saw, set as record fields) and ``states_folder`` (a folder where the wrappers write the
+    ``first_attention`` (:class:`FirstAttention`: the first softmax-attention layer's queries, keys and query-map
+    Jacobian over every position the model saw, turned by the probe into record fields) and ``states_folder`` (a folder where the wrappers write the
     prompt-means probe's states of every answered request). At most one enabled probe asks for each.
 
     Attributes:
@@ -521,19 +521,20 @@ class FocalDepth:
 
 @dataclass(frozen=True)
 class FirstAttention:
-    """A request for the stability margins of the first attention layer
-    (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`) over every position the model saw.
+    """A request for the first softmax-attention layer over every position the model saw, in the same forwards: each
+    captured batch as a :class:`~lm_eval_probes.capture.attention.AttentionBatch` (its token ids, queries and keys as
+    the attention uses them, logit scale, soft cap and sliding window, and the Jacobian of its query map), which the
+    probe turns into per-position values; a response's share of them becomes its record fields.
 
     Attributes:
-        heads: how the per-head margins combine per position (``mean`` or ``min``).
-        support: k, the support tokens (smallest margins) kept.
-        prefix: the record fields set: ``<prefix>_mean``, ``<prefix>_min``, ``<prefix>_support_positions``,
-            ``<prefix>_support_tokens``, ``<prefix>_support_values``.
+        values: ``(batch) -> [B, T]`` per-position values of one captured batch (``nan`` = none), on the CPU.
+        fields: ``(values [n], token_ids [n], decode) -> record fields`` of one response's sequence: the n positions
+            the model saw (its context or prompt, then all but the last response token), their token ids, and
+            ``decode(token id) -> str``.
     """
 
-    heads: str
-    support: int
-    prefix: str
+    values: Callable[[Any], Any]
+    fields: Callable[[Any, Any, Callable[[int], str]], dict[str, Any]]
 
 
 GENERATED_RECORD = "__lm_eval_probes_generated__"

@@ -1,14 +1,17 @@
 """Stability margins and support tokens (``probes=margin``): log|det(I − Σ_t A)| of the first attention layer at every
 position the model saw (the math: :mod:`lm_eval_probes.probes.margin`).
 
-Its values need the first attention layer's inputs over whole sequences: the wrappers' whole-forward capture
-``first_attention`` (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`, built from :class:`MarginOptions`)
-hooks that layer in the same forwards and fills the record fields.
+Its values need the first softmax-attention layer over whole sequences: it asks for the wrappers' whole-forward
+capture ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`), which gives it each captured batch's queries,
+keys and query-map Jacobian (:class:`~lm_eval_probes.capture.attention.AttentionBatch`, any family);
+:func:`~lm_eval_probes.probes.margin.layer_margins` makes them margins, :meth:`MarginPositions.fields` a response's
+record fields. :func:`margin_unavailable` says, from a model's config, why the margins cannot run on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,55 @@ class MarginOptions(ProbeOptions):
             raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.support}")
 
 
+def margin_unavailable(config: Any) -> str | None:
+    """Why ``probes=margin`` cannot run on a model of this (transformers) config, or ``None`` when the config does not
+    tell (the load then finds the first layer that calls transformers' attention interface, or refuses in one line):
+    no attention heads, or ``layer_types`` without any softmax-attention layer."""
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    model_type = getattr(text, "model_type", None)
+    if not getattr(text, "num_attention_heads", None):
+        return f"model_type {model_type!r} has no attention heads (no softmax attention)"
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types and not any("attention" in str(kind) and "linear" not in str(kind) for kind in layer_types):
+        return f"model_type {model_type!r} has no softmax-attention layer (layer_types {sorted(set(layer_types))})"
+    return None
+
+
+@dataclass(frozen=True)
+class MarginSummary:
+    """One sequence's margins reduced: mean and minimum over positions with a margin, and the support tokens
+    (positions in the sequence the model saw, their token ids and margins, smallest margin first)."""
+
+    mean: float
+    minimum: float
+    positions: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, margins: Any, token_ids: Any, k: int) -> MarginSummary:
+        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none)."""
+        import torch
+
+        from lm_eval_probes.probes.margin import support_tokens
+
+        defined = margins[~torch.isnan(margins)]
+        support = support_tokens(margins, k)
+        return cls(
+            mean=float(defined.mean()) if defined.numel() else math.nan,
+            minimum=float(defined.min()) if defined.numel() else math.nan,
+            positions=tuple(int(i) for i in support),
+            token_ids=tuple(int(token_ids[i]) for i in support),
+            values=tuple(float(margins[i]) for i in support),
+        )
+
+    def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
+        """The record fields (:class:`MarginRecord`); support tokens decoded one by one with ``decode``."""
+        return {"margin_mean": self.mean, "margin_min": self.minimum, "margin_support_positions": self.positions,
+                "margin_support_tokens": tuple(decode(token) for token in self.token_ids),
+                "margin_support_values": self.values}
+
+
 class MarginPositions:
     """The margins' :class:`~lm_eval_probes.api.PositionProbe`: nothing at a response's positions; its record fields come
     from the wrappers' first-attention capture (:attr:`first_attention`)."""
@@ -38,7 +90,28 @@ class MarginPositions:
     position_axis = 0
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
-        self.first_attention = FirstAttention(heads=options.heads, support=options.support, prefix="margin")
+        self.options = options
+        self.first_attention = FirstAttention(values=self.values, fields=self.fields)
+
+    def values(self, batch: Any) -> Any:
+        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`;
+        one row at a time)."""
+        from lm_eval_probes.probes.margin import layer_margins
+
+        import torch
+
+        rows = []
+        for row in range(batch.ids.shape[0]):
+            pick = slice(row, row + 1)
+            rows.append(layer_margins(
+                batch.queries[pick], batch.keys[pick], batch.query_inputs[pick], batch.query_jacobian[pick],
+                scale=batch.scale, softcap=batch.softcap, window=batch.sliding_window,
+                valid=None if batch.valid is None else batch.valid[pick], heads=self.options.heads).cpu())
+        return torch.cat(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+
+    def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
+        """A response's record fields from the margins of the positions the model saw."""
+        return MarginSummary.of(margins, token_ids, self.options.support).record_fields(decode)
 
     def layers(self) -> frozenset[int]:
         return frozenset()
@@ -51,21 +124,21 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes) of one sequence and one head at a time: the layer's inputs (T·d), that head's rows of W_Q
-    and W_K (2·p·d), its inputs, queries, keys and rotations (6·T·p), then the larger of two phases — its attention
-    weights (2·T²: logits, then their softmax), or :func:`~lm_eval_probes.probes.margin.head_margins` with the weights
-    (T²), one block of flattened outer products (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's
-    ``[64, p, p]`` products and their LU (2·64·p²) — the memory model measured at real widths in
-    ``docs/performance.md``."""
-    p, d, t = shapes.head_dim, shapes.width, shapes.tokens
+    """Float64 (8 bytes): the captured batch re-run through the first attention layer — its inputs and input
+    projections (B·T·4d), each head's queries, keys, query inputs (3·B·H·T·p) and query-map Jacobian (B·H·T·p²: heads
+    that read their own p columns; families whose heads share all query inputs, full-width query norms, hold more) —
+    then one sequence and one head at a time: its attention weights (2·T²: logits, then their softmax), or
+    :func:`~lm_eval_probes.probes.margin.head_margins` with the weights (T²), one block of flattened outer products
+    (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's ``[64, p, p]`` products and their LU (2·64·p²)."""
+    p, d, t, b, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.batch, shapes.heads
     block = min(t, max(1, (1 << 23) // (p * p))) * p * p
-    return 8 * (2 * p * d + t * d + 6 * t * p + max(2 * t * t, t * t + block + 2 * 64 * p * p))
+    return 8 * (b * t * (4 * d + h * (3 * p + p * p)) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
 
 
 @dataclass(frozen=True)
 class MarginRecord:
-    """The stability margins of one response's sequence (the wrappers' first-attention capture,
-    :meth:`~lm_eval_probes.capture.margins.MarginSummary.record_fields`; ``None``: not computed)."""
+    """The stability margins of one response's sequence (:meth:`MarginSummary.record_fields`; ``None``: not
+    computed)."""
 
     margin_mean: float | None = None
     margin_min: float | None = None
@@ -80,9 +153,10 @@ PROBE = Probe(
     paper="Stability margins: \"Support Tokens, Stability Margins, and a New Foundation for Robust LLMs\" "
           "(arXiv 2602.22271)",
     formula="m_t = log|det(I − Σ_t A)|, A = W_Kᵀ W_Q / √p, Σ_t the attention-weighted covariance of the inputs, "
-            "per head of the first attention layer (mean over heads); per document the mean and the minimum; "
+            "per head of the first softmax-attention layer (its own query map's Jacobian in place of W_Q; mean over "
+            "heads); per document the mean and the minimum; "
             "support tokens: the k smallest",
-    reads="the first attention layer's inputs at every position the model saw",
+    reads="the first softmax-attention layer's queries, keys and query-map Jacobian at every position the model saw",
     record=MarginRecord,
     position_probe=MarginPositions,
     options=MarginOptions,

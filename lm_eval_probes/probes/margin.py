@@ -28,6 +28,7 @@ from torch import Tensor
 __all__ = [
     "attention_covariance",
     "head_margins",
+    "layer_margins",
     "prefix_attention_weights",
     "prior_jacobian",
     "prior_margins",
@@ -43,7 +44,8 @@ def _check_float(name: str, value: Tensor) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
 
 
-def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None) -> Tensor:
+def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
+                             softcap: float | None = None, window: int | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -51,6 +53,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         keys: ``[..., T, p]``.
         scale: the logit scale (1/√p in the paper).
         valid: optional bool ``[..., T]``: False marks padding, never attended to.
+        softcap: c of soft-capped logits c·tanh(scale · q_t·k_s / c) (Gemma-2); ``None``: none.
+        window: a sliding window W: s is attended from t only when t − s < W (transformers' convention); ``None``: none.
 
     Returns:
         ``[..., T, T]`` row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -62,7 +66,11 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         raise ValueError(f"queries and keys must both be [..., T, p], got {tuple(queries.shape)} and {tuple(keys.shape)}")
     length = queries.shape[-2]
     logits = scale * queries @ keys.transpose(-1, -2)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     allowed = torch.ones(length, length, dtype=torch.bool, device=queries.device).tril(-1)
+    if window is not None:
+        allowed = allowed & torch.ones_like(allowed).triu(1 - window)
     if valid is not None:
         if valid.shape != queries.shape[:-1]:
             raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
@@ -147,6 +155,8 @@ def head_margins(
     positions: Tensor | None = None,
     chunk: int = 64,
     query_norm: tuple[Tensor, Tensor, float] | None = None,
+    query_jacobian: Tensor | None = None,
+    key_weights: Tensor | None = None,
 ) -> Tensor:
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
 
@@ -173,6 +183,12 @@ def head_margins(
             effective weight and ``eps``, so q_t = R_t (g ⊙ v_t / r_t), r_t = (mean(v_t²) + eps)^½. The
             norm's Jacobian J_t = diag(g) (I − v_t v_tᵀ / (p r_t²)) / r_t then sits between the rotation and
             W_Q: m_t = log|det(I_p − scale · R_t J_t C_t)| (the keys' norm only changes the keys given).
+        query_jacobian: ``[..., T, p, n]`` the whole query map's Jacobian D_t = ∂q_t/∂u_t on the n inputs u
+            (``query_inputs [..., T, n]``) it reads, in place of ``rotation`` and ``query_norm`` (any family:
+            :class:`~lm_eval_probes.capture.attention.AttentionBatch`): m_t = log|det(I_p − scale · D_t C_t)|.
+        key_weights: ``[..., T, T]`` β_ts = α_ts g_ts for soft-capped logits (g_ts = 1 − tanh²(scale · q_t·k_s / c),
+            the cap's derivative): the keys' side of C_t reads β, C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
+            (∂α_ts/∂q_t = α_ts · scale · (g_ts k_s − Σ_r α_tr g_tr k_r)); ``None``: β = α.
 
     Returns:
         ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
@@ -182,7 +198,15 @@ def head_margins(
         _check_float(name, value)
     length, dim = keys.shape[-2:]
     rows = length if positions is None else positions.shape[0]
-    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-2], rows, length):
+    inputs = query_inputs.shape[-1] if query_jacobian is not None else dim
+    if query_jacobian is not None and (rotation is not None or query_norm is not None):
+        raise ValueError("give query_jacobian or rotation/query_norm, not both")
+    if query_jacobian is not None and query_jacobian.shape[-3:] != (rows, dim, inputs):
+        raise ValueError(f"query_jacobian must be [..., {rows}, {dim}, {inputs}], got {tuple(query_jacobian.shape)}")
+    if key_weights is not None and key_weights.shape != weights.shape:
+        raise ValueError(f"key_weights must be {tuple(weights.shape)}, got {tuple(key_weights.shape)}")
+    if query_inputs.shape[:-1] != keys.shape[:-1] or query_inputs.shape[-1] != inputs or \
+            weights.shape != (*keys.shape[:-2], rows, length):
         raise ValueError(
             f"expected query_inputs and keys [..., T, p] and weights [..., T (or n positions), T], got "
             f"{tuple(query_inputs.shape)}, {tuple(keys.shape)} and {tuple(weights.shape)}"
@@ -196,6 +220,8 @@ def head_margins(
             valid = valid[..., positions]
         if query_norm is not None:
             query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
+        if query_jacobian is not None:
+            query_jacobian = query_jacobian[..., positions, :, :]
     lead = keys.shape[:-2]
     per_head = []
     for index in _indices(lead):  # one head (and batch row) at a time
@@ -203,7 +229,10 @@ def head_margins(
         per_head.append(_one_head_margins(
             _pick(query_inputs, index, lead), _pick(keys, index, lead), _pick(weights, index, lead), scale=scale,
             rotation=None if rotation is None else (_pick(rotation[0], index, lead), _pick(rotation[1], index, lead)),
-            chunk=chunk, query_norm=norm))
+            chunk=chunk, query_norm=norm,
+            jacobian=None if query_jacobian is None else
+            torch.broadcast_to(query_jacobian, (*lead, *query_jacobian.shape[-3:]))[index],
+            key_weights=None if key_weights is None else _pick(key_weights, index, lead)))
     margins = torch.stack(per_head).reshape(*lead, rows) if per_head else keys.new_empty((*lead, rows))
     undefined = weights.sum(-1) == 0
     if valid is not None:
@@ -230,7 +259,8 @@ def _pick(value: Tensor, index: tuple[int, ...], lead: torch.Size) -> Tensor:
 
 
 def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float, rotation: tuple[Tensor, Tensor] | None,
-                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None) -> Tensor:
+                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None, jacobian: Tensor | None = None,
+                      key_weights: Tensor | None = None) -> Tensor:
     """:func:`head_margins` of one head: u, keys ``[T, p]``, weights ``[n, T]``, rotation and the norm's inputs
     ``[n, p]`` (already cut to the rows' positions) → ``[n]`` log|det| (no nan masking).
 
@@ -240,10 +270,10 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
     fit in :data:`WORK_ELEMENTS`, else per block). Without autograd the corrections (means, query norm, rotation,
     I − scale·X) run in place on the ``[c, p, p]`` products. Transient memory: :data:`WORK_ELEMENTS` plus about three
     ``[c, p, p]`` per chunk, whatever T and the number of heads."""
-    rows, length, dim = weights.shape[0], keys.shape[0], keys.shape[-1]
+    rows, length, dim, width = weights.shape[0], keys.shape[0], keys.shape[-1], u.shape[-1]
     in_place = not (torch.is_grad_enabled() and (u.requires_grad or keys.requires_grad or weights.requires_grad
                                                  or (query_norm is not None and query_norm[0].requires_grad)))
-    block = max(1, WORK_ELEMENTS // (dim * dim))
+    block = max(1, WORK_ELEMENTS // (width * dim))
     outer_all = _outer(u, keys) if length <= block else None  # [T, p²], reused by every chunk
     parts = []
     for lo in range(0, rows, chunk):
@@ -251,19 +281,20 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         attended = torch.nonzero(weights[lo:hi].detach().ne(0).any(0))
         span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
         alpha = weights[lo:hi, :span]  # [c, S]
-        second = None  # Σ_s α_ts u_s k_sᵀ, [c, p²]
+        beta = alpha if key_weights is None else key_weights[lo:hi, :span]
+        second = None  # Σ_s β_ts u_s k_sᵀ, [c, n·p]
         for start in range(0, span, block):
             stop = min(span, start + block)
             outer = outer_all[start:stop] if outer_all is not None else _outer(u[start:stop], keys[start:stop])
             if second is None:
-                second = alpha[:, start:stop] @ outer
+                second = beta[:, start:stop] @ outer
             elif in_place:
-                second.addmm_(alpha[:, start:stop], outer)
+                second.addmm_(beta[:, start:stop], outer)
             else:
-                second = second + alpha[:, start:stop] @ outer
+                second = second + beta[:, start:stop] @ outer
             del outer  # freed before the next block is built: one block alive at a time
-        cross = second.unflatten(-1, (dim, dim))
-        mean_u, mean_k = alpha @ u[:span], alpha @ keys[:span]  # [c, p]
+        cross = second.unflatten(-1, (width, dim))
+        mean_u, mean_k = alpha @ u[:span], beta @ keys[:span]  # [c, n], [c, p]
         correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]
         cross = cross.baddbmm_(correction, mean_k[:, None, :], alpha=-1) if in_place else \
             cross - correction * mean_k[:, None, :]
@@ -281,6 +312,8 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         if rotation is not None:  # R_t X: rows (v₁; v₂) → (v₁ cos₁ − v₂ sin₁; v₂ cos₂ + v₁ sin₂)
             cos, sin = (r[lo:hi, :, None] for r in rotation)
             cross = _rotate_rows(cross, cos, sin) if in_place else cross * cos + rotate_half(cross, dim=-2) * sin
+        if jacobian is not None:  # D_t C_t: [c, p, n] @ [c, n, p]
+            cross = torch.bmm(jacobian[lo:hi], cross)
         if in_place:  # I − scale · X
             matrix = cross.mul_(-scale)
             matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
@@ -347,3 +380,48 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     if w_q.ndim != 2 or w_q.shape != w_k.shape or x.shape[-1] != w_q.shape[1]:
         raise ValueError(f"expected x [..., T, d] and w_q, w_k [p, d], got {tuple(x.shape)}, {tuple(w_q.shape)}, {tuple(w_k.shape)}")
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
+
+
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jacobian: Tensor, *, scale: float,
+                  softcap: float | None = None, window: int | None = None, valid: Tensor | None = None,
+                  heads: str = "mean", chunk: int = 64) -> Tensor:
+    """Per-position margins of a pretrained model's attention layer, one sequence at a time, one head at a time.
+
+    Per head h (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries and keys (soft cap
+    and sliding window as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
+    :func:`head_margins` with the query map's Jacobian D_t on the inputs u it reads; the position's margin is the mean
+    (or ``min``) over heads.
+
+    Args:
+        queries: ``[B, H, T, p]`` as the logits use them; keys: ``[B, KV, T, p]`` (H a multiple of KV).
+        query_inputs: ``[B, H or 1, T, n]`` u; query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t.
+        scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
+        valid: optional bool ``[B, T]`` (False = padding).
+        heads: ``mean`` or ``min``.
+
+    Returns:
+        ``[B, T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
+    """
+    if heads not in ("mean", "min"):
+        raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
+    batch, num_heads, length, _ = queries.shape
+    if keys.ndim != 4 or num_heads % keys.shape[1]:
+        raise ValueError(f"keys must be [B, KV, T, p] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
+    groups = num_heads // keys.shape[1]
+    rows = []
+    for row in range(batch):
+        mask = None if valid is None else valid[row]
+        per_head = []
+        for head in range(num_heads):
+            q, k = queries[row, head], keys[row, head // groups]
+            weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window)
+            key_weights = None
+            if softcap is not None:
+                key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
+            u = query_inputs[row, head if query_inputs.shape[1] > 1 else 0]
+            per_head.append(head_margins(u, k, weights, scale=scale, valid=mask, chunk=chunk,
+                                         query_jacobian=query_jacobian[row, head], key_weights=key_weights))
+            del weights, key_weights
+        stacked = torch.stack(per_head)
+        rows.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
+    return torch.stack(rows) if rows else queries.new_empty(0, length)
