@@ -131,7 +131,8 @@ def test_reader_equals_the_hand_computation(tiny_model_dir, arch):
 def eager_margins(model, ids: list[int]) -> torch.Tensor:
     """The margins from the model's own first attention module (the first ``*Attention`` module), copied to float64
     with eager attention: per head, e_t(x_t) = x_t − Σ_{s<t} α_ts x_s with α the module's own attention
-    probabilities at row t renormalised over s < t (x_t substituted in the module's input, the other rows fixed),
+    probabilities P at row t without s = t, P_ts / (1 − P_tt) (renormalised over s < t, and an attention sink if any;
+    x_t substituted in the module's input, the other rows fixed),
     m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0."""
     module = next(sub for sub in model.modules() if type(sub).__name__.endswith("Attention"))
     seen = {}
@@ -151,19 +152,31 @@ def eager_margins(model, ids: list[int]) -> torch.Tensor:
             return tuple(wide(item) for item in value)
         return None if type(value).__name__.endswith("Cache") else value
 
-    args, kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
-    named = "hidden_states" in kwargs
-    x = (kwargs["hidden_states"] if named else args[0])[0]
+    def first(value, n):
+        """``value`` cut to the first n positions on every axis of length T (the module then sees positions ≤ t only:
+        causal whatever mask it was given)."""
+        if isinstance(value, torch.Tensor):
+            for axis, size in enumerate(value.shape):
+                if size == len(ids):
+                    value = value.narrow(axis, 0, n)
+            return value
+        return tuple(first(item, n) for item in value) if isinstance(value, tuple) else value
+
+    all_args, all_kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
+    named = "hidden_states" in all_kwargs
+    x = (all_kwargs["hidden_states"] if named else all_args[0])[0]
     out = torch.full((len(ids),), math.nan, dtype=torch.float64)
     for t in range(1, len(ids)):
-        def residual(xt, t=t):
-            rows = torch.cat([x[:t], xt[None], x[t + 1 :]])[None]
+        args, kwargs = [first(a, t + 1) for a in all_args], {k: first(v, t + 1) for k, v in all_kwargs.items()}
+
+        def residual(xt, t=t, args=args, kwargs=kwargs):
+            rows = torch.cat([x[:t], xt[None]])[None]
             if named:
                 kwargs["hidden_states"] = rows
             else:
                 args[0] = rows
-            weights = eager(*args, **kwargs)[1][0][:, t, :t]  # [H, t]: the module's own probabilities
-            return xt[None] - (weights / weights.sum(-1, keepdim=True)) @ x[:t]
+            weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1]: the module's own probabilities
+            return xt[None] - (weights[:, :t] / (1 - weights[:, t:t + 1])) @ x[:t]
 
         jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
         out[t] = torch.linalg.slogdet(jacobian).logabsdet.mean()
@@ -199,6 +212,8 @@ def _family_configs():
             **{**common, "num_key_value_heads": 4}, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4,
             qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
             first_k_dense_replace=1, n_group=1, topk_group=1),
+        "gpt_oss": lambda: tf.GptOssConfig(**common, head_dim=8, num_local_experts=4,
+                                           num_experts_per_tok=2),  # attention sinks
         "stablelm": lambda: tf.StableLmConfig(**common, qk_layernorm=True, partial_rotary_factor=0.5),  # LayerNorm q/k
     }
 
@@ -271,7 +286,7 @@ def test_heads_min_reduction(tiny_model_dir):
     assert torch.all(minimum[0, 1:] <= mean[0, 1:] + 1e-12) and torch.isnan(minimum[0, 0])
 
 
-def test_models_without_softmax_attention_or_with_sinks_are_refused_in_one_line():
+def test_models_without_softmax_attention_are_refused_in_one_line():
     import transformers as tf
 
     mamba = tf.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
@@ -281,16 +296,6 @@ def test_models_without_softmax_attention_or_with_sinks_are_refused_in_one_line(
     linear = tf.Qwen3NextConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                 layer_types=["linear_attention"])
     assert "no softmax-attention layer" in margin_unavailable(linear)
-    sinks = tf.GptOssConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                            num_experts_per_tok=1)
-    assert margin_unavailable(sinks) is None  # the config does not tell; the capture does
-    model = tf.AutoModelForCausalLM.from_config(sinks).eval()
-    capture = FirstAttentionCapture(model)
-    with capture.capture() as inputs, torch.no_grad():
-        model(torch.tensor([[1, 2, 3]]), use_cache=False)
-    with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        capture.batch(inputs.latest())
     assert margin_unavailable(tf.LlamaConfig()) is None
 
 

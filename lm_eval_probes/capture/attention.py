@@ -42,7 +42,8 @@ __all__ = ["AttentionBatch", "AttentionCall", "AttentionRows", "AttentionSpan", 
 class AttentionCall:
     """What the attention interface was handed: ``queries [B, H, T, p]``, ``keys [B, KV, T, p]``, the logit
     ``scaling`` (``None``: p^-½), ``softcap`` (logits c·tanh(z/c); ``None``: none), ``sliding_window`` (s attended
-    from t only when t − s < W; ``None``: none) and whether it had attention sinks (``s_aux``)."""
+    from t only when t − s < W; ``None``: none) and its attention sinks (``s_aux``: one logit per head that takes part
+    in the softmax and has no value, gpt-oss; ``None``: none)."""
 
     module: nn.Module
     queries: torch.Tensor
@@ -50,7 +51,7 @@ class AttentionCall:
     scaling: float | None
     softcap: float | None
     sliding_window: int | None
-    sinks: bool
+    sinks: torch.Tensor | None
 
 
 class _Stop(Exception):
@@ -71,7 +72,7 @@ def attention_calls_recorded(record: Callable[[AttentionCall], None], *, stop: b
                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
         record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
-                             kwargs.get("s_aux") is not None))
+                             kwargs.get("s_aux")))
         if stop:
             raise _Stop
         batch, _, length, _ = query.shape
@@ -110,7 +111,8 @@ class AttentionBatch:
         valid: ``[B, T]`` bool, False at padding (``None``: no padding).
         queries: ``[B, H, T, p]`` as the attention uses them; keys: ``[B, KV, T, p]`` (query head h reads key head
             h // (H / KV)).
-        scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W.
+        scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
+            sinks: ``None`` or ``[H]`` the heads' attention-sink logits.
         query_inputs: ``[B, H or 1, T, n]`` the columns of the input projections' outputs u each head's query reads
             (one set shared by every head: ``1``).
         query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t on those columns.
@@ -125,6 +127,7 @@ class AttentionBatch:
     sliding_window: int | None
     query_inputs: torch.Tensor
     query_jacobian: torch.Tensor
+    sinks: torch.Tensor | None = None
 
     def rows(self, index: Sequence[int]) -> AttentionBatch:
         """The same batch cut to some rows."""
@@ -134,7 +137,7 @@ class AttentionBatch:
             return None if value is None else value.index_select(0, pick.to(value.device))
 
         return AttentionBatch(cut(self.ids), cut(self.valid), cut(self.queries), cut(self.keys), self.scale, self.softcap,
-                              self.sliding_window, cut(self.query_inputs), cut(self.query_jacobian))
+                              self.sliding_window, cut(self.query_inputs), cut(self.query_jacobian), self.sinks)
 
 
 def _is_cache(value: Any) -> bool:
@@ -281,7 +284,7 @@ class FirstAttentionCapture:
         return AttentionBatch(
             torch.cat([p.ids for p in parts], 1), valid, torch.cat([p.queries for p in parts], 2),
             torch.cat([p.keys for p in parts], 2), parts[0].scale, parts[0].softcap, parts[0].sliding_window,
-            torch.cat([p.query_inputs for p in parts], 2), torch.cat([p.query_jacobian for p in parts], 2))
+            torch.cat([p.query_inputs for p in parts], 2), torch.cat([p.query_jacobian for p in parts], 2), parts[0].sinks)
 
     def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
         """One captured forward re-run through the layer in float64 (see the module docstring)."""
@@ -292,13 +295,15 @@ class FirstAttentionCapture:
                   (*self.module.named_parameters(), *self.module.named_buffers())}
 
         def run(replace: dict[nn.Module, torch.Tensor] | None = None) -> None:
-            handles = [module.register_forward_hook(lambda _m, _i, _o, out=out: out)
-                       for module, out in (replace or {}).items()]
+            """The layer's forward; the modules of ``replace`` return the tensor given instead of computing (their
+            ``forward`` shadowed on the instance while it runs)."""
+            for module, out in (replace or {}).items():
+                module.forward = lambda *_args, out=out, **_kwargs: out
             try:
                 torch.func.functional_call(self.module, params, args, kwargs)
             finally:
-                for handle in handles:
-                    handle.remove()
+                for module in replace or {}:
+                    del module.forward
 
         # the input projections: the submodules called on x itself, and their outputs
         projections: list[tuple[nn.Module, torch.Tensor]] = []
@@ -316,8 +321,6 @@ class FirstAttentionCapture:
             for handle in handles:
                 handle.remove()
         call = self._one_call(calls)
-        if call.sinks:
-            raise UnsupportedModelError(f"{type(self.module).__name__} has attention sinks (s_aux), which the captured queries and keys leave out")
         if not projections:
             raise UnsupportedModelError(f"{type(self.module).__name__}: no submodule reads the layer's input (its query "
                              "projection was not found)")
@@ -343,13 +346,12 @@ class FirstAttentionCapture:
                 columns = torch.cat(supports).unique()[None]  # [1, m]: every column any head reads, shared
             if length > 1:  # one position may hide a column (a rotation by angle 0): found again next time
                 self._columns = columns
-        jacobian = []
+        query_jacobian = call.queries.new_empty(*call.queries.shape, columns.shape[1])  # [B, H, T, p, n]
         with torch.no_grad():
             for c in range(columns.shape[1]):  # one product per column (all heads' blocks at once)
                 tangent = torch.zeros_like(u)
                 tangent[..., columns[:, c]] = 1.0
-                jacobian.append(torch.func.jvp(queries_of, (u,), (tangent,))[1])
-        query_jacobian = torch.stack(jacobian, -1)  # [B, H, T, p, n]
+                query_jacobian[..., c] = torch.func.jvp(queries_of, (u,), (tangent,))[1]
         if columns.shape[0] == 1:
             query_inputs = u[..., columns[0]].unsqueeze(1)
         else:
@@ -361,7 +363,8 @@ class FirstAttentionCapture:
         scale = call.scaling if call.scaling is not None else dim**-0.5
         return AttentionBatch(segment.ids, valid, call.queries.detach(), call.keys.detach(), float(scale),
                               None if not call.softcap else float(call.softcap), call.sliding_window,
-                              query_inputs, query_jacobian)
+                              query_inputs, query_jacobian,
+                              None if call.sinks is None else call.sinks.detach().reshape(-1))
 
     def _one_call(self, calls: list[AttentionCall]) -> AttentionCall:
         mine = [call for call in calls if call.module is self.module]

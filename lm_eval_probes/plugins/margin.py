@@ -105,7 +105,7 @@ class MarginPositions:
             pick = slice(row, row + 1)
             rows.append(layer_margins(
                 batch.queries[pick], batch.keys[pick], batch.query_inputs[pick], batch.query_jacobian[pick],
-                scale=batch.scale, softcap=batch.softcap, window=batch.sliding_window,
+                scale=batch.scale, softcap=batch.softcap, window=batch.sliding_window, sinks=batch.sinks,
                 valid=None if batch.valid is None else batch.valid[pick], heads=self.options.heads).cpu())
         return torch.cat(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
@@ -124,15 +124,15 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes): the captured batch re-run through the first attention layer — its inputs and input
-    projections (B·T·4d), each head's queries, keys, query inputs (3·B·H·T·p) and query-map Jacobian (B·H·T·p²: heads
+    """Float64 (8 bytes): the captured batch re-run through the first attention layer — its parameters (about
+    4·d·H·p), its inputs and input projections (B·T·4d), each head's queries, keys, query inputs (3·B·H·T·p) and query-map Jacobian (B·H·T·p²: heads
     that read their own p columns; families whose heads share all query inputs, full-width query norms, hold more) —
     then one sequence and one head at a time: its attention weights (2·T²: logits, then their softmax), or
     :func:`~lm_eval_probes.probes.margin.head_margins` with the weights (T²), one block of flattened outer products
     (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's ``[64, p, p]`` products and their LU (2·64·p²)."""
     p, d, t, b, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.batch, shapes.heads
     block = min(t, max(1, (1 << 23) // (p * p))) * p * p
-    return 8 * (b * t * (4 * d + h * (3 * p + p * p)) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
+    return 8 * (4 * d * h * p + b * t * (4 * d + h * (3 * p + p * p)) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
 
 
 @dataclass(frozen=True)

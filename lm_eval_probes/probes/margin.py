@@ -45,7 +45,7 @@ def _check_float(name: str, value: Tensor) -> None:
 
 
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
-                             softcap: float | None = None, window: int | None = None) -> Tensor:
+                             softcap: float | None = None, window: int | None = None, sink: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -55,6 +55,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         valid: optional bool ``[..., T]``: False marks padding, never attended to.
         softcap: c of soft-capped logits c·tanh(scale · q_t·k_s / c) (Gemma-2); ``None``: none.
         window: a sliding window W: s is attended from t only when t − s < W (transformers' convention); ``None``: none.
+        sink: an attention-sink logit (gpt-oss): it takes part in the softmax, has no value, so a row sums to less
+            than 1; ``None``: none.
 
     Returns:
         ``[..., T, T]`` row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -76,6 +78,11 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
             raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
         allowed = allowed & valid.bool().unsqueeze(-2)
     logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
+    if sink is not None:
+        column = sink.to(logits.dtype).expand(*logits.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([logits, column], -1), dim=-1)[..., :-1]
+        del logits
+        return weights  # a row without any allowed s: all weight on the sink, zeros here
     weights = torch.softmax(logits, dim=-1)
     del logits  # [..., T, T]: at most two of them alive at once
     if weights.requires_grad and torch.is_grad_enabled():  # softmax's backward reads its output
@@ -161,7 +168,8 @@ def head_margins(
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
 
     C_t = Σ_s α_ts (u_s − ū_t)(k_s − k̄_t)ᵀ is the attention-weighted cross-covariance of the
-    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use; R_t is the rotation applied to
+    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use (computed as Σ_s α_ts u_s k_sᵀ − ū_t k̄_tᵀ, which
+    stays the Jacobian's when an attention sink makes Σ_s α_ts < 1); R_t is the rotation applied to
     the query at position t (rotary embeddings; identity without). Derivation: with
     q_t = R_t W_Q x_t (+ bias), ∂μ_t/∂x_t = Σ_s α_ts (x_s − x̄_t)(k_s − k̄_t)ᵀ R_t W_Q · scale, and
     Sylvester's identity turns det(I_d − ·) into this p×p determinant. Biases cancel in u_s − ū_t.
@@ -295,7 +303,7 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
             del outer  # freed before the next block is built: one block alive at a time
         cross = second.unflatten(-1, (width, dim))
         mean_u, mean_k = alpha @ u[:span], beta @ keys[:span]  # [c, n], [c, p]
-        correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]
+        correction = mean_u[:, :, None]  # ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with an attention sink), [c, n, 1]
         cross = cross.baddbmm_(correction, mean_k[:, None, :], alpha=-1) if in_place else \
             cross - correction * mean_k[:, None, :]
         if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
@@ -383,8 +391,8 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
 
 
 def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jacobian: Tensor, *, scale: float,
-                  softcap: float | None = None, window: int | None = None, valid: Tensor | None = None,
-                  heads: str = "mean", chunk: int = 64) -> Tensor:
+                  softcap: float | None = None, window: int | None = None, sinks: Tensor | None = None,
+                  valid: Tensor | None = None, heads: str = "mean", chunk: int = 64) -> Tensor:
     """Per-position margins of a pretrained model's attention layer, one sequence at a time, one head at a time.
 
     Per head h (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries and keys (soft cap
@@ -396,6 +404,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jac
         queries: ``[B, H, T, p]`` as the logits use them; keys: ``[B, KV, T, p]`` (H a multiple of KV).
         query_inputs: ``[B, H or 1, T, n]`` u; query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t.
         scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
+        sinks: ``[H]`` attention-sink logits (``None``: none).
         valid: optional bool ``[B, T]`` (False = padding).
         heads: ``mean`` or ``min``.
 
@@ -414,7 +423,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jac
         per_head = []
         for head in range(num_heads):
             q, k = queries[row, head], keys[row, head // groups]
-            weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window)
+            weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window,
+                                               sink=None if sinks is None else sinks[head])
             key_weights = None
             if softcap is not None:
                 key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
