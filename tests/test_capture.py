@@ -402,7 +402,9 @@ def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
     want = position_probes(states, readout, config).summarize(0, 4)
     got = position_probes([h if layer in layers else None for layer, h in enumerate(states)], readout, config)
     got = got.summarize(0, 4)
-    assert (got.get("tcb_log10_mean"), got.get("bte_energy")) == (want.get("tcb_log10_mean"), want.get("bte_energy"))
+    # the lens may group other layers into one product (another shape): equal to float32 rounding, not bitwise
+    for field in ("tcb_log10_mean", "bte_energy"):
+        assert got.get(field) == pytest.approx(want.get(field), rel=1e-5, abs=1e-7), field
     np.testing.assert_array_equal(got.get("answer_states").values, want.get("answer_states").values)
     readers = [h if layer in read_layers(num_layers, config, lens=False) else None for layer, h in enumerate(states)]
     assert position_probes(readers, readout, config, lens=False).summarize(0, 4).get("tcb_log10_mean") is None

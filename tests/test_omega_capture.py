@@ -135,7 +135,7 @@ def test_depth_zero_is_exactly_the_lens_readout(tiny_model_dir, arch):
     for (row, start, stop), masses in zip(spans, got):
         want = torch.stack([top_k_mass(readout.logits(states[i][row, start:stop], normalized=i == num_layers), 2)
                             for i in range(num_layers + 1)])
-        assert torch.equal(masses, want.cpu())
+        torch.testing.assert_close(masses, want.cpu(), rtol=1e-5, atol=1e-7)  # another grouping of rows: float32 rounding
 
 
 def test_the_main_pass_cache_is_untouched_and_chunks_do_not_matter(tiny_model_dir):
