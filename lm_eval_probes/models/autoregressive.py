@@ -109,7 +109,7 @@ class ProbeHFLM(HFLM):
         plugin_args, hf_args = split_model_args(kwargs)
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
-                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
+                         subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)

@@ -177,7 +177,7 @@ class DiffusionProbeHFLM(HFLM):
                 "probes need an autoregressive next-token readout"
             )
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
-                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
+                         subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
         if hf_args.get("backend", "default") not in ("default", "causal"):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
