@@ -81,7 +81,7 @@ class Row:
             ``False`` for baselines and bookkeeping.
         bounds: ``(low, high)``, the range of the row's value by its definition (``-inf``/``inf`` where a side is
             unbounded; the default, :data:`UNBOUNDED`, is both): e.g. ``(0.0, 1.0)`` for an accuracy, ECE or AUROC,
-            ``(-1.0, 1.0)`` for a correlation, ``(0.0, math.inf)`` for a count or an energy. The Every Eval Ever export
+            ``(-1.0, 1.0)`` for a correlation, ``(0.0, math.inf)`` for a count or a norm. The Every Eval Ever export
             declares it as the metric's ``min_score``/``max_score``.
     """
 

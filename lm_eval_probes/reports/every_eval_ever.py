@@ -8,9 +8,10 @@ Under ``every_eval_ever/`` in the report folder, laid out as the Every Eval Ever
   undefined are left out and named in ``source_metadata.additional_details.undefined_rows``) with its declaration's
   description, its direction (``lower_is_better``; a baseline or count, which has none, says so in
   ``score_details.details.direction``), its bounds (``min_score``/``max_score``: a row's declared
-  :attr:`~lm_eval_probes.api.Row.bounds`, lm_eval's metrics' by their definition (:data:`STOCK_BOUNDS`), ``"-Infinity"``/
-  ``"Infinity"`` where a side is unbounded or for a metric nothing here declares), lm_eval's standard error and the report's bootstrap interval; the plugin's options (``probes``, ``probe_*``) in
-  each result's ``generation_config.additional_details`` and the model's ``model_args`` in ``model_info``;
+  :attr:`~lm_eval_probes.api.Row.bounds`, lm_eval's metrics' by their definition (:data:`STOCK_BOUNDS`);
+  ``"-Infinity"``/``"Infinity"`` where a side is unbounded, both for a metric nothing here declares), lm_eval's
+  standard error and the report's bootstrap interval; the plugin's options (``probes``, ``probe_*``) in each result's
+  ``generation_config.additional_details`` and the model's ``model_args`` in ``model_info``;
 * ``<uuid>_samples.jsonl`` (with ``--log_samples``), one line per document of the correctness filter: prompt,
   reference, choices, the response, its correctness as ``evaluation``, lm_eval's hashes and every per-document
   probe value as JSON text in ``metadata``; ``detailed_evaluation_results`` of the aggregate points at it (its
