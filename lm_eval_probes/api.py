@@ -37,12 +37,20 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "FAMILIES", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
+    "CORRELATION", "FAMILIES", "NON_NEGATIVE", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
     "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
 ]
 
 VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
 FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector", "trajectory")
+UNBOUNDED: tuple[float, float] = (-math.inf, math.inf)
+"""A row's default :attr:`Row.bounds`: no bound on either side."""
+UNIT_INTERVAL: tuple[float, float] = (0.0, 1.0)
+"""The bounds of a fraction, a probability, an accuracy, an ECE or an AUROC."""
+CORRELATION: tuple[float, float] = (-1.0, 1.0)
+"""The bounds of a correlation coefficient (Spearman ρ, partial or not)."""
+NON_NEGATIVE: tuple[float, float] = (0.0, math.inf)
+"""The bounds of a count, a length or a norm."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,10 @@ class Row:
         diffusion_only: filled only by ``hf-probes-diffusion``.
         scored: whether higher (or lower) is better, so that a report shows its direction and may count it as a win;
             ``False`` for baselines and bookkeeping.
+        bounds: ``(low, high)``, the range of the row's value by its definition (``-inf``/``inf`` where a side is
+            unbounded; the default, :data:`UNBOUNDED`, is both): e.g. ``(0.0, 1.0)`` for an accuracy, ECE or AUROC,
+            ``(-1.0, 1.0)`` for a correlation, ``(0.0, math.inf)`` for a count or a norm. The Every Eval Ever export
+            declares it as the metric's ``min_score``/``max_score``.
     """
 
     name: str
@@ -83,12 +95,19 @@ class Row:
     at_percent: int | None = None
     diffusion_only: bool = False
     scored: bool = True
+    bounds: tuple[float, float] = UNBOUNDED
 
     def __post_init__(self) -> None:
         if self.value not in VALUE_KINDS:
             raise ValueError(f"row {self.name!r}: unknown value kind {self.value!r}; valid: {VALUE_KINDS}")
         if self.family not in FAMILIES:
             raise ValueError(f"row {self.name!r}: unknown family {self.family!r}; valid: {FAMILIES}")
+        bounds = tuple(self.bounds) if isinstance(self.bounds, (tuple, list)) else ()
+        if (len(bounds) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+                or not bounds[0] < bounds[1]):
+            raise ValueError(f"row {self.name!r}: bounds must be (low, high) numbers with low < high (-inf/inf where "
+                             f"unbounded), got {self.bounds!r}")
+        object.__setattr__(self, "bounds", (float(bounds[0]), float(bounds[1])))
 
     def fields(self) -> tuple[str, ...]:
         """The record fields the row reads (a support row: its three)."""
@@ -692,11 +711,12 @@ class Probe:
             return ()
         return (
             Row(f"{self.name}_spearman", "ranked", "probe_spearman", True, "difficulty",
-                f"Spearman ρ of {self.ranked_text or self.ranked} with the document's difficulty label", self.ranked),
+                f"Spearman ρ of {self.ranked_text or self.ranked} with the document's difficulty label", self.ranked,
+                bounds=CORRELATION),
             Row(f"{self.name}_spearman_partial", "partial", "probe_partial_spearman", True, "difficulty",
-                f"{self.name}_spearman with response length partialled out", self.ranked),
+                f"{self.name}_spearman with response length partialled out", self.ranked, bounds=CORRELATION),
             Row(f"{self.name}_spearman_partial_prompt", "partial", "probe_partial_spearman", True, "difficulty",
-                f"{self.name}_spearman with prompt length partialled out", self.ranked),
+                f"{self.name}_spearman with prompt length partialled out", self.ranked, bounds=CORRELATION),
         )
 
     def default_options(self) -> ProbeOptions:

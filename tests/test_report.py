@@ -435,6 +435,14 @@ def test_the_exports_of_real_runs(report):
             assert all(isinstance(row["response"], str) and row["prompt_hash"] for row in table)
     files = sorted((out / "every_eval_ever").rglob("*.json"))
     assert len(files) == sum(len(m.tasks) for m in built.models)
+    bounded = 0
+    for path in files:  # every metric declares both bounds (every-eval-ever's validator requires them) and keeps to them
+        for result in json.loads(path.read_text())["evaluation_results"]:
+            config, score = result["metric_config"], result["score_details"]["score"]
+            low, high = (float(bound) for bound in (config["min_score"], config["max_score"]))  # "-Infinity" → -inf
+            assert low <= score <= high, (path.name, config["metric_name"], low, score, high)
+            bounded += math.isfinite(low) + math.isfinite(high)
+    assert bounded > 0
     schemas = every_eval_ever_schemas()
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed") if schemas else None
     if schemas is None:

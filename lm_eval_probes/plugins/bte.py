@@ -7,6 +7,7 @@ Reads the lens logits of the layers whose transitions it computes — the centra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,10 @@ class BteRecord:
     bte_features: tuple[float, ...] | None = None
 
 
+JSD_BOUNDS: tuple[float, float] = (0.0, math.log(2.0))
+"""A mean of Jensen–Shannon divergences in nats: [0, ln 2]."""
+
+
 PROBE = Probe(
     name="bte",
     summary="BTE: Jensen–Shannon energy between consecutive logit-lens beliefs, over the central window of "
@@ -121,10 +126,11 @@ PROBE = Probe(
     default_enabled=True,
     rows=(
         Row("bte_energy", "float", "mean", False, "probe",
-            "mean over documents of the BTE central-window energy ē_M (nats)", "bte_energy"),
+            "mean over documents of the BTE central-window energy ē_M (nats)", "bte_energy",
+            bounds=JSD_BOUNDS),
         Row("bte_profile", "vector", "probe_vector_mean", False, "probe",
             "probe_bte_profile=full: mean over documents of the mean JSD e(l) over all L layer transitions "
-            "(nats); per document the depth profile e(0..L-1) is in --log_samples", "bte_profile"),
+            "(nats); per document the depth profile e(0..L-1) is in --log_samples", "bte_profile", bounds=JSD_BOUNDS),
     ),
     ranked="bte_energy",
     ranked_text="ē_M",

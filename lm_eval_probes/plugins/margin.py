@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import FirstAttention, Probe, ProbeOptions, Row, Shapes, as_choice, option
+from lm_eval_probes.api import UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, as_choice, option
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -90,12 +90,13 @@ PROBE = Probe(
     rows=(
         Row("margin", "float", "mean", True, "probe",
             "mean over documents of the mean stability margin log|det(I − Σ_t A)| of the first attention layer "
-            "over the positions the model saw (probes=margin)", "margin_mean"),
+            "over the positions the model saw (probes=margin)", "margin_mean",
+            bounds=UNBOUNDED),  # log|det|: −∞ at the degeneracy boundary det = 0, no ceiling
         Row("margin_min", "float", "mean", True, "probe",
-            "mean over documents of the smallest margin (the first support token's)", "margin_min"),
+            "mean over documents of the smallest margin (the first support token's)", "margin_min", bounds=UNBOUNDED),
         Row("margin_support", "support", "probe_support_mean", True, "probe",
             "probes=margin: mean over documents of the mean margin of the k support tokens; per document their "
-            "positions, tokens and margins are in --log_samples", "margin_support"),
+            "positions, tokens and margins are in --log_samples", "margin_support", bounds=UNBOUNDED),
     ),
     ranked="margin_mean",
     ranked_text="the document's mean margin",

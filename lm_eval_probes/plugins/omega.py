@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import FocalDepth, Probe, ProbeOptions, Row, Shapes, as_int, as_range, option, or_none
+from lm_eval_probes.api import (NON_NEGATIVE, UNIT_INTERVAL, FocalDepth, Probe, ProbeOptions, Row, Shapes, as_int, as_range,
+                                option, or_none)
 
 DEFAULT_DEPTH = 5
 """Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
@@ -158,11 +159,12 @@ PROBE = Probe(
     rows=(
         Row("omega", "float", "mean", False, "probe",
             "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth "
-            "confidence trajectory (probes=omega)", "omega"),
+            "confidence trajectory (probes=omega)", "omega",
+            bounds=NON_NEGATIVE),  # at most S·(1 − K/V) for S source layers: a model's, not the row's, so no ceiling
         Row("omega_trajectory", "vector", "probe_vector_mean", True, "probe",
             "probes=omega: mean over documents and source layers of the focal-depth confidence C_i "
             "(= 1 − Ω / number of source layers); per document the trajectory C_i is in --log_samples",
-            "omega_trajectory"),
+            "omega_trajectory", bounds=UNIT_INTERVAL),
     ),
     ranked="omega",
     ranked_text="Ω",

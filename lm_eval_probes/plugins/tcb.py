@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_float, option, or_none
+from lm_eval_probes.api import UNBOUNDED, UNIT_INTERVAL, Probe, ProbeOptions, Row, Shapes, as_float, option, or_none
 
 
 @dataclass(frozen=True)
@@ -151,19 +151,22 @@ PROBE = Probe(
     default_enabled=True,
     rows=(
         Row("tcb_log10", "float", "mean", True, "probe",
-            "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean"),
+            "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean",
+            bounds=UNBOUNDED),  # δ_TCB = ε/‖J‖_F takes any value in (0, ∞)
         Row("tcb_log10_min", "float", "mean", True, "probe",
-            "mean over documents of the smallest log10 δ_TCB of the response", "tcb_log10_min"),
+            "mean over documents of the smallest log10 δ_TCB of the response", "tcb_log10_min", bounds=UNBOUNDED),
         Row("tcb_ablation_ordered", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the fraction of response positions where δ_TCB with "
             "the competing tokens' unembedding rows clustered (×α) > δ_TCB > dispersed (×1/α), o held fixed",
-            "tcb_ablation_ordered", scored=False),
+            "tcb_ablation_ordered", scored=False, bounds=UNIT_INTERVAL),
         Row("tcb_cluster_log10", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
-            "clustered toward their probability-weighted centre by α", "tcb_cluster_log10_mean", scored=False),
+            "clustered toward their probability-weighted centre by α", "tcb_cluster_log10_mean", scored=False,
+            bounds=UNBOUNDED),
         Row("tcb_disperse_log10", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
-            "dispersed from their probability-weighted centre by 1/α", "tcb_disperse_log10_mean", scored=False),
+            "dispersed from their probability-weighted centre by 1/α", "tcb_disperse_log10_mean", scored=False,
+            bounds=UNBOUNDED),
     ),
     ranked="tcb_log10_mean",
     ranked_text="the document's mean log10 δ_TCB",
