@@ -104,3 +104,10 @@ def test_a_record_with_a_trace_round_trips_through_its_dict():
     probe = ResponseProbe(n_tokens=2, mean_token_logprob=-0.5, trace={"tokens": ["a", "b"], "logprob": [-0.4, -0.6]})
     assert ResponseProbe.from_dict(probe.to_dict()).trace == probe.trace
     assert "trace" not in ResponseProbe(n_tokens=1, mean_token_logprob=-0.5).to_dict()
+
+
+def test_the_diffusion_wrapper_refuses_traces_before_loading():
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+
+    with pytest.raises(ValueError, match="probe_traces=true is an hf-probes option"):
+        DiffusionProbeHFLM(pretrained="/nowhere", probe_traces="true", probes="none")
