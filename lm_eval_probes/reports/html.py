@@ -10,6 +10,10 @@ inside its box.
 Every string from a model name, task name, ``model_args`` or file path is inserted through jinja2's
 autoescape (``<script>`` becomes ``&lt;script&gt;``); the only values marked safe are none: even the
 base64 image data goes through the escaper (it has nothing to escape).
+
+With samples, the page has a documents view (``id="documents"``): its data are script files beside the page
+(:mod:`.documents`), named in a JSON manifest (jinja2's ``tojson``), and its script, ``templates/documents.js``
+(included as it is), puts every document's text into the page as text, never as markup.
 """
 
 from __future__ import annotations
