@@ -37,11 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "CORRELATION", "FAMILIES", "NON_NEGATIVE", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
+    "CORRELATION", "FAMILIES", "NON_NEGATIVE", "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS",
+    "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe",
+    "ProbeOptions", "Row", "Shapes", "TraceField", "as_choice",
     "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
 ]
 
-VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
+VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support",
+               "trace")
 FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector", "trajectory")
 UNBOUNDED: tuple[float, float] = (-math.inf, math.inf)
 """A row's default :attr:`Row.bounds`: no bound on either side."""
@@ -62,7 +65,8 @@ class Row:
     ``(value, difficulty)``; ``partial`` ``(value, difficulty, length)``; ``confidence`` ``(confidence, correct)``;
     ``confidence_keyed`` ``(confidence, correct, document)``; ``reader`` a
     :class:`~lm_eval_probes.records.ReaderRecord`; ``vector`` a list of floats (``probe_vector_mean``); ``support``
-    ``{"positions", "tokens", "margins"}`` (``probe_support_mean``).
+    ``{"positions", "tokens", "margins"}`` (``probe_support_mean``); ``trace`` a document's per-token trace
+    (``probe_traces=true``: :class:`TraceField`; ``probe_count``: the documents with one).
 
     Attributes:
         name: the metric name in lm_eval's results (``<name>,<filter>``).
@@ -116,6 +120,44 @@ class Row:
         if self.value == "support":
             return tuple(f"{self.field}_{part}" for part in ("positions", "tokens", "values"))
         return (self.field,)
+
+
+TRACE_REDUCTIONS = ("mean", "min")
+"""How a :class:`TraceField` reduces its per-position values (over the positions where the value is defined)."""
+
+
+@dataclass(frozen=True)
+class TraceField:
+    """A per-position array a probe writes into a document's trace (``probe_traces=true``), and the reduction that
+    makes one of its record fields from it: the record field equals ``reduction`` of the array over its defined
+    (finite) positions, up to the trace's rounding to 4 significant digits.
+
+    Attributes:
+        name: the key of the array in the trace (several fields may reduce one array).
+        field: the record field it reduces to.
+        reduction: one of :data:`TRACE_REDUCTIONS`.
+        over: ``response`` (one value per response token: the :class:`PositionProbe`'s ``per_position`` makes it) or
+            ``sequence`` (one per position the model saw, prompt first: a whole-forward capture's, e.g. the first
+            attention layer's margins).
+    """
+
+    name: str
+    field: str
+    reduction: str = "mean"
+    over: str = "response"
+
+    def __post_init__(self) -> None:
+        if self.reduction not in TRACE_REDUCTIONS:
+            raise ValueError(f"trace {self.name!r}: unknown reduction {self.reduction!r}; valid: {TRACE_REDUCTIONS}")
+        if self.over not in ("response", "sequence"):
+            raise ValueError(f"trace {self.name!r}: over must be 'response' or 'sequence', got {self.over!r}")
+
+    def reduce(self, values: Iterable[float | None]) -> float:
+        """The reduction of ``values`` over its finite members (``nan`` when none)."""
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        if not finite:
+            return math.nan
+        return math.fsum(finite) / len(finite) if self.reduction == "mean" else min(finite)
 
 
 # ----------------------------------------------------------------------------- options
@@ -458,6 +500,9 @@ class PositionProbe(Protocol):
     position the model saw, set as record fields) and ``states_folder`` (a folder where the wrappers write the
     prompt-means probe's states of every answered request). At most one enabled probe asks for each.
 
+    A probe that declares :attr:`Probe.traces` over the response also has ``per_position(values) -> {trace name:
+    [n] tensor}``: from its per-position ``values`` of one response, the arrays its traces name (``probe_traces=true``).
+
     Attributes:
         reads_lens: whether it reads the logit lens: skipped for a response no row reads (an option the model did not
             choose).
@@ -622,6 +667,8 @@ class Probe:
         feed_states: ``(record, field, *, answer_span) -> LayerStates | None``: the states a row of :attr:`feeds` reads
             from a document's record (``answer_span``: the generation's confidence reads its located answer span);
             default: the :class:`LayerStates` in the record's field.
+        traces: its per-position arrays in a document's trace (``probe_traces=true``), each with the record field it
+            reduces to (:class:`TraceField`; those over the response come from its position probe's ``per_position``).
     """
 
     name: str
@@ -641,6 +688,7 @@ class Probe:
     default_enabled: bool = False
     feed_states: Callable[..., LayerStates | None] | None = None
     record: type | None = None
+    traces: tuple[TraceField, ...] = ()
 
     def __post_init__(self) -> None:
         record = self.record
@@ -688,6 +736,10 @@ class Probe:
             if row.family != "probe":
                 raise ProbeRegistrationError(f"probe {name!r}, row {row.name!r}: a probe's own rows are of family "
                                              f"'probe' (got {row.family!r}; rows of other families go in feeds)")
+        for trace in self.traces:
+            if not isinstance(trace, TraceField) or trace.field not in self.fields:
+                raise ProbeRegistrationError(f"probe {name!r}: trace {trace!r} must be a TraceField reducing to one of "
+                                             f"its fields {self.fields}")
         if self.ranked is not None and self.ranked not in self.fields:
             raise ProbeRegistrationError(f"probe {name!r}: ranked field {self.ranked!r} is not in its fields {self.fields}")
         if (self.rows or self.feeds) and self.position_probe is None:

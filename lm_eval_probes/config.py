@@ -59,6 +59,10 @@ class WrapperOptions(ProbeOptions):
     chunk_positions: int = option(
         64, "positions read out through the logit lens at once (about six chunk · V float32 buffers)",
         key="probe_chunk_positions")
+    traces: bool = option(
+        False, "write a per-token trace into each document of the samples (--log_samples): the response's tokens, "
+               "their log-probabilities and every enabled probe's per-position values, rounded to 4 significant digits",
+        key="probe_traces")
 
     def __post_init__(self) -> None:
         if self.chunk_positions < 1:
@@ -77,6 +81,8 @@ class ProbeConfig:
             forward over prompt + generated ids).
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds the memory
             of the logit lens to about six ``chunk · V`` float32-sized buffers.
+        traces: whether each response carries its per-token trace (``probe_traces``; :func:`~lm_eval_probes.capture.
+            positions.PositionProbes.summarize`): part of the configuration's identity (``--use_cache`` tables).
         options: every registered probe's options (its :class:`~lm_eval_probes.api.ProbeOptions`, defaults where
             ``model_args`` sets none), by probe name: :meth:`options_of`.
     """
@@ -84,6 +90,7 @@ class ProbeConfig:
     probes: tuple[str, ...] = field(default_factory=default_probes)
     gen_capture: str = "generate"
     chunk_positions: int = 64
+    traces: bool = False
     options: Mapping[str, ProbeOptions] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -141,7 +148,8 @@ class ProbeConfig:
         wrapper = WrapperOptions.parse("", per_owner.pop(None, {}))
         options = {name: registry.probe(name).options.parse(name, values) for name, values in per_owner.items()}
         kwargs: dict[str, Any] = {"probes": probes} if probes is not None else {}
-        return cls(**kwargs, gen_capture=wrapper.gen_capture, chunk_positions=wrapper.chunk_positions, options=options)
+        return cls(**kwargs, gen_capture=wrapper.gen_capture, chunk_positions=wrapper.chunk_positions,
+                   traces=wrapper.traces, options=options)
 
     @staticmethod
     def option_help() -> list[tuple[str, str, str, str | None]]:

@@ -48,7 +48,11 @@ ANSWER_UNLOCATED = Row(
     "answer_unlocated", "flag", "probe_count", False, "probe",
     "non-empty generations whose filtered answer was not found in the text (whole generation used)", scored=False,
     bounds=NON_NEGATIVE)
-RESPONSE_ROWS: tuple[Row, ...] = (CONFIDENCE, REVEAL_STEP, RESPONSE_TOKENS, EMPTY_RESPONSES, ANSWER_UNLOCATED)
+TRACE = Row(
+    "trace", "trace", "probe_traced", False, "probe",
+    "probe_traces=true: documents with a per-token trace in --log_samples (the response's tokens, their "
+    "log-probabilities and each probe's per-position values)", scored=False, bounds=NON_NEGATIVE)
+RESPONSE_ROWS: tuple[Row, ...] = (CONFIDENCE, REVEAL_STEP, RESPONSE_TOKENS, EMPTY_RESPONSES, ANSWER_UNLOCATED, TRACE)
 """The response's own rows (every model, whichever probes)."""
 
 LENGTH_SPEARMAN = Row("length_spearman", "ranked", "probe_spearman", True, "difficulty",

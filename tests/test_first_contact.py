@@ -47,7 +47,7 @@ def test_probe_options_come_from_each_probes_declaration():
     from lm_eval_probes.registry import probes
 
     rows = {f"{key}={shown}": text for key, shown, text, _ in ProbeConfig.option_help()}
-    declared = ["probe_gen_capture", "probe_chunk_positions"] + [
+    declared = ["probe_gen_capture", "probe_chunk_positions", "probe_traces"] + [
         key for probe in probes() for key in probe.options.keys(probe.name)]
     assert [key.split("=")[0] for key in rows] == declared
     assert all(summary for summary in rows.values()), "every option needs a help text"

@@ -55,6 +55,9 @@ def test_config_file_defaults_and_relative_output_dir(tmp_path):
     assert config.tasks == ("probes_synth_logic", "probes_synth_arith") and config.seeds == (3, 3, 3, 3)
     assert config.model_args(config.models[0]) == {"pretrained": "p", "dtype": "float32", "probes": "tcb+bte+reader"}
     assert config.pairs() == [("m", "probes_synth_arith"), ("m", "probes_synth_logic")]
+    path.write_text("output_dir: out\nmodels:\n  - name: m\n    model_args: {pretrained: p, probe_traces: true}\n"
+                    "tasks: probes_synth_logic\n")
+    assert load_config(path).model_args(load_config(path).models[0])["probe_traces"] is True  # a model's traces
     path.write_text("models: [\n")
     with pytest.raises(SweepConfigError, match="not valid YAML"):
         load_config(path)

@@ -80,6 +80,8 @@ class MarginSummary:
     positions: tuple[int, ...]
     token_ids: tuple[int, ...]
     values: tuple[float, ...]
+    sequence: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    """``probe_traces=true``: every position's token id and margin (``nan``: none), for the trace."""
 
     def record_fields(self, decode: Callable[[int], str], prefix: str) -> dict[str, Any]:
         """The record fields of a first-attention request with field prefix ``prefix``: ``<prefix>_mean`` /
@@ -97,8 +99,9 @@ class MarginSummary:
         }
 
 
-def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) -> MarginSummary:
-    """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence → a :class:`MarginSummary` (nan when none)."""
+def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int, *, whole: bool = False) -> MarginSummary:
+    """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence → a :class:`MarginSummary` (nan when none;
+    ``whole``: with every position's, :attr:`MarginSummary.sequence`)."""
     defined = margins[~torch.isnan(margins)]
     support = support_tokens(margins, k)
     return MarginSummary(
@@ -107,6 +110,7 @@ def summarize_margins(margins: torch.Tensor, token_ids: torch.Tensor, k: int) ->
         positions=tuple(int(i) for i in support),
         token_ids=tuple(int(token_ids[i]) for i in support),
         values=tuple(float(margins[i]) for i in support),
+        sequence=(tuple(int(t) for t in token_ids.tolist()), tuple(float(m) for m in margins.tolist())) if whole else None,
     )
 
 
@@ -282,8 +286,8 @@ class MarginRows:
     """
 
     def __init__(self, reader: FirstLayerMargins, inputs: FirstLayerInputs, *, support: int,
-                 locate: Callable[[Any], tuple[int, int, int] | None]) -> None:
-        self.reader, self.inputs, self.support, self.locate = reader, inputs, support, locate
+                 locate: Callable[[Any], tuple[int, int, int] | None], whole: bool = False) -> None:
+        self.reader, self.inputs, self.support, self.locate, self.whole = reader, inputs, support, locate, whole
         self.summaries: dict[Any, MarginSummary] = {}
         self._segment: dict[str, Any] | None = None
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -297,7 +301,8 @@ class MarginRows:
             self._segment, self._batch = segment, self.reader.of_segment(segment)
         margins, ids = self._batch
         row, input_length, _ = located
-        self.summaries[request_key] = summarize_margins(margins[row, :input_length], ids[row, :input_length], self.support)
+        self.summaries[request_key] = summarize_margins(margins[row, :input_length], ids[row, :input_length], self.support,
+                                                        whole=self.whole)
 
 
 @dataclass(frozen=True)
@@ -309,10 +314,10 @@ class GenerationMargins:
     token_ids: torch.Tensor
     prompt_tokens: int
 
-    def summary(self, kept: int, support: int) -> MarginSummary:
+    def summary(self, kept: int, support: int, *, whole: bool = False) -> MarginSummary:
         """Margins of the prompt and the first ``kept − 1`` kept tokens (the inputs of the kept span)."""
         stop = self.prompt_tokens + max(kept, 1) - 1
-        return summarize_margins(self.margins[:stop], self.token_ids[:stop], support)
+        return summarize_margins(self.margins[:stop], self.token_ids[:stop], support, whole=whole)
 
 
 def generation_margins(

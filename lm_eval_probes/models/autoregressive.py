@@ -82,7 +82,7 @@ from lm_eval_probes.harness.hflm import (
 )
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, trace_values, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -166,7 +166,8 @@ class ProbeHFLM(HFLM):
                                 plan, keep_logits_argument=keep_logits) as rows, \
                 self._margin_capture() as first_layer:
             margin_rows = None if first_layer is None else MarginRows(
-                self.first_layer, first_layer, support=self.whole.first_attention[1].support, locate=rows.locate)
+                self.first_layer, first_layer, support=self.whole.first_attention[1].support, locate=rows.locate,
+                whole=self.probe_config.traces)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
@@ -180,7 +181,7 @@ class ProbeHFLM(HFLM):
             probe = rows.probes.get(tuple(req.args))
             if margin_rows is not None and probe is not None:
                 probe = self._with_margins(probe, margin_rows.summaries.get(tuple(req.args)))
-            out.append(ProbeLL(answer, probe))
+            out.append(ProbeLL(answer, self._with_trace_tokens(probe)))
         if self.states_writer is not None:
             self.states_writer.write(requests, out)
         return out
@@ -213,7 +214,20 @@ class ProbeHFLM(HFLM):
         if summary is None:
             return probe
         prefix = self.whole.first_attention[1].prefix
-        return dataclasses.replace(probe, **summary.record_fields(lambda token: self.tok_decode([token]), prefix))
+        fields = summary.record_fields(lambda token: self.tok_decode([token]), prefix)
+        if probe.trace is not None and summary.sequence is not None:  # the margins over every position the model saw
+            ids, margins = summary.sequence
+            fields["trace"] = {**probe.trace, prefix: trace_values(margins),
+                               "sequence_tokens": [self.tok_decode([token]) for token in ids]}
+        return dataclasses.replace(probe, **fields)
+
+    def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
+        """``probe`` with its trace's token ids decoded one by one into its ``tokens`` (unchanged without a trace)."""
+        if probe is None or probe.trace is None or "token_ids" not in probe.trace:
+            return probe
+        trace = dict(probe.trace)
+        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
+        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
 
     # ----------------------------------------------------------------------------- generation
 
@@ -235,15 +249,18 @@ class ProbeHFLM(HFLM):
                     )
                 kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
+                probed = 1 if empty else kept
                 probe = rows.summarize(
-                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
+                    0, probed, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
                     generation=True, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
+                    trace_ids=generated[:probed] if self.probe_config.traces else None,
                 )
                 if call.margins is not None:
-                    margins = call.margins.popleft().summary(kept, self.whole.first_attention[1].support)
+                    margins = call.margins.popleft().summary(kept, self.whole.first_attention[1].support,
+                                                             whole=self.probe_config.traces)
                     probe = self._with_margins(probe, margins)
-                probes[(req[0], text)].append(probe)
+                probes[(req[0], text)].append(self._with_trace_tokens(probe))
 
         with self._reserved(), _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
             texts = super().generate_until(requests, disable_tqdm)

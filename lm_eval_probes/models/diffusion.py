@@ -176,6 +176,8 @@ class DiffusionProbeHFLM(HFLM):
                 f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
                 "probes need an autoregressive next-token readout"
             )
+        if self.probe_config.traces:
+            raise ValueError("probe_traces=true is an hf-probes option: hf-probes-diffusion writes no per-token traces yet")
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
                          subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
         if hf_args.get("backend", "default") not in ("default", "causal"):

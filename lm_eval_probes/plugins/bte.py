@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_choice, as_range, option
+from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, TraceField, as_choice, as_range, option
 
 PROFILE_MODES: tuple[str, ...] = ("window", "full")
 """``probe_bte_profile``: ``window`` reads out only the layers of ē_M's central window (the cheap default), ``full``
@@ -71,6 +71,13 @@ class BtePositions:
 
         return {"energy": consecutive_js_divergences_of_logits(chunk.layer_logits(*self.transitions))}
 
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's ``bte_step`` ``[n]``: at each position the mean JSD of the central window's transitions (the
+        mean of these over the positions is ē_M: both are means over the window × the positions)."""
+        first, _ = self.transitions
+        window_start, window_stop = self.window
+        return {"bte_step": values["energy"].double()[window_start - first : window_stop - first].mean(dim=0)}
+
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``bte_energy``: the mean of the depth profile e(l) over the central window (the difficulty scalar ē_M);
         ``bte_profile`` (every transition computed: ``probe_bte_profile=full``): e(l), l = 0..L-1, the mean JSD of
@@ -121,6 +128,7 @@ PROBE = Probe(
     reads="the states of the layers of the central window (or all L+1) at every response position",
     record=BteRecord,
     position_probe=BtePositions,
+    traces=(TraceField("bte_step", "bte_energy"),),
     options=BteOptions,
     memory=bte_memory,
     default_enabled=True,

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, as_choice, option
+from lm_eval_probes.api import (UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, TraceField, as_choice,
+                                option)
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -85,6 +86,7 @@ PROBE = Probe(
     reads="the first attention layer's inputs at every position the model saw",
     record=MarginRecord,
     position_probe=MarginPositions,
+    traces=(TraceField("margin", "margin_mean", over="sequence"), TraceField("margin", "margin_min", "min", over="sequence")),
     options=MarginOptions,
     memory=margin_memory,
     rows=(

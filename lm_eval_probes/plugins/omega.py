@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import (NON_NEGATIVE, UNIT_INTERVAL, FocalDepth, Probe, ProbeOptions, Row, Shapes, as_int, as_range,
-                                option, or_none)
+from lm_eval_probes.api import (NON_NEGATIVE, UNIT_INTERVAL, FocalDepth, Probe, ProbeOptions, Row, Shapes, TraceField,
+                                as_int, as_range, option, or_none)
 
 DEFAULT_DEPTH = 5
 """Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
@@ -89,6 +89,13 @@ class OmegaPositions:
     def at_positions(self, chunk: Any) -> dict[str, Any]:
         return {}
 
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's ``omega`` ``[n]``: at each position Σ_i (1 − its top-K mass of source layer i) (their mean over
+        the positions is Ω: C_i is a mean over the positions); nothing before the masses are attached."""
+        if "mass" not in values:
+            return {}
+        return {"omega": (1.0 - values["mass"].double()).sum(dim=0)}
+
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``omega_trajectory``: the confidence trajectory C_i over the source layers (default i = 0..L: L+1 floats),
         the mean over the response positions of the top-K mass of the focal-depth decoding of layer i; ``omega``: its
@@ -154,6 +161,7 @@ PROBE = Probe(
     reads="every source layer's states at the response positions, and the last m blocks' inputs",
     record=OmegaRecord,
     position_probe=OmegaPositions,
+    traces=(TraceField("omega", "omega"),),
     options=OmegaOptions,
     memory=omega_memory,
     rows=(

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import UNBOUNDED, UNIT_INTERVAL, Probe, ProbeOptions, Row, Shapes, as_float, option, or_none
+from lm_eval_probes.api import (UNBOUNDED, UNIT_INTERVAL, Probe, ProbeOptions, Row, Shapes, TraceField, as_float, option,
+                                or_none)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class TcbPositions:
             values["log10_cluster"], values["log10_disperse"] = torch.log10(moved.double()).unbind(0)
         return values
 
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's arrays (:data:`TCB_TRACES`): log10 δ_TCB, the entropy and the logit margin at each position."""
+        return {"tcb_log10": values["log10_tcb"], "entropy": values["entropy"], "logit_margin": values["logit_margin"]}
+
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``tcb_log10_mean`` / ``tcb_log10_min``: mean / minimum of log10 δ_TCB over the positions; ``tcb_argmin``:
         the index (0-based, within the response) of the position with the smallest δ (``None`` without positions);
@@ -136,6 +141,10 @@ class TcbRecord:
     tcb_ablation_ordered: float | None = None
 
 
+TCB_TRACES = (TraceField("tcb_log10", "tcb_log10_mean"), TraceField("tcb_log10", "tcb_log10_min", "min"),
+              TraceField("entropy", "entropy"), TraceField("logit_margin", "logit_margin"))
+"""δ_TCB's per-position arrays in a document's trace and the record fields they reduce to."""
+
 PROBE = Probe(
     name="tcb",
     summary="δ_TCB: how far the final hidden state can move before the next-token distribution changes "
@@ -146,6 +155,7 @@ PROBE = Probe(
     reads="the final layer's state at every response position (its logits: the harness's own readout)",
     record=TcbRecord,
     position_probe=TcbPositions,
+    traces=TCB_TRACES,
     options=TcbOptions,
     memory=tcb_memory,
     default_enabled=True,

@@ -221,7 +221,7 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
         value = line.get(metric)
         score = float(value) if isinstance(value, (bool, int, float)) and math.isfinite(float(value)) else 0.0
         response = response_text(line)
-        probes = {name: line[name] for name in declared if name in line}
+        probes = {name: line[name] for name, row in declared.items() if name in line and row.value != "trace"}  # no traces
         scored = {m: line.get(m) for m in line.get("metrics") or [] if m in line}
         out.append({
             "schema_version": SCHEMA_VERSION, "evaluation_id": evaluation_id, "model_id": identifier,

@@ -50,6 +50,7 @@ from lm_eval_probes.reports.pairwise import (
     pairwise_comparisons,
 )
 from lm_eval_probes.reports.details import write_details
+from lm_eval_probes.reports.documents import write_documents
 from lm_eval_probes.reports.every_eval_ever import write_every_eval_ever
 from lm_eval_probes.reports.levels import CORRECT, LevelMean, level_markdown, level_means
 from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankColumn, RankInterval, rank_table, ranks_by_task
@@ -360,6 +361,7 @@ def build_report(
         downloads.setdefault(task, []).append((f"{model_name}: details (Parquet)", path.relative_to(out_dir).as_posix()))
     for (model_name, task), paths in sorted(exported.items()):
         downloads.setdefault(task, []).append((f"{model_name}: Every Eval Ever", paths[0].relative_to(out_dir).as_posix()))
+    documents = write_documents(models, [t.task for t in tables], out_dir)
     summary = summary_json(report, settings)
     summary["exports"] = {
         "details": [{"model": m, "task": t, "path": p.relative_to(out_dir).as_posix()} for (m, t), p in sorted(details.items())],
@@ -373,7 +375,7 @@ def build_report(
                             seed=seed, level=level, pairwise=headline_comparisons(report),
                             pairwise_text=pairwise_text(report, settings), statistics=statistics_line(settings).replace("`", ""),
                             trust_text=TRUST_TEXT, ranks=ranks_by_task(ranks), failed=failed,
-                            task_comparisons=task_comparisons(report), downloads=downloads)
+                            task_comparisons=task_comparisons(report), downloads=downloads, documents=documents)
     (out_dir / "index.html").write_text(page, encoding="utf-8")
     return report
 
