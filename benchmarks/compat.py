@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,7 @@ class Stack:
 NEWEST = ("transformers==5.25.0", "datasets==5.2.0", "huggingface-hub==2.4.0")
 TRANSFORMERS_4 = ("transformers==4.57.6", "datasets==4.8.5", "huggingface-hub==0.36.2")
 STACKS: tuple[Stack, ...] = (
-    *(Stack(f"lm-eval {v}", "torch==2.13.0", (f"lm-eval=={v}", *NEWEST))
-      for v in ("0.4.9", "0.4.9.2", "0.4.10", "0.4.11", "0.4.12")),
+    *(Stack(f"lm-eval {v}", "torch==2.13.0", (f"lm-eval=={v}", *NEWEST)) for v in ("0.4.9", "0.4.10", "0.4.11", "0.4.12")),
     Stack("transformers 4.57, lm-eval 0.4.13", "torch==2.13.0", ("lm-eval==0.4.13", *TRANSFORMERS_4)),
     Stack("transformers 4.57, lm-eval 0.4.9", "torch==2.13.0", ("lm-eval==0.4.9", *TRANSFORMERS_4)),
     Stack("torch 2.14.1", "torch==2.14.1", ("lm-eval==0.4.13", *NEWEST)),
@@ -138,9 +138,10 @@ def table(reference: dict[str, str], measured: list[tuple[str, dict[str, Any]]])
         if "error" in outcome:
             lines.append(f"| {versions} | fails: {outcome['error'].replace('|', '/')} | — | — |")
         else:
-            same = outcome["rows"] == 0 and outcome["documents"] == 0
-            lines.append(f"| {versions} | {'identical' if same else 'runs'} | {outcome['rows']:.3g} | "
-                         f"{outcome['documents']:.3g} |")
+            rows, documents = outcome["rows"], outcome["documents"]
+            result = ("identical" if rows == documents == 0 else
+                      "other rows, documents or shapes" if math.inf in (rows, documents) else "runs")
+            lines.append(f"| {versions} | {result} | {rows:.3g} | {documents:.3g} |")
     return "\n".join(lines)
 
 
