@@ -1,6 +1,6 @@
 """``make compat``: the plugin on the stacks people have, each in a throwaway virtual environment.
 
-    python benchmarks/compat.py [--stacks LABEL,...] [--workdir DIR] [--keep]
+    python benchmarks/compat.py [--stacks "LABEL;..."] [--workdir DIR] [--keep]
 
 The reference is this interpreter's stack (the repository's ``.venv`` under ``make compat``). For each stack of
 :data:`STACKS`, in turn: a new virtual environment; its torch first, alone (``torch==2.13.0`` is a CPU build on this
@@ -148,14 +148,14 @@ def table(reference: dict[str, str], measured: list[tuple[str, dict[str, Any]]])
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stacks", default=None,
-                        help="comma-separated labels of STACKS to run (default: all): "
+                        help="labels of STACKS to run, separated by semicolons (default: all): "
                              + "; ".join(s.label for s in STACKS))
     parser.add_argument("--workdir", type=Path, default=None, help="folder for the environments (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the environments")
     args = parser.parse_args(argv)
     chosen = STACKS
     if args.stacks:
-        wanted = [label.strip() for label in args.stacks.split(",")]
+        wanted = [label.strip() for label in args.stacks.split(";")]
         unknown = sorted(set(wanted) - {s.label for s in STACKS})
         if unknown:
             parser.error(f"unknown stacks {unknown}; known: {[s.label for s in STACKS]}")
