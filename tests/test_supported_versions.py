@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from lm_eval_probes.harness import supported_versions
 from lm_eval_probes.harness.supported_versions import SUPPORTED, UnsupportedVersionError, check_supported_versions
 
-IN_RANGE = {"lm-eval": "0.4.9", "transformers": "4.57.0", "torch": "2.13.0+cpu"}
+IN_RANGE = {"lm-eval": "0.4.13", "transformers": "4.57.0", "torch": "2.13.0+cpu"}
 
 
 def versions(**changed: str | None):
@@ -29,8 +29,9 @@ def versions(**changed: str | None):
 
 
 @pytest.mark.parametrize("stack", [
-    {}, {"lm_eval": "0.4.13"}, {"lm_eval": "0.4.9.2"}, {"transformers": "5.25.0"}, {"transformers": "4.57.6"},
-    {"transformers": "5.0.0rc1"}, {"torch": "2.14.1"}, {"torch": "2.14.1+cu130"},
+    {}, {"lm_eval": "0.4.9"}, {"lm_eval": "0.4.9.2"}, {"lm_eval": "0.4.10", "transformers": "5.25.0"},
+    {"transformers": "4.57.6"}, {"lm_eval": "0.4.13", "transformers": "5.0.0rc1"}, {"torch": "2.14.1"},
+    {"torch": "2.14.1+cu130"},
 ])
 def test_supported_stacks_pass(stack):
     check_supported_versions(versions(**stack))
@@ -62,6 +63,16 @@ def test_every_release_outside_its_range_is_named_and_a_missing_one_too():
                                 "(supported: torch>=2.13,<2.15)")
 
 
+@pytest.mark.parametrize("lm_eval", ["0.4.9", "0.4.9.2"])
+def test_lm_eval_before_0_4_10_with_transformers_5_is_refused_though_each_is_in_its_range(lm_eval):
+    with pytest.raises(UnsupportedVersionError) as error:
+        check_supported_versions(versions(lm_eval=lm_eval, transformers="5.0.0"))
+    assert str(error.value) == (
+        f"lm-eval-probes does not support this stack: lm-eval {lm_eval} does not run with transformers 5.0.0 "
+        "(lm_eval's own import needs transformers.AutoModelForVision2Seq, which transformers 5 removed; use "
+        "lm-eval>=0.4.10 or transformers<5)")
+
+
 def test_the_installed_stack_is_supported():
     check_supported_versions()
 
@@ -85,3 +96,12 @@ def test_building_a_wrapper_refuses_an_unsupported_stack_before_anything_loads(m
     with pytest.raises(UnsupportedVersionError, match=r"transformers 4\.56\.2 is installed \(supported: "
                                                       r"transformers>=4\.57,<5\.26\)$"):
         cls(pretrained=str(tmp_path / "no-model-here"))
+
+
+def test_lm_eval_probes_refuses_an_unsupported_stack_before_lm_eval_runs(run_cli, monkeypatch):
+    monkeypatch.setattr(supported_versions.metadata, "version", versions(lm_eval="0.4.8"))
+    code, out, err = run_cli("lm-eval-probes", ["--model", "hf-probes", "--model_args", "pretrained=/nowhere",
+                                                "--tasks", "probes_synth_logic"])
+    assert code == 2
+    assert err == ("lm-eval-probes: error: lm-eval-probes does not support this stack: lm-eval 0.4.8 is installed "
+                   "(supported: lm-eval>=0.4.9,<0.4.14)\n")
