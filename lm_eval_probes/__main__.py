@@ -217,7 +217,7 @@ def _dispatch(args: list[str], *, debug: bool) -> None:
 
     args = rewrite_argv(args, lm_eval_probes.tasks_dir())
     try:
-        check_supported_versions()  # before lm_eval is imported (lm-eval 0.4.9 fails to import with transformers 5)
+        check_supported_versions()  # before lm_eval is imported: an unsupported one may fail at its import
         preflight(args, tasks_dir=lm_eval_probes.tasks_dir())  # before torch: one line, exit 2
     except (PreflightError, UnsupportedVersionError) as error:
         if debug:

@@ -3,15 +3,14 @@ manager that does it for every task it loads (also the one lm_eval's CLI builds 
 
 The lm_eval internals used: ``ConfigurableTask``'s instance layout (the ``__class__`` swap needs
 :class:`~lm_eval_probes.tasks.probe_task.ProbeResults` to add none), its ``_aggregation_list`` and
-``_higher_is_better`` (filled by ``ProbeResults._add_probe_metrics``), ``TaskManager.load`` (``load_task_or_group`` in 0.4.9–0.4.11) and the CLI's lookup of
-``lm_eval.tasks.TaskManager`` (:func:`every_task_probed`).
+``_higher_is_better`` (filled by ``ProbeResults._add_probe_metrics``), ``TaskManager.load`` (``load_task_or_group``
+in 0.4.10 and 0.4.11) and the CLI's lookup of ``lm_eval.tasks.TaskManager`` (:func:`every_task_probed`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,7 +68,7 @@ class ProbeTaskManager(TaskManager):
         return loaded
 
     def load_task_or_group(self, *args: Any, **kwargs: Any) -> Any:
-        """lm_eval 0.4.9–0.4.11 (no ``load``; their ``get_task_dict`` calls this): the nested dict of groups and
+        """lm_eval 0.4.10 and 0.4.11 (no ``load``; their ``get_task_dict`` calls this): the nested dict of groups and
         tasks, every task in it probed. Later releases wrap ``load`` here (deprecated), which probes them already."""
         loaded = super().load_task_or_group(*args, **kwargs)
         for name, task in _nested_tasks(loaded):
@@ -96,14 +95,9 @@ def _nested_tasks(loaded: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
 @contextmanager
 def every_task_probed() -> Iterator[None]:
     """Within the block, the task manager that lm_eval's CLI builds is a ``ProbeTaskManager``."""
-    # lm_eval 0.4.9's CLI module imported the name when it was first imported: its own binding is swapped too
-    holders = [module for module in (lm_eval.tasks, sys.modules.get("lm_eval.__main__"))
-               if getattr(module, "TaskManager", None) is not None]
-    originals = [module.TaskManager for module in holders]
-    for module in holders:
-        module.TaskManager = ProbeTaskManager
+    original = lm_eval.tasks.TaskManager
+    lm_eval.tasks.TaskManager = ProbeTaskManager
     try:
         yield
     finally:
-        for module, original in zip(holders, originals):
-            module.TaskManager = original
+        lm_eval.tasks.TaskManager = original

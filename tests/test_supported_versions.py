@@ -29,7 +29,7 @@ def versions(**changed: str | None):
 
 
 @pytest.mark.parametrize("stack", [
-    {}, {"lm_eval": "0.4.9"}, {"lm_eval": "0.4.9.2"}, {"lm_eval": "0.4.10", "transformers": "5.25.0"},
+    {}, {"lm_eval": "0.4.10"}, {"lm_eval": "0.4.12"}, {"lm_eval": "0.4.10", "transformers": "5.25.0"},
     {"transformers": "4.57.6"}, {"lm_eval": "0.4.13", "transformers": "5.0.0rc1"}, {"torch": "2.14.1"},
     {"torch": "2.14.1+cu130"},
 ])
@@ -38,8 +38,8 @@ def test_supported_stacks_pass(stack):
 
 
 @pytest.mark.parametrize(("name", "version", "requirement"), [
-    ("lm_eval", "0.4.8", "lm-eval>=0.4.9,<0.4.14"),
-    ("lm_eval", "0.4.14", "lm-eval>=0.4.9,<0.4.14"),
+    ("lm_eval", "0.4.9.2", "lm-eval>=0.4.10,<0.4.14"),
+    ("lm_eval", "0.4.14", "lm-eval>=0.4.10,<0.4.14"),
     ("transformers", "4.56.2", "transformers>=4.57,<5.26"),
     ("transformers", "5.26.0", "transformers>=4.57,<5.26"),
     ("torch", "2.12.1", "torch>=2.13,<2.15"),
@@ -63,16 +63,6 @@ def test_every_release_outside_its_range_is_named_and_a_missing_one_too():
                                 "(supported: torch>=2.13,<2.15)")
 
 
-@pytest.mark.parametrize("lm_eval", ["0.4.9", "0.4.9.2"])
-def test_lm_eval_before_0_4_10_with_transformers_5_is_refused_though_each_is_in_its_range(lm_eval):
-    with pytest.raises(UnsupportedVersionError) as error:
-        check_supported_versions(versions(lm_eval=lm_eval, transformers="5.0.0"))
-    assert str(error.value) == (
-        f"lm-eval-probes does not support this stack: lm-eval {lm_eval} does not run with transformers 5.0.0 "
-        "(lm_eval's own import needs transformers.AutoModelForVision2Seq, which transformers 5 removed; use "
-        "lm-eval>=0.4.10 or transformers<5)")
-
-
 def test_the_installed_stack_is_supported():
     check_supported_versions()
 
@@ -83,6 +73,14 @@ def test_setup_cfg_states_the_same_ranges():
     for supported in SUPPORTED:
         wanted = Requirement(supported.requirement)
         assert [spec for name, spec in stated if name == supported.distribution] == [wanted.specifier], supported
+
+
+def test_registering_the_models_refuses_an_unsupported_stack(monkeypatch):
+    import lm_eval_probes
+
+    monkeypatch.setattr(supported_versions.metadata, "version", versions(torch="2.12.1"))
+    with pytest.raises(UnsupportedVersionError, match=r"torch 2\.12\.1 is installed \(supported: torch>=2\.13,<2\.15\)$"):
+        lm_eval_probes.register()
 
 
 @pytest.mark.parametrize(("module", "wrapper"), [("lm_eval_probes.models.autoregressive", "ProbeHFLM"),
@@ -99,9 +97,9 @@ def test_building_a_wrapper_refuses_an_unsupported_stack_before_anything_loads(m
 
 
 def test_lm_eval_probes_refuses_an_unsupported_stack_before_lm_eval_runs(run_cli, monkeypatch):
-    monkeypatch.setattr(supported_versions.metadata, "version", versions(lm_eval="0.4.8"))
+    monkeypatch.setattr(supported_versions.metadata, "version", versions(lm_eval="0.4.9"))
     code, out, err = run_cli("lm-eval-probes", ["--model", "hf-probes", "--model_args", "pretrained=/nowhere",
                                                 "--tasks", "probes_synth_logic"])
     assert code == 2
-    assert err == ("lm-eval-probes: error: lm-eval-probes does not support this stack: lm-eval 0.4.8 is installed "
-                   "(supported: lm-eval>=0.4.9,<0.4.14)\n")
+    assert err == ("lm-eval-probes: error: lm-eval-probes does not support this stack: lm-eval 0.4.9 is installed "
+                   "(supported: lm-eval>=0.4.10,<0.4.14)\n")

@@ -3,10 +3,11 @@
 Each range is what ``make compat`` (``benchmarks/compat.py``, table in ``docs/compat.md``) ran: a tiny random Llama
 with ``probes=all`` in a fresh virtual environment, every row and per-document value compared with the main stack's.
 ``setup.cfg``'s ``install_requires`` states the same ranges (a test keeps the two in step), so pip installs a
-supported stack; :func:`check_supported_versions` refuses one that was changed afterwards, or a supported pair that
-does not run together (:data:`INCOMPATIBLE`), when a wrapper is built and when ``lm-eval-probes`` starts, before
-lm_eval is imported (plain ``lm_eval`` with lm-eval 0.4.9 and transformers 5 fails at its own import, before any
-plugin code runs). Reads installed metadata only: imports neither torch, transformers nor lm_eval.
+supported stack; :func:`check_supported_versions` refuses one that was changed afterwards: when the models are
+registered with lm_eval, when a wrapper is built, and when ``lm-eval-probes`` starts (before lm_eval is imported).
+lm-eval 0.4.9 is outside: its registry has no lazy entries and its ``lm_eval.models.utils`` no
+``postprocess_generated_text``; with transformers 5 it fails at its own import. Reads installed metadata only:
+imports neither torch, transformers nor lm_eval.
 """
 
 from __future__ import annotations
@@ -41,34 +42,9 @@ class SupportedRange:
 
 
 SUPPORTED: tuple[SupportedRange, ...] = (
-    SupportedRange("lm-eval", "0.4.9", "0.4.14"),
+    SupportedRange("lm-eval", "0.4.10", "0.4.14"),
     SupportedRange("transformers", "4.57", "5.26"),
     SupportedRange("torch", "2.13", "2.15"),
-)
-
-
-@dataclass(frozen=True)
-class Incompatible:
-    """Releases ``< below`` of ``distribution`` that do not run with releases ``>= other_from`` of ``other``, both
-    inside their supported ranges (``reason``: what fails)."""
-
-    distribution: str
-    below: str
-    other: str
-    other_from: str
-    reason: str
-
-    def excludes(self, version: str, other_version: str) -> bool:
-        try:
-            first, second = (Version(Version(v).base_version) for v in (version, other_version))
-        except InvalidVersion:
-            return False
-        return first < Version(self.below) and second >= Version(self.other_from)
-
-
-INCOMPATIBLE: tuple[Incompatible, ...] = (
-    Incompatible("lm-eval", "0.4.10", "transformers", "5",
-                 "lm_eval's own import needs transformers.AutoModelForVision2Seq, which transformers 5 removed"),
 )
 
 
@@ -77,9 +53,8 @@ class UnsupportedVersionError(RuntimeError):
 
 
 def check_supported_versions(installed: Callable[[str], str] | None = None) -> None:
-    """Raise :class:`UnsupportedVersionError` (one line: each installed release outside its range, and the range; each
-    pair of :data:`INCOMPATIBLE`) unless every distribution of :data:`SUPPORTED` is installed at a supported release
-    and no two of them are an incompatible pair.
+    """Raise :class:`UnsupportedVersionError` (one line: each installed release outside its range, and the range)
+    unless every distribution of :data:`SUPPORTED` is installed at a supported release.
 
     ``installed`` maps a distribution name to its installed version (default ``importlib.metadata.version``, looked
     up at the call; it raises ``PackageNotFoundError`` for one that is not installed, which counts as outside the
@@ -95,13 +70,5 @@ def check_supported_versions(installed: Callable[[str], str] | None = None) -> N
             continue
         if not supported.admits(version):
             outside.append(f"{supported.distribution} {version} is installed (supported: {supported.requirement})")
-    for pair in INCOMPATIBLE:
-        try:
-            version, other_version = installed(pair.distribution), installed(pair.other)
-        except metadata.PackageNotFoundError:
-            continue  # named above
-        if pair.excludes(version, other_version):
-            outside.append(f"{pair.distribution} {version} does not run with {pair.other} {other_version} "
-                           f"({pair.reason}; use {pair.distribution}>={pair.below} or {pair.other}<{pair.other_from})")
     if outside:
         raise UnsupportedVersionError(f"lm-eval-probes does not support this stack: {'; '.join(outside)}")
