@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from samples_snapshot import numbers_of  # noqa: E402  (it puts the repository's tests/, not its sources, on the path)
+
 TASKS = ("probes_synth_logic", "probes_synth_arith_gen", "probes_synth_logic_detect", "compat_plain_logic")
 PLAIN_TASK = """task: compat_plain_logic
 custom_dataset: !function compat_plain_functions.logic_dataset
@@ -32,19 +34,6 @@ metadata: {version: 1.0}
 ``load_task_or_group`` on lm_eval 0.4.9–0.4.11)."""
 LIMIT = 8
 DISTRIBUTIONS = ("torch", "transformers", "lm-eval", "datasets", "huggingface-hub")
-
-
-def numbers_of(fallback):
-    """JSON for the samples with the reader records' hidden states as numbers (``--log_samples`` writes one line)."""
-    def default(value: Any) -> Any:
-        features = getattr(value, "features", None)
-        if hasattr(value, "label") and hasattr(value, "document"):
-            return {"features": None if features is None else features.values.astype(float).tolist(),
-                    "layers": None if features is None else list(features.layers), "label": value.label,
-                    "group": value.group, "document": value.document}
-        return fallback(value)
-
-    return default
 
 
 def run(model: str) -> dict[str, Any]:
