@@ -51,7 +51,8 @@ TRANSFORMERS_4 = ("transformers==4.57.6", "datasets==4.8.5", "huggingface-hub==0
 STACKS: tuple[Stack, ...] = (
     *(Stack(f"lm-eval {v}", "torch==2.13.0", (f"lm-eval=={v}", *NEWEST)) for v in ("0.4.9", "0.4.10", "0.4.11", "0.4.12")),
     Stack("transformers 4.57, lm-eval 0.4.13", "torch==2.13.0", ("lm-eval==0.4.13", *TRANSFORMERS_4)),
-    Stack("transformers 4.57, lm-eval 0.4.9", "torch==2.13.0", ("lm-eval==0.4.9", *TRANSFORMERS_4)),
+    Stack("transformers 4.57, lm-eval 0.4.10", "torch==2.13.0", ("lm-eval==0.4.10", *TRANSFORMERS_4)),
+    Stack("transformers 4.57, lm-eval 0.4.9", "torch==2.13.0", ("lm-eval==0.4.9", *TRANSFORMERS_4)),  # refused
     Stack("torch 2.14.1", "torch==2.14.1", ("lm-eval==0.4.13", *NEWEST)),
 )
 
