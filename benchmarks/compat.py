@@ -104,6 +104,16 @@ def differences(now: dict[str, Any], reference: dict[str, Any]) -> tuple[float, 
     return rows, documents
 
 
+def portable(model: str) -> str:
+    """The saved tokenizer's class named as transformers 4.x and 5.x both know it: 5.x writes ``TokenizersBackend``,
+    which 4.57 lacks, and calls that class ``PreTrainedTokenizerFast`` too."""
+    config = Path(model) / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.write_text(json.dumps(settings))
+    return model
+
+
 def measure(stack: Stack, wheel: Path, model: str, reference: dict[str, Any], workdir: Path,
             keep: bool) -> dict[str, Any]:
     folder = workdir / f"venv-{len(list(workdir.glob('venv-*')))}"
@@ -167,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(workdir / "wheel"), str(REPO)], check=True, cwd=workdir)
     shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools builds in the tree; make install removes it too
     wheel = next((workdir / "wheel").glob("lm_eval_probes-*.whl"))
-    model = tiny_llama()
+    model = portable(tiny_llama())
     reference = run_in(Path(sys.executable), model, workdir / "reference.json", workdir)
     measured = []
     for stack in chosen:
