@@ -114,9 +114,9 @@ def portable(model: str) -> str:
     return model
 
 
-def measure(stack: Stack, wheel: Path, model: str, reference: dict[str, Any], workdir: Path,
+def measure(stack: Stack, index: int, wheel: Path, model: str, reference: dict[str, Any], workdir: Path,
             keep: bool) -> dict[str, Any]:
-    folder = workdir / f"venv-{len(list(workdir.glob('venv-*')))}"
+    folder = workdir / f"venv-{index}"
     python = folder / "bin" / "python"
     started = time.monotonic()
     try:
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     model = portable(tiny_llama())
     reference = run_in(Path(sys.executable), model, workdir / "reference.json", workdir)
     measured = []
-    for stack in chosen:
-        outcome = measure(stack, wheel, model, reference, workdir, args.keep)
+    for index, stack in enumerate(chosen):
+        outcome = measure(stack, index, wheel, model, reference, workdir, args.keep)
         measured.append((stack.label, outcome))
         print(f"{stack.label}: {outcome.get('error', 'ran')} ({outcome['minutes']:.1f} min)", flush=True)
     print(table(reference["versions"], measured))
