@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(workdir / "wheel"), str(REPO)], check=True, cwd=workdir)
     shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools builds in the tree; make install removes it too
     wheel = next((workdir / "wheel").glob("lm_eval_probes-*.whl"))
-    model = portable(shutil.move(tiny_llama(), workdir / "tiny-llama"))  # deleted with the workdir
+    model = portable(str(shutil.move(tiny_llama(), workdir / "tiny-llama")))  # deleted with the workdir
     reference = run_in(Path(sys.executable), model, workdir / "reference.json", workdir)
     measured = []
     for index, stack in enumerate(chosen):
