@@ -200,11 +200,13 @@ def _dispatch(args: list[str], *, debug: bool) -> None:
     import lm_eval_probes
     from lm_eval_probes.cli.preflight import PreflightError, preflight
     from lm_eval_probes.harness.pretrained import ModelNotFound
+    from lm_eval_probes.harness.supported_versions import UnsupportedVersionError, check_supported_versions
 
     args = rewrite_argv(args, lm_eval_probes.tasks_dir())
     try:
+        check_supported_versions()  # before lm_eval is imported: an unsupported one may fail at its import
         preflight(args, tasks_dir=lm_eval_probes.tasks_dir())  # before torch: one line, exit 2
-    except PreflightError as error:
+    except (PreflightError, UnsupportedVersionError) as error:
         if debug:
             raise
         print(f"lm-eval-probes: error: {error}", file=sys.stderr)

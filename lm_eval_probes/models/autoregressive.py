@@ -82,6 +82,7 @@ from lm_eval_probes.harness.hflm import (
 )
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
+from lm_eval_probes.harness.supported_versions import check_supported_versions
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, trace_values, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
@@ -106,6 +107,7 @@ class ProbeHFLM(HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         plugin_args, hf_args = split_model_args(kwargs)
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),

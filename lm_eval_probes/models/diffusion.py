@@ -72,6 +72,7 @@ from lm_eval_probes.harness.hflm import (
 )
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
+from lm_eval_probes.harness.supported_versions import check_supported_versions
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
@@ -165,6 +166,7 @@ class DiffusionProbeHFLM(HFLM):
     ``probe_<name>_*`` options."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         diffusion_args, rest = split_diffusion_args(kwargs)
         self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
         plugin_args, hf_args = split_model_args(rest)
