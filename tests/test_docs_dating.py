@@ -25,6 +25,7 @@ NOT_MEASURED = (
     "| part | extra bytes |", "| where | tensor | size |",  # the memory model's formulas, float64's sizes
     "| command | what it does |", "| folder | modules (lines) |", "| task | type | difficulty |",
     "| model_arg | default | meaning |", "| metric | per document | aggregation |",  # reference tables
+    "| distribution | supported",  # the supported releases (docs/compat.md); the measured stacks' table is dated
 )
 """Headers of tables with figures that look measured (a decimal, a unit) but are quoted, computed or reference."""
 
