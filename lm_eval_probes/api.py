@@ -603,6 +603,11 @@ class Probe:
         feed_states: ``(record, field, *, answer_span) -> LayerStates | None``: the states a row of :attr:`feeds` reads
             from a document's record (``answer_span``: the generation's confidence reads its located answer span);
             default: the :class:`LayerStates` in the record's field.
+        applies: ``(model config) -> reason | None``: why the probe cannot run on a model of this (transformers)
+            config, checked before any weight loads (``None``: it can; not given: every model). Besides it, a
+            whole-forward capture the probe asks for may refuse the loaded model (an ``UnsupportedModelError``). Either
+            way ``probes=all`` skips the probe (one log line, ``probes_skipped`` in the results' config) and a probe
+            named explicitly refuses the run in one line.
     """
 
     name: str
@@ -622,6 +627,7 @@ class Probe:
     default_enabled: bool = False
     feed_states: Callable[..., LayerStates | None] | None = None
     record: type | None = None
+    applies: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         record = self.record
@@ -677,6 +683,10 @@ class Probe:
                 "(give position_probe)")
         if self.position_probe is not None and not callable(self.position_probe):
             raise ProbeRegistrationError(f"probe {name!r}: position_probe must be callable (options, num_layers)")
+
+    def unsupported(self, config: Any) -> str | None:
+        """Why the probe cannot run on a model of ``config`` (:attr:`applies`), or ``None``."""
+        return None if self.applies is None else self.applies(config)
 
     def row(self, value: str) -> Row:
         """Its first row of per-document value kind ``value`` (``float``: its headline row; ``vector``, ``support``)."""
