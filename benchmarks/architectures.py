@@ -21,6 +21,7 @@ its softmax — and must agree to :data:`CHECK_TOLERANCE` (relative). Exit statu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -127,8 +128,8 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             kwargs[key] = value
     try:
         return cls(**kwargs)
-    except Exception:
-        for key in LAYER_LISTS:
+    except Exception:  # a layer list or head width the family derives itself
+        for key in (*LAYER_LISTS, "head_dim"):
             kwargs.pop(key, None)
         return cls(**kwargs)
 
@@ -185,20 +186,25 @@ class Outcome:
 HEADLINE_ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
 
+@functools.cache
+def _task_manager() -> Any:
+    """The plugin's task manager (its index of the task folders made once)."""
+    import lm_eval_probes
+
+    lm_eval_probes.register()
+    return lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
+
+
 def run(folder: str, docs: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`: lm_eval's results
     and samples (JSON-native)."""
     import lm_eval
     from lm_eval.utils import handle_non_serializable
 
-    import lm_eval_probes
-
-    lm_eval_probes.register()
-    manager = lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
     result = lm_eval.simple_evaluate(
         model="hf-probes", model_args={"pretrained": folder, "probes": "all", "probe_bte_profile": "full",
                                        "device": "cpu"},
-        tasks=[TASK], task_manager=manager, limit=docs, batch_size=2, bootstrap_iters=0, log_samples=True)
+        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=2, bootstrap_iters=0, log_samples=True)
     return result, json.loads(json.dumps(result["samples"][TASK], default=handle_non_serializable))
 
 

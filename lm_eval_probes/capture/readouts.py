@@ -364,17 +364,18 @@ class FocalDepthDecoder:
     @torch.no_grad()
     def check(self, *, tokens: int = CHECK_TOKENS, tolerance: float | None = None) -> float:
         """Check at load that the last m blocks re-run on their captured input reproduce their captured output: one
-        forward of ``tokens`` fixed ids inside :meth:`capture`, then blocks L − m + 1 … L re-run (as the decoder runs
-        them, with the arguments the forward gave them) on block L − m + 1's input must give the final norm's input,
-        within ``tolerance`` of its largest magnitude (default: 1e-4 in float32, 5e-2 in 16-bit). Also decides
-        whether the decoder may borrow a block's arguments during the forward (every block of an attention type got
-        the same objects). Returns the relative difference; :class:`UnsupportedModelError` naming the block class
-        otherwise."""
+        forward of two rows of ``tokens`` fixed ids inside :meth:`capture`, then blocks L − m + 1 … L re-run as the
+        decoder runs them (on the second row alone, with that row of the arguments the forward gave them) on block
+        L − m + 1's input must give that row of the final norm's input, within ``tolerance`` of its largest magnitude
+        (default: 1e-4 in float32, 5e-2 in 16-bit). Also decides whether the decoder may borrow a block's arguments
+        during the forward (every block of an attention type got the same objects). Returns the relative difference;
+        :class:`UnsupportedModelError` naming the block class otherwise."""
         if not self.blocks:
             return 0.0
         embeddings = self.model.get_input_embeddings()
         vocab = min(self.readout.vocab_size, getattr(embeddings, "num_embeddings", self.readout.vocab_size))
-        ids = ((torch.arange(tokens) * 7919 + 11) % vocab).unsqueeze(0).to(self.readout.device)
+        steps = torch.arange(tokens)
+        ids = torch.stack([(steps * 7919 + 11) % vocab, (steps * 104729 + 5) % vocab])
         first = len(self.all_blocks) - self.depth
         taken: list[torch.Tensor] = []
         called: list[dict[str, Any]] = [{} for _ in self.all_blocks]
@@ -389,31 +390,35 @@ class FocalDepthDecoder:
                     called[index] = block_call(module, args, kwargs)[1]
             return take
 
+        kinds = ", ".join(sorted({type(block).__name__ for block in self.blocks}))
+        where = f"Ω cannot re-run {kinds} of model_type {self.readout.model_type!r}"
         handles = [self.all_blocks[first].register_forward_pre_hook(take_input, with_kwargs=True)]
         handles += [block.register_forward_pre_hook(take_arguments(i), with_kwargs=True)
                     for i, block in enumerate(self.all_blocks)]
         try:
             with self.capture() as inputs:
-                self.model(input_ids=ids.to(embeddings.weight.device), use_cache=False)
+                self.model(input_ids=ids.to(getattr(embeddings, "weight", ids).device), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
         if inputs.final_norm_input is None or not taken:
-            raise UnsupportedModelError(f"Ω: the forward of model_type {self.readout.model_type!r} did not call its "
-                                        "blocks and final norm as found")
-        states = taken[0]
-        for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-            result = block(states, **kwargs)
-            states = result[0] if isinstance(result, tuple) else result
-        want = inputs.final_norm_input
+            raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
+        row = torch.tensor([1])
+        states = taken[0].index_select(0, row.to(taken[0].device))
+        try:
+            for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
+                result = block(states, **_rows_of(kwargs, row, inputs.batch_size))
+                states = result[0] if isinstance(result, tuple) else result
+        except Exception as error:  # the arguments do not re-run on a subset of the rows
+            raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
+                                        f"{(str(error).splitlines() or [''])[0][:160]}") from None
+        want = inputs.final_norm_input[1:2]
         if tolerance is None:
             tolerance = 1e-4 if want.dtype in (torch.float32, torch.float64) else 5e-2
         difference = float((states.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
         if not difference <= tolerance:
-            kinds = sorted({type(block).__name__ for block in self.blocks})
-            raise UnsupportedModelError(
-                f"Ω cannot re-run {', '.join(kinds)} of model_type {self.readout.model_type!r}: on its captured input it "
-                f"gives an output {difference:.3g} (relative) away from its captured one")
+            raise UnsupportedModelError(f"{where}: on its captured input it gives an output {difference:.3g} "
+                                        "(relative) away from its captured one")
         by_type: dict[Any, dict[str, Any]] = {}
         for kind, kwargs in zip(self.block_types, called, strict=True):
             if not _same_argument(by_type.setdefault(kind, kwargs), kwargs):
