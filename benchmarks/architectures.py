@@ -274,9 +274,11 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
     ``output_hidden_states``."""
     import transformers
 
+    from lm_eval_probes.capture.parts import architecture_of, get_path
+
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    layers = model.config.get_text_config().num_hidden_layers
+    layers = len(get_path(model, architecture_of(model).blocks))
     middle = layers // 2
     worst = 0.0
     for sample in samples:
@@ -290,10 +292,10 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
         with torch.no_grad():
             out = model(ids, output_hidden_states=True, use_cache=False)
         states = out.hidden_states
+        if len(states) != layers + 1:
+            raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
         delta = _delta_tcb(model, ids, states[layers][0, positions])
         tcb = float(torch.log10(delta).mean())
-        if len(states) != layers + 1:
-            raise RuntimeError(f"{len(states)} hidden states for {layers} layers")
         lower = _lens_logprobs(model, ids, states[middle][0])[positions]
         upper = (torch.log_softmax(out.logits[0].double(), -1) if middle + 1 == layers
                  else _lens_logprobs(model, ids, states[middle + 1][0]))[positions]
@@ -327,22 +329,31 @@ def outcome_of(model_type: str, *, docs: int, check: bool) -> Outcome:
         outcome = Outcome(model_type, "runs", skipped=dict(result["config"].get("probes_skipped") or {}),
                           rows=headline_rows(result))
         if check:
-            outcome.checked = check_documents(path, samples)
+            try:
+                outcome.checked = check_documents(path, samples)
+            except Exception as error:  # the reference itself cannot read this model: the run is not checked
+                outcome.checked = math.inf
+                outcome.reason = f"not checked: {type(error).__name__}: {_line(error)}"
         return outcome
 
 
-def table(outcomes: Sequence[Outcome]) -> str:
-    """The Markdown table of the outcomes, with a count of each status."""
-    lines = ["| model_type | outcome | probes skipped / reason | δ_TCB | BTE | Ω | confidence | ECE | margin |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for o in outcomes:
-        values = " | ".join(f"{o.rows[name]:.3g}" if name in o.rows else "" for name in HEADLINE_ROWS)
-        why = "; ".join(f"{p}: {r}" for p, r in o.skipped.items()) if o.status == "runs" else o.reason
-        lines.append(f"| {o.model_type} | {o.status} | {why.replace('|', '/')} | {values} |")
+TABLE_HEADER = ("| model_type | outcome | checked | probes skipped / reason | δ_TCB | BTE | Ω | confidence | ECE | margin |\n"
+                "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(o: Outcome) -> str:
+    """One outcome as a row of the Markdown table (``checked``: the largest relative difference of ``--check``)."""
+    values = " | ".join(f"{o.rows[name]:.3g}" if name in o.rows else "" for name in HEADLINE_ROWS)
+    why = "; ".join([*(f"{p}: {r}" for p, r in o.skipped.items()), *([o.reason] if o.reason else [])])
+    checked = "" if o.checked is None else f"{o.checked:.1g}"
+    return f"| {o.model_type} | {o.status} | {checked} | {why.replace('|', '/')} | {values} |"
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """A count of each status."""
     counts = {status: sum(o.status == status for o in outcomes) for status in ("runs", "refused", "not small")}
-    lines += ["", f"{counts['runs']} run, {counts['refused']} refused, {counts['not small']} could not be built small "
-                  f"(of {len(outcomes)} decoder-only model types)."]
-    return "\n".join(lines)
+    return (f"{counts['runs']} run, {counts['refused']} refused, {counts['not small']} could not be built small "
+            f"(of {len(outcomes)} decoder-only model types).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,13 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
     outcomes = []
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}\n\n{TABLE_HEADER}", flush=True)
     for model_type in args.types or decoder_only_types():
         outcome = outcome_of(model_type, docs=args.docs, check=args.check)
-        note = "" if outcome.checked is None else f" (checked: {outcome.checked:.2g})"
-        print(f"{model_type}: {outcome.status}{note} {outcome.reason}", file=sys.stderr, flush=True)
+        print(table_row(outcome), flush=True)  # row by row: an interrupted run keeps what it measured
         outcomes.append(outcome)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}\n")
-    print(table(outcomes))
+    print(f"\n{summary(outcomes)}")
     failed = [o.model_type for o in outcomes if o.checked is not None and not o.checked <= CHECK_TOLERANCE]
     if failed:
         print(f"\nper-document values differ from the independent computation: {', '.join(failed)}")
