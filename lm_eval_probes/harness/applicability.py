@@ -17,7 +17,7 @@ from lm_eval_probes import registry
 from lm_eval_probes.capture.parts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
 
-__all__ = ["built_or_skipped", "model_config", "not_applying", "without_skipped"]
+__all__ = ["SkippedProbes", "built_or_skipped", "model_config", "not_applying", "without_skipped"]
 
 _LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
 
@@ -69,3 +69,13 @@ def built_or_skipped(config: ProbeConfig, probe: str, build: Callable[[], Built]
     except UnsupportedModelError as error:
         skipped[probe] = str(error)
         return None
+
+
+class SkippedProbes:
+    """Mixed into both wrappers (before ``HFLM``): ``probes_skipped`` (probe → why it cannot run on this model, filled
+    by :func:`without_skipped`) joins HFLM's ``get_model_info``, which lm_eval writes into the results' config."""
+
+    probes_skipped: dict[str, str]
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {**super().get_model_info(), "probes_skipped": dict(getattr(self, "probes_skipped", {}))}  # type: ignore[misc]

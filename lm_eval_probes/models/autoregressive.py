@@ -80,7 +80,13 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
-from lm_eval_probes.harness.applicability import built_or_skipped, model_config, not_applying, without_skipped
+from lm_eval_probes.harness.applicability import (
+    SkippedProbes,
+    built_or_skipped,
+    model_config,
+    not_applying,
+    without_skipped,
+)
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
@@ -103,7 +109,7 @@ class _GenerationCall:
 
 
 @register_model(MODEL_NAME)
-class ProbeHFLM(HFLM):
+class ProbeHFLM(SkippedProbes, HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
@@ -156,10 +162,6 @@ class ProbeHFLM(HFLM):
         )
         decoder.check()
         return decoder
-
-    def get_model_info(self) -> dict[str, Any]:
-        """HFLM's, and ``probes_skipped`` (probe → why it cannot run on this model) for the results' config."""
-        return {**super().get_model_info(), "probes_skipped": dict(self.probes_skipped)}
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:

@@ -70,7 +70,7 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
-from lm_eval_probes.harness.applicability import model_config, not_applying, without_skipped
+from lm_eval_probes.harness.applicability import SkippedProbes, model_config, not_applying, without_skipped
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
@@ -149,7 +149,7 @@ class _Generation:
 
 
 @register_model(DIFFUSION_MODEL_NAME)
-class DiffusionProbeHFLM(HFLM):
+class DiffusionProbeHFLM(SkippedProbes, HFLM):
     """HFLM for masked-diffusion LMs. Plugin ``model_args``: ``diffusion_*`` (:class:`DiffusionConfig`),
     ``probes`` (those of :func:`supported_probes`, or ``none``; default :func:`default_probes`) and their
     ``probe_<name>_*`` options."""
@@ -225,10 +225,6 @@ class DiffusionProbeHFLM(HFLM):
         return probes.summarize(0, n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
                                 fields=self.whole.prompt_fields(prompt_means), generation=generation,
                                 token_ends=token_ends, empty=empty)
-
-    def get_model_info(self) -> dict[str, Any]:
-        """HFLM's, and ``probes_skipped`` (probe → why it cannot run on this model) for the results' config."""
-        return {**super().get_model_info(), "probes_skipped": dict(self.probes_skipped)}
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionProbeHFLM:
