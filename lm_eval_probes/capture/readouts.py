@@ -114,19 +114,24 @@ LENS_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1e-1, 3e-2),
 }
 """Unembedding dtype → ``(atol, rtol)`` of :func:`check_lens`: the lens may differ from the model's own log-probabilities
-by ``atol + rtol · max |log p|`` at most. The model computes its logits in its own dtype, the lens in float32 (one
-rounding of each logit: 2⁻¹¹ relative in float16, 2⁻⁸ in bfloat16, then the log-softmax)."""
+by ``atol + rtol · max |z|`` at most (z the model's logits). The model computes its logits in its own dtype, the lens in
+float32: one rounding of each logit (2⁻¹¹ of |z| in float16, 2⁻⁸ in bfloat16), then the log-softmax's of their sum; a
+missed logit transform moves them by a fraction of |z| itself."""
 
 CHECK_TOKENS = 16
 """Tokens of :func:`check_lens`'s forward."""
+
+CHECK_FLOOR = -50.0
+""":func:`check_lens` compares the log-probabilities above this (p > 2e-22), renormalised over those tokens: a token the
+model rules out (a logit of -1e4 set after its head, which the lens does not see) is compared no further."""
 
 
 @torch.no_grad()
 def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TOKENS) -> float:
     """Check at load that the :class:`LensReadout` found for ``model`` is the model's own readout: one forward of
     ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
-    ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities within
-    :data:`LENS_TOLERANCE` of the unembedding's dtype.
+    ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
+    :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype.
 
     Returns the largest difference ``max |Δ log p|``; raises :class:`UnsupportedModelError` in one line naming the
     model type and the size of the mismatch otherwise."""
@@ -148,8 +153,10 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
     # the final norm's last call is the model's (a model may call the same norm on its embeddings first)
     want = torch.log_softmax(out.logits[0].float(), dim=-1).to(readout.device)
+    compared = want > CHECK_FLOOR  # a token the model rules out (log p of -1e4) is out of every probe's reach
+    want = want.masked_fill(~compared, -math.inf).log_softmax(-1)  # renormalised over the tokens compared
     atol, rtol = LENS_TOLERANCE.get(readout.unembed.dtype, LENS_TOLERANCE[torch.bfloat16])
-    bound = atol + rtol * float(want.abs().max())
+    bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
     transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
     largest = 0.0
     for hidden, normalized, read in ((taken[-1], False, "the final norm's input"),
@@ -158,7 +165,8 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
         if got.shape != want.shape:
             raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, the "
                                         f"model {tuple(want.shape)}")
-        difference = float((got - want).abs().max())
+        got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
+        difference = float((got - want)[compared].abs().max())
         if not difference <= bound:
             raise UnsupportedModelError(
                 f"{where}: the logit lens ({transform}) on {read} differs from the model's own log-probabilities by "

@@ -128,10 +128,10 @@ class ModelResults:
     name: str
     model_args: str
     num_parameters: int | None
-    probes_skipped: dict[str, str] = field(default_factory=dict)
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     replaced: list[dict[str, Any]] = field(default_factory=list)
+    probes_skipped: dict[str, str] = field(default_factory=dict)
 
 
 def as_float(value: Any) -> float:
