@@ -669,6 +669,11 @@ class Probe:
             default: the :class:`LayerStates` in the record's field.
         traces: its per-position arrays in a document's trace (``probe_traces=true``), each with the record field it
             reduces to (:class:`TraceField`; those over the response come from its position probe's ``per_position``).
+        applies: ``(model config) -> reason | None``: why the probe cannot run on a model of this (transformers)
+            config, checked before any weight loads (``None``: it can; not given: every model). Besides it, a
+            whole-forward capture the probe asks for may refuse the loaded model (an ``UnsupportedModelError``). Either
+            way ``probes=all`` skips the probe (one log line, ``probes_skipped`` in the results' config) and a probe
+            named explicitly refuses the run in one line.
     """
 
     name: str
@@ -689,6 +694,7 @@ class Probe:
     feed_states: Callable[..., LayerStates | None] | None = None
     record: type | None = None
     traces: tuple[TraceField, ...] = ()
+    applies: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         record = self.record
@@ -748,6 +754,10 @@ class Probe:
                 "(give position_probe)")
         if self.position_probe is not None and not callable(self.position_probe):
             raise ProbeRegistrationError(f"probe {name!r}: position_probe must be callable (options, num_layers)")
+
+    def unsupported(self, config: Any) -> str | None:
+        """Why the probe cannot run on a model of ``config`` (:attr:`applies`), or ``None``."""
+        return None if self.applies is None else self.applies(config)
 
     def row(self, value: str) -> Row:
         """Its first row of per-document value kind ``value`` (``float``: its headline row; ``vector``, ``support``)."""

@@ -70,7 +70,7 @@ from lm_eval_probes.capture.positions import (
     whole_forward,
 )
 from lm_eval_probes.capture.reader import masked_mean_states
-from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
+from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.harness.hflm import (
@@ -79,6 +79,13 @@ from lm_eval_probes.harness.hflm import (
     namespace_response_cache,
     note_unprobed_requests,
     take_ranks_from_accelerate,
+)
+from lm_eval_probes.harness.applicability import (
+    SkippedProbes,
+    built_or_skipped,
+    model_config,
+    not_applying,
+    without_skipped,
 )
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
@@ -103,7 +110,7 @@ class _GenerationCall:
 
 
 @register_model(MODEL_NAME)
-class ProbeHFLM(HFLM):
+class ProbeHFLM(SkippedProbes, HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
@@ -111,7 +118,12 @@ class ProbeHFLM(HFLM):
         plugin_args, hf_args = split_model_args(kwargs)
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
-                         subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
+                         subfolder=hf_args.get("subfolder"),
+                         trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
+        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if self.probe_config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
+            self.probe_config = without_skipped(
+                self.probe_config, not_applying(self.probe_config, lambda: model_config(pretrained, hf_args)), self.probes_skipped)
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
@@ -120,26 +132,39 @@ class ProbeHFLM(HFLM):
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        if self.readout is not None:
+            check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
         self.whole = WholeForward()  # what the enabled probes ask beyond the states at their positions
         if self.readout is not None:
             self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
+        refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
         self.focal_decoder: FocalDepthDecoder | None = None
         if self.whole.focal_depth is not None:
-            focal = self.whole.focal_depth[1]
-            widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
-                                  chunk_positions=self.probe_config.chunk_positions)
-            self.focal_decoder = FocalDepthDecoder(
-                self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-                chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
-                chunk_positions=self.probe_config.chunk_positions,
-            )
-        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
-                                                                             self.whole)
+            self.focal_decoder = built_or_skipped(self.probe_config, self.whole.focal_depth[0], self._focal_decoder, refused)
         self.first_layer: FirstLayerMargins | None = None
         if self.whole.first_attention is not None:
-            self.first_layer = FirstLayerMargins(self.model, heads=self.whole.first_attention[1].heads)
+            self.first_layer = built_or_skipped(self.probe_config, self.whole.first_attention[0], lambda: FirstLayerMargins(
+                self.model, heads=self.whole.first_attention[1].heads), refused)
+        if refused:
+            self.probe_config = without_skipped(self.probe_config, refused, self.probes_skipped)
+            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
+        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
+                                                                             self.whole)
         self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
                                            self.rank)
+
+    def _focal_decoder(self) -> FocalDepthDecoder:
+        """The Ω capture's decoder of this model, self-checked (its re-run blocks reproduce their own output)."""
+        focal = self.whole.focal_depth[1]
+        widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
+                              chunk_positions=self.probe_config.chunk_positions)
+        decoder = FocalDepthDecoder(
+            self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
+            chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
+            chunk_positions=self.probe_config.chunk_positions,
+        )
+        decoder.check()
+        return decoder
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:

@@ -60,11 +60,12 @@ class TcbPositions:
         from lm_eval_probes.probes.tcb import tcb_readout
 
         readout = chunk.readout
+        # logits = g(s·(W h + b)): J carries the factor s, so δ = (ε/|s|) / ‖J‖ of the unscaled rows at those logits
         delta, baselines, moved = tcb_readout(
             chunk.final_hidden,
             readout.rows,
             readout.bias,
-            eps=self.eps,
+            eps=self.eps / abs(readout.logit_scale),
             logit_softcap=readout.logit_softcap,
             row_sq_norms=readout.row_sq_norms,
             logits=chunk.raw_logits,

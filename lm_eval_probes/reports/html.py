@@ -401,7 +401,7 @@ def render_page(
     task_comparisons = task_comparisons or {}
     downloads = downloads or {}
     model_notes = [{"name": m.name, "size": format_parameters(m.num_parameters), "model_args": m.model_args,
-                    "sources": m.sources, "replaced": m.replaced} for m in models]
+                    "sources": m.sources, "replaced": m.replaced, "skipped": m.probes_skipped} for m in models]
     parts = model_name_parts([m.name for m in models])
     anchors = {t.task: "#" + task_anchor(k) for k, t in enumerate(tables, start=1)}
     has_trust = any(any(row) for row in view.trust_compared)

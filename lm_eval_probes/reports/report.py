@@ -141,7 +141,8 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         win = report.overview.win_rate[at]
         models.append({"name": model.name, "model_args": model.model_args, "num_parameters": model.num_parameters,
                        "mean_win_rate": win if math.isfinite(win) else None, "rank": at + 1,
-                       "sources": model.sources, "merged_duplicates": model.replaced, "tasks": tasks})
+                       "sources": model.sources, "merged_duplicates": model.replaced,
+                       "probes_skipped": model.probes_skipped, "tasks": tasks})
     robustness = [{"model": r.model, "task": r.base, "operator": r.operator, "metric": r.primary_metric, "filter": r.filter,
                    "clean": {k: v.to_json() for k, v in r.clean.items()},
                    "noised": {k: v.to_json() for k, v in r.noised.items()},
@@ -249,6 +250,11 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
         statistics_line(settings) + f" {DIRECTION_LEGEND} Each row's formula and source: the Glossary at the end.", "",
         overview_markdown(report.overview, by_task, settings.level), "",
     ]
+    skipped = [f"- {markdown_escape(model.name)}: probe {probe} — {markdown_escape(reason)}"
+               for model in report.models for probe, reason in model.probes_skipped.items()]
+    if skipped:
+        parts += ["## Probes skipped", "", "`probes=all` skipped these probes, which cannot run on the model:", "",
+                  *skipped, ""]
     if report.failed:
         parts += ["## Attempted without a result", "",
                   "The sweep attempted these models × tasks and has no result for them (they take no rank):", "",
