@@ -143,7 +143,7 @@ def build(model_type: str, folder: Path, *, seed: int = 0) -> str:
     import transformers
 
     sys.path.insert(0, str(REPO / "tests"))
-    from conftest import build_tokenizer
+    from tiny_models import build_tokenizer
 
     tokenizer = build_tokenizer()
     try:
