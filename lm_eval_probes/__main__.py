@@ -17,9 +17,9 @@ import dataclasses
 import re
 import sys
 import textwrap
-from typing import Any
 
 from lm_eval_probes.config import join_probe_names
+from lm_eval_probes.terminal.debug import DEBUG_FLAG, wants_debug
 
 
 def rewrite_argv(argv: list[str], tasks_dir: str) -> list[str]:
@@ -164,19 +164,6 @@ def plugin_help(tasks_dir: str) -> str:
     return "\n\n".join(sections) + "\n" + "-" * 100 + "\n"
 
 
-DEBUG_FLAG = "--debug"
-"""Shows the traceback of an error the plugin reports in one line, and of a Ctrl-C (also ``LM_EVAL_PROBES_DEBUG=1``)."""
-DEBUG_VARIABLE = "LM_EVAL_PROBES_DEBUG"
-
-
-def wants_debug(args: list[str], environ: Any = None) -> bool:
-    """``--debug`` among the arguments, or ``LM_EVAL_PROBES_DEBUG`` set to 1/true/yes/on."""
-    import os
-
-    env = os.environ if environ is None else environ
-    return DEBUG_FLAG in args or str(env.get(DEBUG_VARIABLE, "")).strip().lower() in ("1", "true", "yes", "on")
-
-
 def main(argv: list[str] | None = None) -> None:
     """``lm-eval-probes``: the plugin's subcommands, else lm_eval's CLI after the preflight
     (:mod:`lm_eval_probes.cli.preflight`): a bad probe, option, model folder or task name ends here with one line on
@@ -190,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         if debug:
             raise
-        from lm_eval_probes.cli.interrupt import stop_at_next_interrupt
+        from lm_eval_probes.terminal.interrupt import stop_at_next_interrupt
 
         stop_at_next_interrupt()
         command = args[0] if args and args[0] in SUBCOMMANDS else "run"
@@ -213,11 +200,13 @@ def _dispatch(args: list[str], *, debug: bool) -> None:
     import lm_eval_probes
     from lm_eval_probes.cli.preflight import PreflightError, preflight
     from lm_eval_probes.harness.pretrained import ModelNotFound
+    from lm_eval_probes.harness.supported_versions import UnsupportedVersionError, check_supported_versions
 
     args = rewrite_argv(args, lm_eval_probes.tasks_dir())
     try:
+        check_supported_versions()  # before lm_eval is imported: an unsupported one may fail at its import
         preflight(args, tasks_dir=lm_eval_probes.tasks_dir())  # before torch: one line, exit 2
-    except PreflightError as error:
+    except (PreflightError, UnsupportedVersionError) as error:
         if debug:
             raise
         print(f"lm-eval-probes: error: {error}", file=sys.stderr)

@@ -37,12 +37,23 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "FAMILIES", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "as_choice",
+    "CORRELATION", "FAMILIES", "NON_NEGATIVE", "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS",
+    "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe",
+    "ProbeOptions", "Row", "Shapes", "TraceField", "as_choice",
     "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
 ]
 
-VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support")
+VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support",
+               "trace")
 FAMILIES = ("probe", "difficulty", "confidence", "reader", "detector", "trajectory")
+UNBOUNDED: tuple[float, float] = (-math.inf, math.inf)
+"""A row's default :attr:`Row.bounds`: no bound on either side."""
+UNIT_INTERVAL: tuple[float, float] = (0.0, 1.0)
+"""The bounds of a fraction, a probability, an accuracy, an ECE or an AUROC."""
+CORRELATION: tuple[float, float] = (-1.0, 1.0)
+"""The bounds of a correlation coefficient (Spearman ρ, partial or not)."""
+NON_NEGATIVE: tuple[float, float] = (0.0, math.inf)
+"""The bounds of a count, a length or a norm."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,8 @@ class Row:
     ``(value, difficulty)``; ``partial`` ``(value, difficulty, length)``; ``confidence`` ``(confidence, correct)``;
     ``confidence_keyed`` ``(confidence, correct, document)``; ``reader`` a
     :class:`~lm_eval_probes.records.ReaderRecord`; ``vector`` a list of floats (``probe_vector_mean``); ``support``
-    ``{"positions", "tokens", "margins"}`` (``probe_support_mean``).
+    ``{"positions", "tokens", "margins"}`` (``probe_support_mean``); ``trace`` a document's per-token trace
+    (``probe_traces=true``: :class:`TraceField`; ``probe_count``: the documents with one).
 
     Attributes:
         name: the metric name in lm_eval's results (``<name>,<filter>``).
@@ -71,6 +83,10 @@ class Row:
         diffusion_only: filled only by ``hf-probes-diffusion``.
         scored: whether higher (or lower) is better, so that a report shows its direction and may count it as a win;
             ``False`` for baselines and bookkeeping.
+        bounds: ``(low, high)``, the range of the row's value by its definition (``-inf``/``inf`` where a side is
+            unbounded; the default, :data:`UNBOUNDED`, is both): e.g. ``(0.0, 1.0)`` for an accuracy, ECE or AUROC,
+            ``(-1.0, 1.0)`` for a correlation, ``(0.0, math.inf)`` for a count or a norm. The Every Eval Ever export
+            declares it as the metric's ``min_score``/``max_score``.
     """
 
     name: str
@@ -83,12 +99,19 @@ class Row:
     at_percent: int | None = None
     diffusion_only: bool = False
     scored: bool = True
+    bounds: tuple[float, float] = UNBOUNDED
 
     def __post_init__(self) -> None:
         if self.value not in VALUE_KINDS:
             raise ValueError(f"row {self.name!r}: unknown value kind {self.value!r}; valid: {VALUE_KINDS}")
         if self.family not in FAMILIES:
             raise ValueError(f"row {self.name!r}: unknown family {self.family!r}; valid: {FAMILIES}")
+        bounds = tuple(self.bounds) if isinstance(self.bounds, (tuple, list)) else ()
+        if (len(bounds) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+                or not bounds[0] < bounds[1]):
+            raise ValueError(f"row {self.name!r}: bounds must be (low, high) numbers with low < high (-inf/inf where "
+                             f"unbounded), got {self.bounds!r}")
+        object.__setattr__(self, "bounds", (float(bounds[0]), float(bounds[1])))
 
     def fields(self) -> tuple[str, ...]:
         """The record fields the row reads (a support row: its three)."""
@@ -97,6 +120,44 @@ class Row:
         if self.value == "support":
             return tuple(f"{self.field}_{part}" for part in ("positions", "tokens", "values"))
         return (self.field,)
+
+
+TRACE_REDUCTIONS = ("mean", "min")
+"""How a :class:`TraceField` reduces its per-position values (over the positions where the value is defined)."""
+
+
+@dataclass(frozen=True)
+class TraceField:
+    """A per-position array a probe writes into a document's trace (``probe_traces=true``), and the reduction that
+    makes one of its record fields from it: the record field equals ``reduction`` of the array over its defined
+    (finite) positions, up to the trace's rounding to 4 significant digits.
+
+    Attributes:
+        name: the key of the array in the trace (several fields may reduce one array).
+        field: the record field it reduces to.
+        reduction: one of :data:`TRACE_REDUCTIONS`.
+        over: ``response`` (one value per response token: the :class:`PositionProbe`'s ``per_position`` makes it) or
+            ``sequence`` (one per position the model saw, prompt first: a whole-forward capture's, e.g. the first
+            attention layer's margins).
+    """
+
+    name: str
+    field: str
+    reduction: str = "mean"
+    over: str = "response"
+
+    def __post_init__(self) -> None:
+        if self.reduction not in TRACE_REDUCTIONS:
+            raise ValueError(f"trace {self.name!r}: unknown reduction {self.reduction!r}; valid: {TRACE_REDUCTIONS}")
+        if self.over not in ("response", "sequence"):
+            raise ValueError(f"trace {self.name!r}: over must be 'response' or 'sequence', got {self.over!r}")
+
+    def reduce(self, values: Iterable[float | None]) -> float:
+        """The reduction of ``values`` over its finite members (``nan`` when none)."""
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        if not finite:
+            return math.nan
+        return math.fsum(finite) / len(finite) if self.reduction == "mean" else min(finite)
 
 
 # ----------------------------------------------------------------------------- options
@@ -439,6 +500,9 @@ class PositionProbe(Protocol):
     Jacobian over every position the model saw, turned by the probe into record fields) and ``states_folder`` (a folder where the wrappers write the
     prompt-means probe's states of every answered request). At most one enabled probe asks for each.
 
+    A probe that declares :attr:`Probe.traces` over the response also has ``per_position(values) -> {trace name:
+    [n] tensor}``: from its per-position ``values`` of one response, the arrays its traces name (``probe_traces=true``).
+
     Attributes:
         reads_lens: whether it reads the logit lens: skipped for a response no row reads (an option the model did not
             choose).
@@ -531,10 +595,14 @@ class FirstAttention:
         fields: ``(values [n], token_ids [n], decode) -> record fields`` of one response's sequence: the n positions
             the model saw (its context or prompt, then all but the last response token), their token ids, and
             ``decode(token id) -> str``.
+        trace: the name of the values' array in a document's trace (``probe_traces=true``: every position the model
+            saw, beside ``sequence_tokens``), or ``None`` for none; a :class:`TraceField` with ``over="sequence"``
+            reduces it.
     """
 
     values: Callable[[Any], Any]
     fields: Callable[[Any, Any, Callable[[int], str]], dict[str, Any]]
+    trace: str | None = None
 
 
 GENERATED_RECORD = "__lm_eval_probes_generated__"
@@ -604,6 +672,13 @@ class Probe:
         feed_states: ``(record, field, *, answer_span) -> LayerStates | None``: the states a row of :attr:`feeds` reads
             from a document's record (``answer_span``: the generation's confidence reads its located answer span);
             default: the :class:`LayerStates` in the record's field.
+        traces: its per-position arrays in a document's trace (``probe_traces=true``), each with the record field it
+            reduces to (:class:`TraceField`; those over the response come from its position probe's ``per_position``).
+        applies: ``(model config) -> reason | None``: why the probe cannot run on a model of this (transformers)
+            config, checked before any weight loads (``None``: it can; not given: every model). Besides it, a
+            whole-forward capture the probe asks for may refuse the loaded model (an ``UnsupportedModelError``). Either
+            way ``probes=all`` skips the probe (one log line, ``probes_skipped`` in the results' config) and a probe
+            named explicitly refuses the run in one line.
     """
 
     name: str
@@ -623,6 +698,8 @@ class Probe:
     default_enabled: bool = False
     feed_states: Callable[..., LayerStates | None] | None = None
     record: type | None = None
+    traces: tuple[TraceField, ...] = ()
+    applies: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         record = self.record
@@ -670,6 +747,10 @@ class Probe:
             if row.family != "probe":
                 raise ProbeRegistrationError(f"probe {name!r}, row {row.name!r}: a probe's own rows are of family "
                                              f"'probe' (got {row.family!r}; rows of other families go in feeds)")
+        for trace in self.traces:
+            if not isinstance(trace, TraceField) or trace.field not in self.fields:
+                raise ProbeRegistrationError(f"probe {name!r}: trace {trace!r} must be a TraceField reducing to one of "
+                                             f"its fields {self.fields}")
         if self.ranked is not None and self.ranked not in self.fields:
             raise ProbeRegistrationError(f"probe {name!r}: ranked field {self.ranked!r} is not in its fields {self.fields}")
         if (self.rows or self.feeds) and self.position_probe is None:
@@ -678,6 +759,10 @@ class Probe:
                 "(give position_probe)")
         if self.position_probe is not None and not callable(self.position_probe):
             raise ProbeRegistrationError(f"probe {name!r}: position_probe must be callable (options, num_layers)")
+
+    def unsupported(self, config: Any) -> str | None:
+        """Why the probe cannot run on a model of ``config`` (:attr:`applies`), or ``None``."""
+        return None if self.applies is None else self.applies(config)
 
     def row(self, value: str) -> Row:
         """Its first row of per-document value kind ``value`` (``float``: its headline row; ``vector``, ``support``)."""
@@ -693,11 +778,12 @@ class Probe:
             return ()
         return (
             Row(f"{self.name}_spearman", "ranked", "probe_spearman", True, "difficulty",
-                f"Spearman ρ of {self.ranked_text or self.ranked} with the document's difficulty label", self.ranked),
+                f"Spearman ρ of {self.ranked_text or self.ranked} with the document's difficulty label", self.ranked,
+                bounds=CORRELATION),
             Row(f"{self.name}_spearman_partial", "partial", "probe_partial_spearman", True, "difficulty",
-                f"{self.name}_spearman with response length partialled out", self.ranked),
+                f"{self.name}_spearman with response length partialled out", self.ranked, bounds=CORRELATION),
             Row(f"{self.name}_spearman_partial_prompt", "partial", "probe_partial_spearman", True, "difficulty",
-                f"{self.name}_spearman with prompt length partialled out", self.ranked),
+                f"{self.name}_spearman with prompt length partialled out", self.ranked, bounds=CORRELATION),
         )
 
     def default_options(self) -> ProbeOptions:

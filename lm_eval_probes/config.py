@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -26,13 +27,17 @@ from lm_eval_probes.api import (
     unknown_message,
 )
 
-__all__ = ["GEN_CAPTURE_MODES", "ProbeConfig", "default_probes", "join_probe_names", "parse_probe_list",
+__all__ = ["GEN_CAPTURE_MODES", "ProbeConfig", "UnsupportedProbeError", "default_probes", "join_probe_names", "parse_probe_list",
            "split_model_args", "unknown_message"]
 
 GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
 
 _LIST_SEPARATORS = LIST_SEPARATORS
 _as_int, _as_float, _as_flag, _parse_window = as_int, as_float, as_flag, as_range  # the options' own parsers
+
+
+class UnsupportedProbeError(ValueError):
+    """A probe named explicitly in ``probes`` cannot run on this model (the message says which and why)."""
 
 
 def default_probes() -> tuple[str, ...]:
@@ -59,6 +64,10 @@ class WrapperOptions(ProbeOptions):
     chunk_positions: int = option(
         64, "positions read out through the logit lens at once (about six chunk · V float32 buffers)",
         key="probe_chunk_positions")
+    traces: bool = option(
+        False, "write a per-token trace into each document of the samples (--log_samples): the response's tokens, "
+               "their log-probabilities and every enabled probe's per-position values, rounded to 4 significant digits",
+        key="probe_traces")
 
     def __post_init__(self) -> None:
         if self.chunk_positions < 1:
@@ -77,14 +86,20 @@ class ProbeConfig:
             forward over prompt + generated ids).
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``); bounds the memory
             of the logit lens to about six ``chunk · V`` float32-sized buffers.
+        traces: whether each response carries its per-token trace (``probe_traces``; :func:`~lm_eval_probes.capture.
+            positions.PositionProbes.summarize`): part of the configuration's identity (``--use_cache`` tables).
         options: every registered probe's options (its :class:`~lm_eval_probes.api.ProbeOptions`, defaults where
             ``model_args`` sets none), by probe name: :meth:`options_of`.
+        every_applicable: ``probes=all``: a probe that cannot run on the model is skipped (:meth:`without`), not
+            refused.
     """
 
     probes: tuple[str, ...] = field(default_factory=default_probes)
     gen_capture: str = "generate"
     chunk_positions: int = 64
+    traces: bool = False
     options: Mapping[str, ProbeOptions] = field(default_factory=dict, hash=False)
+    every_applicable: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         known = registry.names()
@@ -109,6 +124,16 @@ class ProbeConfig:
                                  f"probes={'+'.join(self.probes) or 'none'})")
             filled[probe.name] = options
         object.__setattr__(self, "options", filled)
+
+    def without(self, skipped: Mapping[str, str]) -> ProbeConfig:
+        """This configuration without the probes ``skipped`` (name → why it cannot run on the model); under
+        ``probes=all`` only: a probe named explicitly that cannot run raises ``UnsupportedProbeError`` (one line)."""
+        if not skipped:
+            return self
+        if not self.every_applicable:
+            name, reason = next(iter(skipped.items()))
+            raise UnsupportedProbeError(f"probes={name}: {reason}")
+        return dataclasses.replace(self, probes=tuple(p for p in self.probes if p not in skipped))
 
     def options_of(self, probe: str) -> ProbeOptions:
         """The options of ``probe`` (enabled or not)."""
@@ -141,7 +166,9 @@ class ProbeConfig:
         wrapper = WrapperOptions.parse("", per_owner.pop(None, {}))
         options = {name: registry.probe(name).options.parse(name, values) for name, values in per_owner.items()}
         kwargs: dict[str, Any] = {"probes": probes} if probes is not None else {}
-        return cls(**kwargs, gen_capture=wrapper.gen_capture, chunk_positions=wrapper.chunk_positions, options=options)
+        every = parse_probe_list(args["probes"], expand_all=False) == ("all",) if "probes" in args else False
+        return cls(**kwargs, gen_capture=wrapper.gen_capture, chunk_positions=wrapper.chunk_positions,
+                   traces=wrapper.traces, options=options, every_applicable=every)
 
     @staticmethod
     def option_help() -> list[tuple[str, str, str, str | None]]:
@@ -191,7 +218,7 @@ def join_probe_names(model_args: str) -> str:
     return ",".join(items)
 
 
-def parse_probe_list(value: Any) -> tuple[str, ...]:
+def parse_probe_list(value: Any, *, expand_all: bool = True) -> tuple[str, ...]:
     """``"tcb,bte"``, ``"tcb+bte"``, ``"[tcb,bte]"``, ``["tcb", "bte"]``, ``"none"`` → a tuple of names.
 
     The plain ``lm_eval`` CLI splits ``--model_args`` on top-level commas, so there ``probes=tcb+bte``
@@ -212,6 +239,6 @@ def parse_probe_list(value: Any) -> tuple[str, ...]:
     names = tuple(str(item).strip().lower() for item in items if str(item).strip())
     if names in ((), ("none",)):
         return ()
-    if names == ("all",):
+    if names == ("all",) and expand_all:
         return registry.names()
     return names

@@ -123,6 +123,10 @@ class ResponseProbe:
         trajectory_steps: masked-diffusion generation only: the steps (0-based, increasing) at which
             ``trajectory_token_logprobs`` were read: :func:`~lm_eval_probes.models.diffusion_decoding.trajectory_steps` of
             :data:`~lm_eval_probes.declarations.TRAJECTORY_PERCENTS` (the last one is ``denoising_steps − 1``).
+        trace: ``probe_traces=true``: the response's per-token trace (JSON-native: the response's ``tokens``, their
+            ``logprob``, each enabled probe's per-position arrays by :class:`~lm_eval_probes.api.TraceField` name, and
+            the first attention layer's margins over the sequence with its ``sequence_tokens``), values rounded to 4
+            significant digits (:func:`trace_values`); ``None`` without traces.
         trajectory_token_logprobs: masked-diffusion generation only: one tuple per ``trajectory_steps`` entry,
             each response token's log-probability of its final token under that step's forward, whether the
             position was still masked or already revealed (calibration along the denoising trajectory). At a
@@ -143,6 +147,7 @@ class ResponseProbe:
     denoising_steps: int | None = None
     trajectory_steps: tuple[int, ...] | None = None
     trajectory_token_logprobs: tuple[tuple[float, ...], ...] | None = None
+    trace: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __init__(self, n_tokens: int, mean_token_logprob: float, **values: Any) -> None:
         owners = field_owners()
@@ -205,6 +210,9 @@ class ResponseProbe:
         for f in fields(self):
             if f.name == "by_probe":
                 out.update((name, _json_native(self.get(name))) for name in declared_fields())
+            elif f.name == "trace":  # only where traced (the form of a record without one is unchanged)
+                if self.trace is not None:
+                    out["trace"] = dict(self.trace)
             else:
                 out[f.name] = _json_native(getattr(self, f.name))
         return out
@@ -218,12 +226,24 @@ class ResponseProbe:
             raise ValueError(f"unknown ResponseProbe fields: {sorted(unknown)}")
         values: dict[str, Any] = {}
         for name, value in data.items():
+            if name == "trace":
+                values[name] = value
+                continue
             if isinstance(value, dict):  # the only mapping a record holds: hidden states (LayerStates.to_dict)
                 value = LayerStates.from_dict(value)
             elif isinstance(value, list):
                 value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
             values[name] = value
         return cls(**values)
+
+
+TRACE_DIGITS = 4
+"""Significant digits of the values of a trace."""
+
+
+def trace_values(values: Sequence[float]) -> list[float | None]:
+    """Numbers rounded to :data:`TRACE_DIGITS` significant digits (a non-finite one: ``None``, JSON ``null``)."""
+    return [float(f"{v:.{TRACE_DIGITS}g}") if v == v and abs(v) != float("inf") else None for v in map(float, values)]
 
 
 def _json_native(value: Any) -> Any:

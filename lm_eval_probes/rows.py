@@ -113,12 +113,18 @@ def support_mean(items: Iterable[Any]) -> float:
     return vector_mean(item.get("margins") if isinstance(item, dict) else None for item in items)
 
 
+def traced(items: Iterable[Any]) -> float:
+    """The number of documents with a trace (``probe_traces=true``)."""
+    return float(sum(1 for item in items if isinstance(item, Mapping)))
+
+
 AGGREGATIONS: dict[str, Callable[..., Any]] = {
     "probe_vector_mean": undefined_as_none(vector_mean),
     "probe_support_mean": undefined_as_none(support_mean),
     "probe_spearman": undefined_as_none(spearman_score),
     "probe_partial_spearman": undefined_as_none(partial_spearman_score),
     "probe_count": count,
+    "probe_traced": traced,
     **{f"probe_{name}": undefined_as_none(fn) for name, fn in CALIBRATION_ROWS.items()},
 }
 """The plugin's registered aggregations (``mean`` is lm_eval's own, with its closed-form stderr)."""

@@ -3,8 +3,8 @@ manager that does it for every task it loads (also the one lm_eval's CLI builds 
 
 The lm_eval internals used: ``ConfigurableTask``'s instance layout (the ``__class__`` swap needs
 :class:`~lm_eval_probes.tasks.probe_task.ProbeResults` to add none), its ``_aggregation_list`` and
-``_higher_is_better`` (filled by ``ProbeResults._add_probe_metrics``), ``TaskManager.load`` and the CLI's lookup of
-``lm_eval.tasks.TaskManager`` (:func:`every_task_probed`).
+``_higher_is_better`` (filled by ``ProbeResults._add_probe_metrics``), ``TaskManager.load`` (``load_task_or_group``
+in 0.4.10 and 0.4.11) and the CLI's lookup of ``lm_eval.tasks.TaskManager`` (:func:`every_task_probed`).
 """
 
 from __future__ import annotations
@@ -64,11 +64,32 @@ class ProbeTaskManager(TaskManager):
     def load(self, task_list: Any) -> Any:
         loaded = super().load(task_list)
         for name, task in loaded["tasks"].items():
-            if isinstance(task, ConfigurableTask):
-                with_probe_metrics(task)
-            else:
-                eval_logger.warning("task %s is not a ConfigurableTask: no probe rows", name)
+            _probe(name, task)
         return loaded
+
+    def load_task_or_group(self, *args: Any, **kwargs: Any) -> Any:
+        """lm_eval 0.4.10 and 0.4.11 (no ``load``; their ``get_task_dict`` calls this): the nested dict of groups and
+        tasks, every task in it probed. Later releases wrap ``load`` here (deprecated), which probes them already."""
+        loaded = super().load_task_or_group(*args, **kwargs)
+        for name, task in _nested_tasks(loaded):
+            _probe(name, task)
+        return loaded
+
+
+def _probe(name: Any, task: Any) -> None:
+    if isinstance(task, ConfigurableTask):
+        with_probe_metrics(task)
+    else:
+        eval_logger.warning("task %s is not a ConfigurableTask: no probe rows", name)
+
+
+def _nested_tasks(loaded: dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    """``(name, task)`` of every task in lm_eval's nested ``{group: {name: task, …}, name: task}`` dict."""
+    for name, value in loaded.items():
+        if isinstance(value, dict):
+            yield from _nested_tasks(value)
+        else:
+            yield name, value
 
 
 @contextmanager

@@ -43,6 +43,7 @@ from lm_eval_probes.declarations import (
     PROMPT_LENGTH_SPEARMAN,
     RESPONSE_TOKENS,
     REVEAL_STEP,
+    TRACE,
     TRAJECTORY_PERCENTS,
     TRAJECTORY_ROWS,
 )
@@ -207,6 +208,8 @@ class ProbeResults(Task):
         probe, confidence, answer_span, chosen = response
         declared = self.difficulty_source is not None
         values.update(probe_metric_values(probe, confidence, self.difficulty(doc) if declared else None, declared=declared))
+        if probe.trace is not None:
+            values[TRACE.name] = dict(probe.trace)
         if probe.token_ends is not None and self.confidence_source == "answer" and not probe.empty:
             values[ANSWER_UNLOCATED.name] = int(probe.answer_span is None)
         reveal_step = estimators.answer_reveal_step(probe, whole=self.confidence_source == "generation")

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random causal LMs (built from configs) with an offline byte-level BPE tokenizer, one
+"""Shared fixtures: tiny random causal LMs (built from configs by ``tiny_models.py``) with an offline byte-level BPE tokenizer, one
 index per packaged task folder for the whole session, command lines run in this process, and the runs in a fresh
 interpreter started in the background when the session starts."""
 
@@ -13,93 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-TINY_ARCHS = ("llama", "qwen2", "gpt2", "gemma3_text")
-
-_CORPUS = [
-    "Question: Mia has 7 apples. She buys 5 more apples. How many apples does Mia have now? Answer: 12",
-    "Anne is kind. If someone is kind then they are smart. Anne is smart. True False",
-    "The bear is red. The cat is big. All smart people are quiet. The answer is 42.",
-    "0 1 2 3 4 5 6 7 8 9 10 11 12 + - * / = ? . , : ; ( ) \n\n Question Answer True False",
-]
-
-
-def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=360,
-        special_tokens=["<|endoftext|>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>"
-    )
-
-
-def tiny_config(arch: str, vocab_size: int, *, eos: int, pad: int):
-    import transformers as tf
-
-    common = dict(vocab_size=vocab_size, initializer_range=0.25, eos_token_id=eos, bos_token_id=eos, pad_token_id=pad)
-    if arch == "llama":
-        return tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              num_key_value_heads=2, max_position_embeddings=512, **common)
-    if arch == "qwen2":
-        return tf.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                              num_key_value_heads=2, max_position_embeddings=512, **common)
-    if arch == "gpt2":
-        return tf.GPT2Config(n_embd=32, n_layer=3, n_head=4, n_positions=512, **common)
-    if arch == "gemma3_text":
-        return tf.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                                   sliding_window=16, final_logit_softcapping=5.0, **common)
-    raise ValueError(arch)
-
-
-def save_tiny_bert(folder: Path, *, seed: int, special_tokens: dict) -> str:
-    """A tiny random BERT masked LM (2 layers, width 32) with the tests' tokenizer plus ``special_tokens``, saved
-    into ``folder``: the bidirectional model of the diffusion tests."""
-    import transformers as tf
-
-    tokenizer = build_tokenizer()
-    tokenizer.add_special_tokens(special_tokens)
-    config = tf.BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-                           initializer_range=0.3)
-    torch.manual_seed(seed)
-    model = tf.AutoModelForMaskedLM.from_config(config).eval()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+from tiny_models import TINY_ARCHS, build_tokenizer, save_tiny_bert, save_tiny_model, tiny_config  # noqa: F401  (the tests import them from here too)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
     """``tiny_model_dir(arch)`` → a folder with a saved tiny random model + tokenizer (made once per arch)."""
-    import transformers as tf
-
     made: dict[str, str] = {}
 
     def make(arch: str = "llama") -> str:
         if arch not in made:
-            tokenizer = build_tokenizer()
-            config = tiny_config(arch, len(tokenizer), eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
-            torch.manual_seed(sum(map(ord, arch)))
-            model = tf.AutoModelForCausalLM.from_config(config)
-            with torch.no_grad():  # query/key norms start at the identity: give them weights, so tests see what they do
-                for name, param in model.named_parameters():
-                    if name.endswith(("q_norm.weight", "k_norm.weight")):
-                        param.add_(0.3 * torch.randn_like(param))
-            model.eval()
-            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-            made[arch] = str(folder)
+            made[arch] = save_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}"), arch)
         return made[arch]
 
     return make
@@ -209,8 +133,9 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> C
 
 # ----------------------------------------------------------------------------------- fresh interpreters
 
-FreshCommand = Callable[[Callable[[str], str], Path], tuple[list[str], dict[str, str]]]
-"""``(tiny_model_dir, folder) -> (argv, environment)``: a command to run in ``folder`` (its working directory)."""
+FreshCommand = Callable[[Callable[[str], str], Path], "tuple[list[str], dict[str, str]] | tuple[list[str], dict[str, str], Path]"]
+"""``(tiny_model_dir, folder) -> (argv, environment[, working directory])``: a command to run in ``folder``, or in the
+working directory it gives (e.g. a clone's root)."""
 
 _FRESH_COMMANDS: dict[str, FreshCommand] = {}
 
@@ -236,16 +161,17 @@ class FreshProcesses:
         self._running: list[subprocess.Popen] = []
         self._deferred: dict[str, Callable[[], None]] = {}
 
-    def start(self, name: str, argv: list[str], folder: Path, env: dict[str, str], timeout: float = 600) -> None:
-        self._runs[name] = (self._executor.submit(self._run, argv, folder, env, timeout), folder)
+    def start(self, name: str, argv: list[str], folder: Path, env: dict[str, str], timeout: float = 600, *,
+              cwd: Path | None = None) -> None:
+        self._runs[name] = (self._executor.submit(self._run, argv, cwd or folder, env, timeout), folder)
 
     def defer(self, name: str, start: Callable[[], None]) -> None:
         """Start ``name`` only when a test asks for its result (a pytest-xdist worker: the other core is busy with
         the other worker's tests, and only the worker that runs the test needs the run)."""
         self._deferred[name] = start
 
-    def _run(self, argv: list[str], folder: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        with subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def _run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as process:
             self._running.append(process)
             try:
@@ -298,8 +224,8 @@ def fresh_processes(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 
     def start(name: str) -> None:
         folder = tmp_path_factory.mktemp(name)
-        argv, env = _FRESH_COMMANDS[name](model_dir, folder)
-        runs.start(name, argv, folder, env)
+        argv, env, *cwd = _FRESH_COMMANDS[name](model_dir, folder)
+        runs.start(name, argv, folder, env, cwd=cwd[0] if cwd else None)
 
     for name in wanted:
         if os.environ.get("PYTEST_XDIST_WORKER"):

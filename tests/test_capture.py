@@ -247,15 +247,50 @@ def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
             assert readout.logit_softcap == 5.0
 
 
-def test_unsupported_architecture_fails_clearly():
+def test_parts_found_by_convention_or_override():
+    """OPT keeps its final norm one level down (its ARCHITECTURES row); GPT-1 has no final norm (post-norm blocks):
+    refused in one line naming the model type."""
     import transformers as tf
 
-    from lm_eval_probes.capture.readouts import UnsupportedModelError
+    from lm_eval_probes.capture.readouts import UnsupportedModelError, check_lens
 
-    model = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
-                                           num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32))
-    with pytest.raises(UnsupportedModelError, match=r"model_type 'opt'.*Supported: gemma, gemma2"):
-        LensReadout(model)
+    torch.manual_seed(0)
+    opt = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, ffn_dim=32,
+                                         num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32)).eval()
+    readout = LensReadout(opt)
+    assert readout.final_norm is opt.model.decoder.final_layer_norm and readout.num_layers == 2
+    assert check_lens(opt, readout) < 1e-4
+    gpt1 = tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    with pytest.raises(UnsupportedModelError, match=r"^model_type 'openai-gpt': .* no final norm"):
+        LensReadout(gpt1)
+
+
+@pytest.mark.parametrize("attribute, value", [("logit_scale", 0.5), ("logits_scaling", 4.0), ("lm_head_multiplier", 3.0),
+                                              ("final_logit_softcapping", 2.0)])
+def test_logit_transforms_read_from_the_config(tiny_model_dir, attribute, value):
+    """Cohere multiplies the logits by ``logit_scale``, Granite divides them by ``logits_scaling``, Falcon-H1 multiplies
+    them by ``lm_head_multiplier``, Gemma soft-caps them: the lens reads each from the config and reproduces the
+    model's log-probabilities; a lens that misses one is refused at load, naming the model type and the mismatch."""
+    import transformers as tf
+
+    from lm_eval_probes.capture.readouts import UnsupportedModelError, check_lens
+
+    family = {"logit_scale": "cohere", "logits_scaling": "granite", "lm_head_multiplier": "falcon_h1",
+              "final_logit_softcapping": "gemma2"}[attribute]
+    extra = {"falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=8),
+             "gemma2": dict(head_dim=8)}.get(family, {})
+    config = tf.AutoConfig.for_model(family, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, **{attribute: value}, **extra)
+    torch.manual_seed(1)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert (readout.logit_softcap if attribute == "final_logit_softcapping" else readout.logit_scale) == pytest.approx(
+        1 / value if attribute == "logits_scaling" else value)
+    readout.logit_scale, readout.logit_softcap = 1.0, None  # a lens that misses the transform
+    with pytest.raises(UnsupportedModelError, match=rf"^model_type '{family}': the logit lens .* differs from the "
+                                                    r"model's own log-probabilities by up to [0-9.e-]+ \(allowed"):
+        check_lens(model, readout)
 
 
 HALF_PRECISION_CLASS = {"bfloat16": 0.1, "float16": 0.02}
@@ -402,7 +437,9 @@ def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
     want = position_probes(states, readout, config).summarize(0, 4)
     got = position_probes([h if layer in layers else None for layer, h in enumerate(states)], readout, config)
     got = got.summarize(0, 4)
-    assert (got.get("tcb_log10_mean"), got.get("bte_energy")) == (want.get("tcb_log10_mean"), want.get("bte_energy"))
+    # the lens may group other layers into one product (another shape): equal to float32 rounding, not bitwise
+    for field in ("tcb_log10_mean", "bte_energy"):
+        assert got.get(field) == pytest.approx(want.get(field), rel=1e-5, abs=1e-7), field
     np.testing.assert_array_equal(got.get("answer_states").values, want.get("answer_states").values)
     readers = [h if layer in read_layers(num_layers, config, lens=False) else None for layer, h in enumerate(states)]
     assert position_probes(readers, readout, config, lens=False).summarize(0, 4).get("tcb_log10_mean") is None

@@ -19,6 +19,8 @@ from scipy import stats
 import lm_eval_probes
 from conftest import fresh_command
 
+REPO = Path(__file__).resolve().parents[1]
+"""The clone's root."""
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 needs_regular_install = pytest.mark.skipif(
     importlib.util.find_spec("_lm_eval_probes_autoload") is None,
@@ -39,12 +41,14 @@ def _not_json(token: str) -> None:
 
 
 @fresh_command
-def plain_lm_eval(tiny_model_dir, folder: Path) -> tuple[list[str], dict[str, str]]:
+def plain_lm_eval(tiny_model_dir, folder: Path) -> tuple[list[str], dict[str, str], Path]:
+    """``python -m lm_eval`` run from the clone's root, where the source folder ``lm_eval_probes/`` comes before the
+    installed package on ``sys.path`` (its ``metrics``/``tasks`` are the root's folders)."""
     return [sys.executable, "-m", "lm_eval", "run", "--model", "hf-probes",
             "--model_args", f"pretrained={tiny_model_dir('llama')},probes=all",
             "--tasks", "probes_synth_logic", "--include_path", lm_eval_probes.TASKS_DIR,
             "--limit", "12", "--device", "cpu", "--batch_size", "4", "--output_path", str(folder / "out"),
-            "--log_samples"], ENV
+            "--log_samples"], ENV, REPO
 
 
 @needs_regular_install

@@ -47,7 +47,7 @@ def test_probe_options_come_from_each_probes_declaration():
     from lm_eval_probes.registry import probes
 
     rows = {f"{key}={shown}": text for key, shown, text, _ in ProbeConfig.option_help()}
-    declared = ["probe_gen_capture", "probe_chunk_positions"] + [
+    declared = ["probe_gen_capture", "probe_chunk_positions", "probe_traces"] + [
         key for probe in probes() for key in probe.options.keys(probe.name)]
     assert [key.split("=")[0] for key in rows] == declared
     assert all(summary for summary in rows.values()), "every option needs a help text"
@@ -137,7 +137,7 @@ def _lm_eval_logger_output(monkeypatch):
 def test_repeated_lm_eval_notices_are_folded_inside_the_cli_context_only(monkeypatch):
     import logging
 
-    from lm_eval_probes.cli.console import tidy_console
+    from lm_eval_probes.terminal.console import tidy_console
 
     handler, stream = _lm_eval_logger_output(monkeypatch)
     task_logger, sweep_logger = logging.getLogger("lm_eval.api.task"), logging.getLogger("lm_eval_probes.sweep")
@@ -165,7 +165,7 @@ def test_warnings_name_the_pair_and_the_row_not_a_site_packages_path(monkeypatch
     from lm_eval import evaluator_utils
 
     from lm_eval_probes.sweep import runner as sweep
-    from lm_eval_probes.cli.console import tidy_console
+    from lm_eval_probes.terminal.console import tidy_console
     from lm_eval_probes.probes.correlation import spearman_score
 
     # the frames the origin is read from: lm_eval 0.4.13's aggregation loop and the sweep's pair
@@ -202,7 +202,7 @@ def test_importing_the_clis_changes_no_logging_or_warnings():
     import subprocess
 
     code = ("import logging, warnings; show = warnings.showwarning; "
-            "import lm_eval_probes.cli.demo, lm_eval_probes.sweep, lm_eval_probes.cli.console; "
+            "import lm_eval_probes.cli.demo, lm_eval_probes.sweep, lm_eval_probes.terminal.console; "
             "print(warnings.showwarning is show, logging.getLogger().handlers, logging.getLogger('lm_eval').filters)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

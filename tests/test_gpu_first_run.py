@@ -12,8 +12,15 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_first_run.sh"
 
 
 def test_the_gpu_script_dry_run_writes_its_table(tmp_path):
+    """The dry run needs the package's runtime dependencies alone: a ``pytest`` that cannot be imported (a module of
+    that name that raises, first on ``PYTHONPATH``) changes nothing."""
     out = tmp_path / "gpu.md"
-    env = {**os.environ, "PYTHON": sys.executable}
+    blocked = tmp_path / "no-pytest"
+    for name in ("pytest", "_pytest"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text("raise ImportError('pytest is not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(blocked), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": path}
     done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

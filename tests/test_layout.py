@@ -100,6 +100,35 @@ def test_no_import_cycles_not_even_inside_functions():
             visit(name, [])
 
 
+def _package(module: str) -> str:
+    """The package a module belongs to: ``lm_eval_probes.<first level>`` (a top-level module is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles_between_packages():
+    """Packages import one way too (lazy imports included): the front ends (``cli``, ``__main__``) sit above
+    ``sweep`` and ``probe_run``, which sit above ``terminal``; no package reaches one that reaches it back."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        for other in _lm_eval_probes_imports(path, set(paths)):
+            if _package(other) not in (_package(name), "lm_eval_probes"):
+                graph.setdefault(_package(name), set()).add(_package(other))
+    assert "lm_eval_probes.terminal" in graph["lm_eval_probes.sweep"]  # the graph sees lazy and package imports
+    assert "lm_eval_probes.sweep" in graph["lm_eval_probes.cli"]
+    reach = {package: set(others) for package, others in graph.items()}
+    grown = True
+    while grown:  # the transitive closure
+        grown = False
+        for package, others in reach.items():
+            more = set().union(*(reach.get(other, set()) for other in others)) - others
+            if more:
+                others |= more
+                grown = True
+    cycles = sorted(f"{a} ⇄ {b}" for a, others in reach.items() for b in others if a <= b and a in reach.get(b, ()))
+    assert not cycles, cycles
+
+
 def test_each_row_name_is_spelled_in_at_most_two_modules():
     """A row's name is written in its declaration and, at most, where its value is computed; everything else reads
     the declarations. Names that are also a probe's, a value kind's or a ProbeConfig option's are not counted."""
@@ -126,7 +155,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "lm_eval_probes.records", "lm_eval_probes.rows", "lm_eval_probes.metrics", "lm_eval_probes.estimators"),
     ("lm_eval_probes.capture",),
     ("lm_eval_probes.models", "lm_eval_probes.harness"),
-    ("lm_eval_probes.tasks",),
+    ("lm_eval_probes.tasks", "lm_eval_probes.terminal"),
     ("lm_eval_probes.reports", "lm_eval_probes.sweep", "lm_eval_probes.reproduce", "lm_eval_probes.cli",
      "lm_eval_probes.probe_run",
      "lm_eval_probes.__main__"),
@@ -280,3 +309,19 @@ def test_reports_and_reproduce_read_the_registry_when_they_run():
                         if called in REGISTRY_READERS:
                             offenders.append(f"{where}:{node.lineno} calls {called}() at import")
     assert not offenders, offenders
+
+
+def test_the_source_tree_imports_from_the_clones_root():
+    """Run in the clone's root (a notebook, ``python -m lm_eval …``), ``import lm_eval_probes`` finds the source folder
+    before any install: its ``metrics`` and ``tasks`` subpackages are the root's folders, as an install maps them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, lm_eval_probes, lm_eval_probes.rows, lm_eval_probes.metrics, lm_eval_probes.tasks.noise; "
+            "print(lm_eval_probes.__file__); print(lm_eval_probes.metrics.__file__); print(lm_eval_probes.TASKS_DIR); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(root / "lm_eval_probes" / "__init__.py"), str(root / "metrics" / "__init__.py"),
+                                   str(root / "tasks"), "False"]

@@ -116,3 +116,87 @@ def test_the_check_imports_neither_torch_nor_lm_eval():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+LLADA_CONFIG = ('{"model_type": "llada", "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", '
+                '"AutoModel": "modeling_llada.LLaDAModelLM"}}')
+
+
+def test_a_config_that_needs_its_repository_code_is_refused_without_the_users_word(tmp_path, monkeypatch):
+    """LLaDA and Dream map transformers' auto classes to their own code: the check names the option to add, and only
+    the user's ``trust_remote_code`` lets it through (nothing in the plugin sets it)."""
+    from lm_eval_probes.harness.pretrained import RemoteCodeNeeded
+
+    folder = tmp_path / "llada"
+    folder.mkdir()
+    (folder / "config.json").write_text(LLADA_CONFIG)
+    for given in (None, False, "False", "0"):
+        with pytest.raises(RemoteCodeNeeded) as error:
+            check_pretrained(str(folder), offline=True, trust_remote_code=given)
+        message = str(error.value)
+        assert "\n" not in message and "add trust_remote_code=True" in message and "'llada'" in message
+    assert issubclass(RemoteCodeNeeded, ModelNotFound)  # reported in one line wherever a missing model is
+    for given in (True, "True", "true", "1"):
+        check_pretrained(str(folder), offline=True, trust_remote_code=given)
+    known = tmp_path / "known"  # an auto_map beside a model type transformers knows: its own code is not needed
+    known.mkdir()
+    (known / "config.json").write_text('{"model_type": "llama", "auto_map": {"AutoConfig": "x.Y"}}')
+    check_pretrained(str(known), offline=True)
+    import huggingface_hub.constants  # a cached hub snapshot is read the same way
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = tmp_path / "hub" / "models--GSAI-ML--LLaDA-8B-Instruct" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(LLADA_CONFIG)
+    with pytest.raises(RemoteCodeNeeded, match="GSAI-ML/LLaDA-8B-Instruct"):
+        check_pretrained("GSAI-ML/LLaDA-8B-Instruct", offline=True)
+    check_pretrained("GSAI-ML/LLaDA-8B-Instruct", offline=True, trust_remote_code=True)
+
+
+def test_the_wrappers_and_the_preflight_refuse_remote_code_not_given(tmp_path, capsys):
+    from lm_eval_probes.__main__ import main
+    from lm_eval_probes.harness.pretrained import RemoteCodeNeeded
+    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+
+    folder = tmp_path / "llada"
+    folder.mkdir()
+    (folder / "config.json").write_text(LLADA_CONFIG)
+    with pytest.raises(RemoteCodeNeeded, match="add trust_remote_code=True"):
+        DiffusionProbeHFLM(pretrained=str(folder), device="cpu")  # before any weight loads
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--model", "hf-probes-diffusion", "--model_args", f"pretrained={folder}",
+              "--tasks", "probes_synth_logic"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "add trust_remote_code=True" in err[0], err
+
+
+def test_nothing_in_the_package_turns_remote_code_on():
+    """No keyword argument, dict entry or item assignment of the package gives ``trust_remote_code`` a true constant
+    (``lm-eval-probes run --trust_remote_code`` passes the user's own flag on; messages may name the option)."""
+    import ast
+
+    import lm_eval_probes
+
+    def truthy(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and str(node.value).strip().lower() in ("true", "1", "yes", "on")
+
+    def named(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value == "trust_remote_code"
+
+    package = Path(lm_eval_probes.__file__).parent
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "trust_remote_code" and truthy(node.value):
+                found.append(f"{path.name}:{node.value.lineno}")
+            elif isinstance(node, ast.Dict):
+                found += [f"{path.name}:{key.lineno}" for key, value in zip(node.keys, node.values)
+                          if named(key) and truthy(value)]
+            elif isinstance(node, ast.Assign) and truthy(node.value):
+                found += [f"{path.name}:{node.lineno}" for target in node.targets
+                          if isinstance(target, ast.Subscript) and named(target.slice)]
+    assert not found, found
+    code = "{'model_defaults': {'hf-probes-diffusion': {'trust_remote_code': 'True'}}}"  # what the test catches
+    assert any(named(k) and truthy(v) for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Dict)
+               for k, v in zip(n.keys, n.values))

@@ -132,6 +132,10 @@ def test_hnorm_in_results_samples_help_and_report(hnorm_installed, tiny_model_di
     page = (tmp_path / "report" / "index.html").read_text()
     assert "hnorm" in (tmp_path / "report" / "leaderboard.md").read_text()
     assert "mean L2 norm of the last hidden state over the response positions" in page
+    (export,) = (tmp_path / "report" / "every_eval_ever").rglob("*.json")  # its declared bounds: a norm, 0 or more
+    (hnorm,) = [r["metric_config"] for r in json.loads(export.read_text())["evaluation_results"]
+                if r["metric_config"]["metric_name"] == "hnorm"]
+    assert (hnorm["min_score"], hnorm["max_score"]) == (0.0, "Infinity")
 
 
 # ----------------------------------------------------------------------------- no silent probe
@@ -188,6 +192,14 @@ def _probe(**overrides) -> Probe:
 def test_a_probe_that_cannot_produce_its_rows_is_refused(overrides, message):
     with pytest.raises(ProbeRegistrationError, match=message):
         _probe(**overrides)
+
+
+def test_a_rows_bounds_default_to_unbounded_and_must_be_an_interval():
+    assert Row("toy", "float", "mean", True, "probe", "x", "toy_value").bounds == (-math.inf, math.inf)
+    assert Row("toy", "float", "mean", True, "probe", "x", "toy_value", bounds=(0, math.inf)).bounds == (0.0, math.inf)
+    for bad in ((1.0, 0.0), (0.5, 0.5), (0.0, math.nan), (0.0,), (0.0, "1"), (False, 1.0), None):
+        with pytest.raises(ValueError, match=r"row 'toy': bounds must be \(low, high\)"):
+            Row("toy", "float", "mean", True, "probe", "x", "toy_value", bounds=bad)
 
 
 def test_row_names_clash_with_another_probes_and_the_plugins_own_rows():

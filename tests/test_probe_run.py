@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -271,10 +272,14 @@ def test_a_killed_run_resumes_per_document(runs, tmp_path, monkeypatch):
 def test_limit_and_samples_files(runs, tmp_path):
     run = copy_run(runs, tmp_path)
     [samples] = run.rglob(f"samples_{MC_TASK}_*.jsonl")
-    probe_run(options(runs, samples, tmp_path / "out", limit=4))
+    probe_run(options(runs, samples, tmp_path / "out", limit=4, model_args={"probe_traces": "true"}))
     results = results_of(tmp_path / "out")
     assert list(results["results"]) == [MC_TASK] and results["n-samples"][MC_TASK]["effective"] == 4
-    assert [s["doc_id"] for s in samples_of(tmp_path / "out", MC_TASK)] == [0, 1, 2, 3]
+    written = samples_of(tmp_path / "out", MC_TASK)
+    assert [s["doc_id"] for s in written] == [0, 1, 2, 3]
+    for sample in written:  # probe_traces=true: the trace of an option (the one the task reads), as logged
+        total = math.fsum(sample["trace"]["logprob"])
+        assert min(abs(total - float(resp[0])) for resp in sample["filtered_resps"]) <= 1e-3
     logged = read_run([run], tasks=[GEN_TASK])
     assert list(logged.tasks) == [GEN_TASK] and sorted(logged.tasks[GEN_TASK].documents) == list(range(LIMIT))
 

@@ -435,6 +435,14 @@ def test_the_exports_of_real_runs(report):
             assert all(isinstance(row["response"], str) and row["prompt_hash"] for row in table)
     files = sorted((out / "every_eval_ever").rglob("*.json"))
     assert len(files) == sum(len(m.tasks) for m in built.models)
+    bounded = 0
+    for path in files:  # every metric declares both bounds (every-eval-ever's validator requires them) and keeps to them
+        for result in json.loads(path.read_text())["evaluation_results"]:
+            config, score = result["metric_config"], result["score_details"]["score"]
+            low, high = (float(bound) for bound in (config["min_score"], config["max_score"]))  # "-Infinity" → -inf
+            assert low <= score <= high, (path.name, config["metric_name"], low, score, high)
+            bounded += math.isfinite(low) + math.isfinite(high)
+    assert bounded > 0
     schemas = every_eval_ever_schemas()
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed") if schemas else None
     if schemas is None:
@@ -596,3 +604,19 @@ def test_page_renders_in_headless_chromium(report, tmp_path):
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
     assert any("page-check done" in line for line in console), proc.stderr[-3000:]
     assert not [line for line in console if "page-check done" not in line], console
+
+
+def test_probes_skipped_are_shown_on_the_report(runs, tmp_path):
+    """A run's ``probes_skipped`` (results' config) is listed under its model in the Markdown and HTML pages."""
+    import shutil as _shutil
+
+    copy = tmp_path / "c"
+    _shutil.copytree(runs["c"], copy)
+    path, data = results_json(copy)
+    data["config"]["probes_skipped"] = {"margin": "model_type 'gpt2' is not one of llama"}
+    path.write_text(json.dumps(data))
+    build_report([copy], tmp_path / "out", n_resamples=20, seed=1)
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "## Probes skipped" in markdown and "probe margin — model_type 'gpt2' is not one of llama" in markdown
+    page = next((tmp_path / "out").glob("*.html")).read_text()
+    assert "probe margin skipped (probes=all): model_type &#39;gpt2&#39; is not one of llama" in page

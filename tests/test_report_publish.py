@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import zipfile
 from pathlib import Path
 
@@ -219,6 +220,7 @@ def test_every_eval_ever_aggregate_fields_and_types(export_report):
     assert isinstance(ece["score_details"]["uncertainty"]["num_bootstrap_samples"], int)
     acc = by_metric["acc"]
     assert acc["metric_config"]["lower_is_better"] is False and acc["score_details"]["uncertainty"]["standard_error"]["value"] > 0
+    assert (acc["metric_config"]["min_score"], acc["metric_config"]["max_score"]) == (0.0, 1.0)
     assert all(isinstance(v, str) for r in record["evaluation_results"]
                for v in r["generation_config"]["additional_details"].values())
     pointer = record["detailed_evaluation_results"]
@@ -232,6 +234,16 @@ def test_every_eval_ever_aggregate_fields_and_types(export_report):
     original = {str(s["doc_id"]): s for s in model.tasks["t"].samples}
     assert json.loads(line["metadata"]["probe.ece"]) == original[line["sample_id"]]["ece"]
     assert json.loads(line["metadata"]["probe.confidence"]) == original[line["sample_id"]]["confidence"]
+
+
+def test_every_eval_ever_bounds_are_the_declarations_in_strict_json():
+    from lm_eval_probes.reports.every_eval_ever import json_bound, metric_bounds
+
+    assert metric_bounds("prr") == (-math.inf, 1.0) and metric_bounds("tcb_spearman_partial") == (-1.0, 1.0)
+    assert metric_bounds("bte_energy") == (0.0, math.log(2)) and metric_bounds("tcb_log10") == (-math.inf, math.inf)
+    assert metric_bounds("perplexity") == (1.0, math.inf)  # lm_eval's, by its definition
+    assert metric_bounds("a_metric_nothing_declares") == (-math.inf, math.inf)
+    assert [json_bound(b) for b in (-math.inf, 0, math.inf)] == ["-Infinity", 0.0, "Infinity"]
 
 
 def test_every_eval_ever_files_validate_against_the_wheels_schemas(export_report):

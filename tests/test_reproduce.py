@@ -202,15 +202,30 @@ def test_calibration_with_the_diffusion_model(data_dir, tmp_path):
     claims, header = reproduce("calibration", variant="proofwriter-gen", model_args=args, data_dir=str(data_dir),
                                limit=12, out=tmp_path / "out", device="cpu", batch_size="8", n_resamples=100)
     assert header["model"] == "hf-probes-diffusion" and header["filter"] == "answer"
-    assert "trust_remote_code=True" in header["model_args"] and "probes=reader" in header["model_args"]
+    assert "trust_remote_code" not in header["model_args"] and "probes=reader" in header["model_args"]  # never set for you
     confidence = next(c for c in claims if c.claim == "mean confidence, clean")
     assert confidence.measured.value is not None and 0.0 <= confidence.measured.value <= 1.0
     assert math.isfinite(np.float64(confidence.measured.n_documents))
 
 
-def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path):
+def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path, monkeypatch):
+    """Four passes, four models built one after the other: no earlier one is alive when the next is built."""
+    import weakref
+
     import torch
     import transformers
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    alive: list[weakref.ref] = []
+    real_init = ProbeHFLM.__init__
+
+    def init(self, *args, **kwargs):
+        assert all(ref() is None for ref in alive), "an earlier pass's model is alive"
+        real_init(self, *args, **kwargs)
+        alive.extend([weakref.ref(self), weakref.ref(self.model)])
+
+    monkeypatch.setattr(ProbeHFLM, "__init__", init)
 
     tokenizer = build_tokenizer()  # six blocks, so that m = 5 leaves a layer to decode from
     config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=6,
@@ -223,6 +238,7 @@ def test_omega_end_to_end_over_four_focal_depths(data_dir, tmp_path):
     claims, header = reproduce("omega", variant="proofwriter", model_args=f"pretrained={tmp_path / 'model'}",
                                data_dir=str(data_dir), limit=12, out=tmp_path / "out", device="cpu", batch_size="8", n_resamples=100)
     assert set(header["passes"]) == {"m0", "m1", "m3", "m5"} and "probe_omega_depth=5" in header["passes"]["m5"]
+    assert len(alive) == 2 * 4
     for depth in ("m0", "m5"):  # one lm_eval output folder per pass
         assert next((tmp_path / "out" / "lm_eval" / depth).rglob("results_*.json"))
     rises = claims[0]

@@ -53,7 +53,8 @@ def test_row_table_is_consistent():
 
 def test_every_declared_row_appears_in_a_real_run_and_every_emitted_row_is_declared(tiny_model_dir, data_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=4, probes="all",  # omega is not default
-                   probe_bte_profile="full", probe_tcb_ablation=0.5)  # the depth profile row, the ablation rows
+                   probe_bte_profile="full", probe_tcb_ablation=0.5,  # the depth profile row, the ablation rows
+                   probe_traces="true")  # the trace row
     out = run(lm, [MC_TASK, GEN_TASK, DETECTOR_TASK], data_dir, limit=16)
     emitted: set[str] = set()
     for task, results in out["results"].items():

@@ -74,7 +74,8 @@ def test_a_second_run_appends_and_a_repeated_request_gets_its_own_key(tiny_model
     first = choice[0]
     prefix = f"{first.task_name}/{first.doc_id}/{first.idx}"
     assert {f"{prefix}/0/answer", f"{prefix}/1/answer", f"{prefix}/2/answer"} <= set(tensors)
-    np.testing.assert_array_equal(tensors[f"{prefix}/0/answer"], tensors[f"{prefix}/1/answer"])
+    # the same request in another place of a batch: the same states to float32 rounding (rows of a product may round apart)
+    np.testing.assert_allclose(tensors[f"{prefix}/0/answer"], tensors[f"{prefix}/1/answer"], rtol=1e-5, atol=1e-6)
 
 
 def test_save_states_needs_the_reader_and_changes_no_configuration_identity(tmp_path):

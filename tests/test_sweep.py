@@ -55,6 +55,9 @@ def test_config_file_defaults_and_relative_output_dir(tmp_path):
     assert config.tasks == ("probes_synth_logic", "probes_synth_arith") and config.seeds == (3, 3, 3, 3)
     assert config.model_args(config.models[0]) == {"pretrained": "p", "dtype": "float32", "probes": "tcb+bte+reader"}
     assert config.pairs() == [("m", "probes_synth_arith"), ("m", "probes_synth_logic")]
+    path.write_text("output_dir: out\nmodels:\n  - name: m\n    model_args: {pretrained: p, probe_traces: true}\n"
+                    "tasks: probes_synth_logic\n")
+    assert load_config(path).model_args(load_config(path).models[0])["probe_traces"] is True  # a model's traces
     path.write_text("models: [\n")
     with pytest.raises(SweepConfigError, match="not valid YAML"):
         load_config(path)
@@ -201,3 +204,45 @@ def test_demo_suites_build_valid_sweeps(tmp_path):
     assert model.model_args["probe_bte_profile"] == "full" and model.model_args["probe_omega_depth"] == "3"
     with pytest.raises(SystemExit, match="expected key=value"):
         demo.extra_model_args("probe_bte_profile")
+
+
+def test_a_sweep_holds_one_model_at_a_time_whatever_the_outcome(tiny_model_dir, tmp_path, monkeypatch):
+    """No earlier model (the wrapper or its torch module) is alive when the next one is built: after a done pair, a
+    failed pair, and a Ctrl-C followed by a resumed run in the same process. Weak references, no ``gc.collect()``
+    here: the sweep releases them itself."""
+    import weakref
+
+    from lm_eval_probes.sweep import runner
+    from lm_eval_probes.sweep.runner import SweepInterrupted
+
+    alive: list[tuple[str, weakref.ref]] = []
+    built: list[str] = []
+    real_load, real_evaluate = runner._load_model, runner._evaluate_pair
+
+    def load(config, model):
+        assert [name for name, ref in alive if ref() is not None] == [], f"alive while {model.name} is built"
+        lm = real_load(config, model)
+        built.append(model.name)
+        alive.extend([(model.name, weakref.ref(lm)), (f"{model.name} module", weakref.ref(lm.model))])
+        return lm
+
+    interrupted = []
+
+    def evaluate(config, lm, model, task, *args):
+        if model.name == "qwen2" and not interrupted:
+            interrupted.append(task)
+            raise KeyboardInterrupt
+        if model.name == "gpt2":
+            raise RuntimeError("this pair fails")
+        return real_evaluate(config, lm, model, task, *args)
+
+    monkeypatch.setattr(runner, "_load_model", load)
+    monkeypatch.setattr(runner, "_evaluate_pair", evaluate)
+    models = [{"name": name, "model_args": {"pretrained": tiny_model_dir(name)}} for name in ("llama", "gpt2", "qwen2")]
+    config = parse_config({**config_dict(tmp_path / "out", models), "tasks": TASKS[:1], "limit": 2})
+    with pytest.raises(SweepInterrupted):
+        run_sweep(config)
+    summary = run_sweep(config)  # resumed in this process
+    assert sorted(built) == ["gpt2", "gpt2", "llama", "qwen2", "qwen2"]  # a failed pair is tried again
+    assert summary["counts"] == {"done": 2, "failed": 1, "pending": 0}
+    assert [name for name, ref in alive if ref() is not None] == []  # and the last one is released at the end

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_probes.cli.interrupt import deferred_interrupt
+from lm_eval_probes.terminal.interrupt import deferred_interrupt
 from lm_eval_probes.sweep import runner, store
 from lm_eval_probes.sweep.config import parse_config
 from lm_eval_probes.sweep.runner import SweepInterrupted, run_sweep

@@ -33,6 +33,7 @@ from torch import nn
 
 from lm_eval_probes.api import FirstAttention
 from lm_eval_probes.capture.readouts import UnsupportedModelError
+from lm_eval_probes.records import trace_values
 
 __all__ = ["AttentionBatch", "AttentionCall", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
            "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
@@ -402,8 +403,10 @@ class AttentionRows:
     """
 
     def __init__(self, capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, *,
-                 locate: Callable[[Any], tuple[int, int, int] | None], decode: Callable[[int], str]) -> None:
+                 locate: Callable[[Any], tuple[int, int, int] | None], decode: Callable[[int], str],
+                 traces: bool = False) -> None:
         self.capture, self.inputs, self.request, self.locate, self.decode = capture, inputs, request, locate, decode
+        self.traces = traces
         self.fields: dict[Any, dict[str, Any]] = {}
         self._segment: _Segment | None = None
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -418,7 +421,21 @@ class AttentionRows:
             self._batch = (self.request.values(self.capture.batch(segment)), segment.ids.cpu())
         values, ids = self._batch
         row, input_length, _ = located
-        self.fields[request_key] = self.request.fields(values[row, :input_length], ids[row, :input_length], self.decode)
+        self.fields[request_key] = response_fields(self.request, values[row, :input_length], ids[row, :input_length],
+                                                   self.decode, traces=self.traces)
+
+
+def response_fields(request: FirstAttention, values: torch.Tensor, token_ids: torch.Tensor, decode: Callable[[int], str],
+                    *, traces: bool = False) -> dict[str, Any]:
+    """One response's record fields from the per-position ``values`` of the n positions the model saw; with ``traces``
+    (``probe_traces=true``) and a request that names :attr:`~lm_eval_probes.api.FirstAttention.trace`, also
+    ``trace``: the values over every position (``nan``: none, ``null``) and ``sequence_tokens`` (the ids decoded one
+    by one), for the wrapper to join into the response's trace."""
+    fields = request.fields(values, token_ids, decode)
+    if traces and request.trace is not None:
+        fields["trace"] = {request.trace: trace_values(values.tolist()),
+                           "sequence_tokens": [decode(int(token)) for token in token_ids.tolist()]}
+    return fields
 
 
 @dataclass(frozen=True)
@@ -430,10 +447,11 @@ class AttentionSpan:
     token_ids: torch.Tensor
     prompt_tokens: int
 
-    def fields(self, request: FirstAttention, kept: int, decode: Callable[[int], str]) -> dict[str, Any]:
+    def fields(self, request: FirstAttention, kept: int, decode: Callable[[int], str], *,
+               traces: bool = False) -> dict[str, Any]:
         """The record fields of the prompt and the first ``kept − 1`` kept tokens (the inputs of the kept span)."""
         stop = self.prompt_tokens + max(kept, 1) - 1
-        return request.fields(self.values[:stop], self.token_ids[:stop], decode)
+        return response_fields(request, self.values[:stop], self.token_ids[:stop], decode, traces=traces)
 
 
 def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,

@@ -100,7 +100,9 @@ class RequestRows:
     answers the batch's requests (:meth:`locate`: where the latest batch holds one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_continuations: bool = False) -> None:
+        self.continuations: dict[Any, tuple[int, ...]] | None = {} if keep_continuations else None
+        """With ``keep_continuations`` (``probe_traces=true``): each request's continuation ids, for its trace."""
         self._requests: dict[Any, tuple[int, int, int]] = {}  # key → (hash of its row's ids, row length, continuation tokens)
         self._reads_from_end: dict[int, int] = {}  # hash of a row's ids → the most positions any of its requests reads
         self._batch_rows: dict[int, int] = {}  # hash of a row's ids → its row in the latest batch
@@ -115,6 +117,8 @@ class RequestRows:
             length = min(len(context_ids) + len(continuation_ids) - 1, max_length)
             if key is not None:
                 self._requests[key] = (row, length, len(continuation_ids))
+                if self.continuations is not None:
+                    self.continuations[key] = tuple(int(t) for t in continuation_ids)
             self._reads_from_end[row] = max(self._reads_from_end.get(row, 0), len(continuation_ids))
 
     def new_batch(self, input_ids: torch.Tensor) -> int:
@@ -166,6 +170,7 @@ class _PendingAnswer:
     prompt_tokens: int
     prompt_means: LayerStates | None
     focal_mass: torch.Tensor | None
+    token_ids: tuple[int, ...] | None = None  # probe_traces=true: the continuation's ids (its last positions')
 
 
 class LoglikelihoodRows:
@@ -212,7 +217,7 @@ class LoglikelihoodRows:
         self.plan = plan or LensPlan()
         self.probes: dict[Any, ResponseProbe] = {}
         """Each answered request's probe, keyed by its ``(context, continuation)``."""
-        self.requests = RequestRows()
+        self.requests = RequestRows(keep_continuations=config.traces)
         self._spans: list[tuple[int, int, int]] = []  # (batch row, first, end) of the answered response positions
         self._span_index: dict[tuple[int, int, int], int] = {}
         self._answers: list[tuple[Any, int, int, float]] = []  # (request key, span, continuation tokens, loglik)
@@ -281,6 +286,7 @@ class LoglikelihoodRows:
                 prompt_tokens=prompt_tokens,
                 prompt_means=prompt_means[row, prompt_tokens],
                 focal_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
+                token_ids=None if self.requests.continuations is None else self.requests.continuations[key][-n:] if n else (),
             )
             for decided, needs_lens in self.plan.answered(key, loglik):
                 answer = self._pending.pop(decided)
@@ -300,14 +306,17 @@ class LoglikelihoodRows:
         self._record(keys, answers, lens=True)
 
     def _record(self, keys: Sequence[Any], answers: Sequence[_PendingAnswer], *, lens: bool) -> None:
-        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, lens=lens)
+        """Probe the answers' states (a trace for each answer the lens reads, under ``probe_traces=true``)."""
+        traced = lens and self.config.traces and bool(answers)
+        token_ids = [torch.tensor(a.token_ids, dtype=torch.long) for a in answers] if traced else None
+        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, token_ids, lens=lens)
         for key, answer, probes in zip(keys, answers, rows, strict=True):
             if answer.focal_mass is not None and self.whole.focal_depth is not None:
                 probes = probes.with_values(self.whole.focal_depth[0], mass=answer.focal_mass)
             n = probes.num_positions
             self.probes[key] = probes.summarize(
                 0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
-                fields=self.whole.prompt_fields(answer.prompt_means),
+                fields=self.whole.prompt_fields(answer.prompt_means), trace_ids=answer.token_ids if traced else None,
             )
 
     def _prompt_means(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:

@@ -30,7 +30,7 @@ from lm_eval_probes import registry
 from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, PromptMeans
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.records import LayerStates, ResponseProbe
+from lm_eval_probes.records import LayerStates, ResponseProbe, trace_values
 
 
 @dataclass
@@ -261,6 +261,19 @@ class PositionProbes:
         token_logprob = None if self.token_logprob is None else self.token_logprob[start:stop]
         return PositionProbes(stop - start, measured, token_logprob)
 
+    def trace(self, token_ids: Sequence[int]) -> dict[str, list[Any]]:
+        """The per-token trace of these positions (see :meth:`summarize`)."""
+        if self.token_logprob is None or len(token_ids) != self.num_positions:
+            raise ValueError(f"a trace needs the log-probabilities and the {self.num_positions} token ids of its positions "
+                             f"(got {len(token_ids)} ids{'' if self.token_logprob is not None else ', no log-probabilities'})")
+        trace: dict[str, list[Any]] = {"token_ids": [int(t) for t in token_ids],
+                                       "logprob": trace_values(self.token_logprob.tolist())}
+        for capture, measured in self.measured.values():
+            per_position = getattr(capture, "per_position", None)
+            if per_position is not None:
+                trace.update((name, trace_values(value.reshape(-1).tolist())) for name, value in per_position(measured).items())
+        return trace
+
     def summarize(
         self,
         start: int,
@@ -272,6 +285,7 @@ class PositionProbes:
         generation: bool = False,
         token_ends: Sequence[int] | None = None,
         empty: bool = False,
+        trace_ids: Sequence[int] | None = None,
     ) -> ResponseProbe:
         """Reduce positions ``[start, stop)`` to a :class:`ResponseProbe`: each measured probe's record fields by its
         :meth:`PositionProbe.reduce`.
@@ -281,7 +295,10 @@ class PositionProbes:
         states over the prompt), set as they are (``None`` values left out). Generations pass ``generation`` (a probe may keep more of a generation: the
         reader its last positions' states one by one) and ``token_ends`` (character end of each token in the response text); they then also keep every token's
         log-probability. ``empty`` marks a generation whose kept text is empty, summarized at the one position that
-        chose to stop.
+        chose to stop. ``trace_ids`` (``probe_traces=true``; positions measured with their token ids): the response's
+        token ids; the record then carries its trace: ``token_ids``, ``logprob`` (each token's log-probability) and
+        every measured probe's ``per_position`` arrays (:attr:`~lm_eval_probes.api.Probe.traces`), rounded to 4
+        significant digits (:func:`~lm_eval_probes.records.trace_values`).
         """
         cut = self.span(start, stop)
         n = cut.num_positions
@@ -297,6 +314,8 @@ class PositionProbes:
             values["token_ends"] = tuple(int(e) for e in token_ends)
             if cut.token_logprob is not None:
                 values["token_logprobs"] = tuple(float(v) for v in cut.token_logprob)
+        if trace_ids is not None:
+            values["trace"] = cut.trace(trace_ids)
         return ResponseProbe(
             n_tokens=n,
             prompt_tokens=prompt_tokens,

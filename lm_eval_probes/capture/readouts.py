@@ -1,9 +1,11 @@
-"""The one place that knows where each architecture keeps its final norm, unembedding and logit transform.
+"""The logit lens of a causal LM and the re-run of its last blocks (HyperLens Ω).
 
 Hugging Face ``hidden_states`` has L+1 entries: ``[0]`` the embedding output, ``[1..L-1]`` raw block
 outputs and ``[L]`` already *post* final norm. The logit-lens readout of layer l is therefore
-``g(lm_head(final_norm(h_l)))`` for l < L and ``g(lm_head(h_L))`` for l = L, where g is the model's
-logit transform (Gemma-2/3 soft-capping ``c·tanh(z/c)``; identity elsewhere).
+``g(s · lm_head(final_norm(h_l)))`` for l < L and ``g(s · lm_head(h_L))`` for l = L, where s is the model's logit
+scale and g its soft-capping (:class:`~lm_eval_probes.capture.parts.LogitTransform`; identity for most families).
+Where a model keeps those parts is found by :mod:`lm_eval_probes.capture.parts`, and checked at load against the
+model's own log-probabilities (:func:`check_lens`).
 
 :class:`FocalDepthDecoder` decodes a layer's states at focal depth m (HyperLens Ω): through the model's own
 last m blocks, with the block arguments (mask, rotary embeddings, position ids) its hooks captured during
@@ -12,6 +14,8 @@ the model's own forward, then the :class:`LensReadout`.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,67 +24,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from lm_eval_probes.capture.parts import (
+    ARCHITECTURES,
+    ArchitectureSpec,
+    UnsupportedModelError,
+    architecture_of,
+    get_path,
+    logit_transform_of,
+    model_type_of,
+)
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
+__all__ = ["ARCHITECTURES", "ArchitectureSpec", "BlockInputs", "FocalDepthDecoder", "LensReadout",
+           "UnsupportedModelError", "architecture_of", "block_inputs_of", "check_lens"]
 
-@dataclass(frozen=True)
-class ArchitectureSpec:
-    """Where a ``*ForCausalLM`` keeps its parts.
-
-    Attributes:
-        final_norm: dotted attribute path of the final norm from the causal-LM module.
-        blocks: dotted attribute path of the list of decoder blocks.
-        softcap_attr: config attribute holding the final-logit soft-capping constant (or ``None``).
-        focal_depth: whether :class:`FocalDepthDecoder` can re-run its blocks: each block is called as
-            ``block(hidden_states, **kwargs)`` and returns the new hidden states (or a tuple starting with them).
-    """
-
-    final_norm: str
-    blocks: str
-    softcap_attr: str | None = None
-    focal_depth: bool = True
-
-
-_DECODER = ArchitectureSpec("model.norm", "model.layers")
-_SOFTCAPPED = ArchitectureSpec("model.norm", "model.layers", "final_logit_softcapping")
-
-ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "llama": _DECODER,
-    "mistral": _DECODER,
-    "qwen2": _DECODER,
-    "qwen3": _DECODER,
-    "phi3": _DECODER,
-    "olmo2": _DECODER,
-    "gemma": _DECODER,
-    "gemma2": _SOFTCAPPED,
-    "gemma3_text": _SOFTCAPPED,
-    "gpt2": ArchitectureSpec("transformer.ln_f", "transformer.h", focal_depth=False),  # blocks take positional args
-    "gpt_neox": ArchitectureSpec("gpt_neox.final_layer_norm", "gpt_neox.layers", focal_depth=False),
-}
-"""``config.model_type`` → parts. Add a row here (and a tiny-config test) to support a new family."""
-
-
-class UnsupportedModelError(ValueError):
-    """The model's architecture is not in :data:`ARCHITECTURES`."""
-
-
-def architecture_of(model: nn.Module) -> ArchitectureSpec:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"hf-probes does not know where model_type {model_type!r} keeps its final norm and unembedding. "
-            f"Supported: {', '.join(sorted(ARCHITECTURES))}. Add a row to lm_eval_probes.capture.readouts.ARCHITECTURES."
-        )
-    return ARCHITECTURES[model_type]
-
-
-def _get_path(root: nn.Module, path: str) -> nn.Module:
-    obj: object = root
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, nn.Module):
-        raise UnsupportedModelError(f"{type(root).__name__}.{path} is not a module")
-    return obj
+_get_path = get_path
 
 
 class LensReadout:
@@ -94,19 +52,23 @@ class LensReadout:
 
     def __init__(self, model: nn.Module) -> None:
         spec = architecture_of(model)
+        self.model_type = model_type_of(model)
         self.num_layers = len(_get_path(model, spec.blocks))
         self.final_norm = _get_path(model, spec.final_norm)
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
         head = model.get_output_embeddings()
         if not isinstance(head, nn.Linear):
-            raise UnsupportedModelError(f"expected an nn.Linear output embedding, got {type(head).__name__}")
+            raise UnsupportedModelError(f"model_type {self.model_type!r}: expected an nn.Linear output embedding, got "
+                                        f"{type(head).__name__}")
         self.device = head.weight.device
         self.unembed = head.weight.detach()
         self.rows = RowBlocks(self.unembed, torch.float32)
         self.bias = None if head.bias is None else head.bias.detach().float()
-        softcap = getattr(model.config, spec.softcap_attr, None) if spec.softcap_attr else None
-        self.logit_softcap: float | None = float(softcap) if softcap else None
+        transform = logit_transform_of(model.config)
+        self.logit_scale: float = transform.scale
+        """s of logits = g(s · (W h + b)) (1 for most families)."""
+        self.logit_softcap: float | None = transform.softcap
         self.row_sq_norms = squared_row_norms(self.unembed)  # in float64, without a float64 copy of W
 
     @property
@@ -117,7 +79,7 @@ class LensReadout:
         self, hidden: torch.Tensor, *, normalized: bool, capped: bool = True, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm is already applied;
-        ``capped=False`` returns ``W h + b`` before the soft-capping (δ_TCB's input); ``out``: a float32
+        ``capped=False`` returns ``s · (W h + b)`` before the soft-capping (δ_TCB's input); ``out``: a float32
         ``[..., V]`` tensor to write them into (and return), instead of a new one."""
         if not normalized:
             hidden = self.final_norm(hidden.to(self._norm_device))
@@ -128,6 +90,8 @@ class LensReadout:
             logits = self.rows.times_transposed(hidden, out=out)
             if self.bias is not None:
                 logits.add_(self.bias)
+        if self.logit_scale != 1.0:
+            logits.mul_(self.logit_scale)
         return self.cap(logits, inplace=True) if capped else logits  # the logits are this call's own tensor
 
     def cap(self, logits: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
@@ -143,10 +107,75 @@ class LensReadout:
         return torch.log_softmax(self.logits(hidden, normalized=normalized), dim=-1)
 
 
-FOCAL_DEPTH_FAMILIES: tuple[str, ...] = tuple(sorted(name for name, spec in ARCHITECTURES.items() if spec.focal_depth))
-"""``model_type`` values whose blocks :class:`FocalDepthDecoder` can re-run (Ω at m ≥ 1)."""
+LENS_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-6, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (2e-2, 4e-3),
+    torch.bfloat16: (1e-1, 3e-2),
+}
+"""Unembedding dtype → ``(atol, rtol)`` of :func:`check_lens`: the lens may differ from the model's own log-probabilities
+by ``atol + rtol · max |z|`` at most (z the model's logits). The model computes its logits in its own dtype, the lens in
+float32: one rounding of each logit (2⁻¹¹ of |z| in float16, 2⁻⁸ in bfloat16), then the log-softmax's of their sum; a
+missed logit transform moves them by a fraction of |z| itself."""
 
-_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
+CHECK_TOKENS = 16
+"""Tokens of :func:`check_lens`'s forward."""
+
+CHECK_FLOOR = -50.0
+""":func:`check_lens` compares the log-probabilities above this (p > 2e-22), renormalised over those tokens: a token the
+model rules out (a logit of -1e4 set after its head, which the lens does not see) is compared no further."""
+
+
+@torch.no_grad()
+def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TOKENS) -> float:
+    """Check at load that the :class:`LensReadout` found for ``model`` is the model's own readout: one forward of
+    ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
+    ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
+    :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype.
+
+    Returns the largest difference ``max |Δ log p|``; raises :class:`UnsupportedModelError` in one line naming the
+    model type and the size of the mismatch otherwise."""
+    if not 1 <= tokens <= CHECK_TOKENS:
+        raise ValueError(f"the lens check runs 1..{CHECK_TOKENS} tokens, got {tokens}")
+    embeddings = model.get_input_embeddings()
+    vocab = min(readout.vocab_size, embeddings.weight.shape[0] if hasattr(embeddings, "weight") else readout.vocab_size)
+    ids = ((torch.arange(tokens) * 7919 + 11) % vocab).unsqueeze(0)
+    if hasattr(embeddings, "weight"):
+        ids = ids.to(embeddings.weight.device)
+    taken: list[torch.Tensor] = []
+    handle = readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach()))
+    try:
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    where = f"model_type {readout.model_type!r}"
+    if not taken:
+        raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
+    # the final norm's last call is the model's (a model may call the same norm on its embeddings first)
+    want = torch.log_softmax(out.logits[0].float(), dim=-1).to(readout.device)
+    compared = want > CHECK_FLOOR  # a token the model rules out (log p of -1e4) is out of every probe's reach
+    want = want.masked_fill(~compared, -math.inf).log_softmax(-1)  # renormalised over the tokens compared
+    atol, rtol = LENS_TOLERANCE.get(readout.unembed.dtype, LENS_TOLERANCE[torch.bfloat16])
+    bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
+    transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
+    largest = 0.0
+    for hidden, normalized, read in ((taken[-1], False, "the final norm's input"),
+                                     (out.hidden_states[-1], True, "hidden_states[L] (read as post-norm)")):
+        got = readout.logprobs(hidden[0], normalized=normalized)
+        if got.shape != want.shape:
+            raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, the "
+                                        f"model {tuple(want.shape)}")
+        got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
+        difference = float((got - want)[compared].abs().max())
+        if not difference <= bound:
+            raise UnsupportedModelError(
+                f"{where}: the logit lens ({transform}) on {read} differs from the model's own log-probabilities by "
+                f"up to {difference:.3g} (allowed {bound:.3g} in {str(readout.unembed.dtype).removeprefix('torch.')})")
+        largest = max(largest, difference)
+    return largest
+
+
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past", "cache_params")
 
 try:  # transformers' collector of hidden states and attentions (its hooks on every block)
     from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
@@ -230,14 +259,47 @@ def _same_argument(a: Any, b: Any) -> bool:
 
 
 def _neutralised(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A block's keyword arguments with the KV cache replaced by ``None`` and ``use_cache=False``."""
+    """A block's keyword arguments with the KV cache (by its conventional names, or any transformers ``Cache``)
+    replaced by ``None`` and ``use_cache=False``."""
     kept = dict(kwargs)
-    for name in _CACHE_KWARGS:
-        if name in kept:
+    for name, value in kept.items():
+        if name in _CACHE_KWARGS or any(cls.__name__ == "Cache" for cls in type(value).__mro__):
             kept[name] = None
     if "use_cache" in kept:
         kept["use_cache"] = False
     return kept
+
+
+_SIGNATURES: dict[type, inspect.Signature] = {}
+
+
+def block_call(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A block's call ``block(*args, **kwargs)`` as ``(hidden states, every other argument by name)``: positional
+    arguments (GPT-2's cache and mask) are bound to their names by the signature of ``block.forward``, so that
+    ``block(hidden, **others)`` repeats the call; the KV cache is neutralised (:func:`_neutralised`)."""
+    kind = type(block)
+    if kind not in _SIGNATURES:
+        _SIGNATURES[kind] = inspect.signature(block.forward)
+    signature = _SIGNATURES[kind]
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise UnsupportedModelError(f"Ω cannot name the arguments of {kind.__name__}: {error}") from None
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        parameter = signature.parameters[name]
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise UnsupportedModelError(f"Ω cannot name {len(value)} extra positional arguments of {kind.__name__}")
+        else:
+            named[name] = value
+    first = next(iter(signature.parameters))
+    hidden = named.pop(first, None)
+    if not isinstance(hidden, torch.Tensor):
+        raise UnsupportedModelError(f"{kind.__name__}'s first argument {first!r} is not the hidden states")
+    return hidden, _neutralised(named)
 
 
 class FocalDepthDecoder:
@@ -291,12 +353,6 @@ class FocalDepthDecoder:
         if chunk_tokens < 1 or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
         spec = architecture_of(model)
-        if depth > 0 and not spec.focal_depth:
-            raise UnsupportedModelError(
-                f"Ω at focal depth m >= 1 cannot re-run the blocks of model_type {model.config.model_type!r} (their call "
-                f"signature differs). Supported: {', '.join(FOCAL_DEPTH_FAMILIES)}; probe_omega_depth=0 (the logit "
-                "lens) works for every family."
-            )
         self.model = model
         self.readout = readout
         self.depth = depth
@@ -312,6 +368,70 @@ class FocalDepthDecoder:
         # during the forward only: transformers' output hooks can be paused, and no other probe hooks the first
         # block (margin's capture does), which a re-run of every block would call again
         self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers
+
+    @torch.no_grad()
+    def check(self, *, tokens: int = CHECK_TOKENS, tolerance: float | None = None) -> float:
+        """Check at load that the last m blocks re-run on their captured input reproduce their captured output: one
+        forward of two rows of ``tokens`` fixed ids inside :meth:`capture`, then blocks L − m + 1 … L re-run as the
+        decoder runs them (on the second row alone, with that row of the arguments the forward gave them) on block
+        L − m + 1's input must give that row of the final norm's input, within ``tolerance`` of its largest magnitude
+        (default: 1e-4 in float32, 5e-2 in 16-bit). Also decides whether the decoder may borrow a block's arguments
+        during the forward (every block of an attention type got the same objects). Returns the relative difference;
+        :class:`UnsupportedModelError` naming the block class otherwise."""
+        if not self.blocks:
+            return 0.0
+        embeddings = self.model.get_input_embeddings()
+        vocab = min(self.readout.vocab_size, getattr(embeddings, "num_embeddings", self.readout.vocab_size))
+        steps = torch.arange(tokens)
+        ids = torch.stack([(steps * 7919 + 11) % vocab, (steps * 104729 + 5) % vocab])
+        first = len(self.all_blocks) - self.depth
+        taken: list[torch.Tensor] = []
+        called: list[dict[str, Any]] = [{} for _ in self.all_blocks]
+
+        def take_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not taken:
+                taken.append(block_call(module, args, kwargs)[0].detach())
+
+        def take_arguments(index: int) -> Any:
+            def take(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                if not called[index]:
+                    called[index] = block_call(module, args, kwargs)[1]
+            return take
+
+        kinds = ", ".join(sorted({type(block).__name__ for block in self.blocks}))
+        where = f"Ω cannot re-run {kinds} of model_type {self.readout.model_type!r}"
+        handles = [self.all_blocks[first].register_forward_pre_hook(take_input, with_kwargs=True)]
+        handles += [block.register_forward_pre_hook(take_arguments(i), with_kwargs=True)
+                    for i, block in enumerate(self.all_blocks)]
+        try:
+            with self.capture() as inputs:
+                self.model(input_ids=ids.to(getattr(embeddings, "weight", ids).device), use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if inputs.final_norm_input is None or not taken:
+            raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
+        row = torch.tensor([1])
+        states = taken[0].index_select(0, row.to(taken[0].device))
+        try:
+            for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
+                result = block(states, **_rows_of(kwargs, row, inputs.batch_size))
+                states = result[0] if isinstance(result, tuple) else result
+        except Exception as error:  # the arguments do not re-run on a subset of the rows
+            raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
+                                        f"{(str(error).splitlines() or [''])[0][:160]}") from None
+        want = inputs.final_norm_input[1:2]
+        if tolerance is None:
+            tolerance = 1e-4 if want.dtype in (torch.float32, torch.float64) else 5e-2
+        difference = float((states.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+        if not difference <= tolerance:
+            raise UnsupportedModelError(f"{where}: on its captured input it gives an output {difference:.3g} "
+                                        "(relative) away from its captured one")
+        by_type: dict[Any, dict[str, Any]] = {}
+        for kind, kwargs in zip(self.block_types, called, strict=True):
+            if not _same_argument(by_type.setdefault(kind, kwargs), kwargs):
+                self.decodes_during_forward = False  # blocks of one type got different arguments: decode afterwards
+        return difference
 
     def read_at(self, inputs: BlockInputs, windows: dict[int, tuple[int, int]]) -> None:
         """Say, before a forward, which positions ``[start, stop)`` of which batch rows the next
@@ -349,17 +469,12 @@ class FocalDepthDecoder:
             def record(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
                 if not inside[0] or inputs.decoding:
                     return
-                if len(args) != 1:
-                    raise UnsupportedModelError(
-                        f"{type(module).__name__} was called with {len(args)} positional arguments; Ω re-runs blocks "
-                        f"called as block(hidden_states, **kwargs) only (families: {', '.join(FOCAL_DEPTH_FAMILIES)})"
-                    )
-                kept = _neutralised(kwargs)
+                hidden, kept = block_call(module, args, kwargs)
                 inputs.type_kwargs[self.block_types[index]] = kept
                 if index >= first_rerun:
                     inputs.block_kwargs[index - first_rerun] = kept
                 if first_source <= index < stop_source:
-                    self._add_source(inputs, index - first_source, args[0].detach())
+                    self._add_source(inputs, index - first_source, hidden.detach())
 
             return record
 

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _demo(argv)
     except KeyboardInterrupt:  # before the sweep's first pair, or while the leaderboard is written
-        from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
+        from lm_eval_probes.terminal.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 
         stop_at_next_interrupt()
         print("lm-eval-probes-demo: interrupted — rerun the same command to resume", file=sys.stderr)
@@ -144,8 +144,8 @@ def _demo(argv: list[str] | None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lm_eval_probes").setLevel(logging.INFO)  # the sweep's progress lines, not every library's INFO
 
-    from lm_eval_probes.cli.console import tidy_console
-    from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
+    from lm_eval_probes.terminal.console import tidy_console
+    from lm_eval_probes.terminal.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
     from lm_eval_probes.reports.report import build_report
     from lm_eval_probes.sweep.config import parse_config
     from lm_eval_probes.sweep.runner import SweepInterrupted, run_sweep

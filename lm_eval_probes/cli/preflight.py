@@ -42,7 +42,8 @@ class RunArguments:
 
     Attributes:
         model: ``--model`` (``None`` when not given: lm_eval's default, ``hf``).
-        model_args: ``--model_args`` as lm_eval's parser makes it (values may be str, int, float, bool).
+        model_args: ``--model_args`` as lm_eval's parser makes it (values may be str, int, float, bool), with
+            ``trust_remote_code=True`` where ``--trust_remote_code`` was given.
         tasks: the ``--tasks`` items, comma-split.
         include_path: ``--include_path``.
     """
@@ -83,6 +84,9 @@ def read_run_arguments(argv: Sequence[str]) -> RunArguments | None:
     model_args = values.get("model_args") or {}
     if isinstance(model_args, str):
         model_args = parse_arg_string(model_args)
+    model_args = dict(model_args)
+    if values.get("trust_remote_code"):  # lm_eval's --trust_remote_code gives it to the model as a model argument
+        model_args.setdefault("trust_remote_code", True)
     tasks = values.get("tasks") or ()
     if isinstance(tasks, str):
         tasks = [tasks]
@@ -175,7 +179,8 @@ def check_model_folder(model: str | None, model_args: Mapping[str, Any]) -> None
     subfolder = model_args.get("subfolder")
     try:
         check_pretrained(str(model_args["pretrained"]), offline=hub_offline(),
-                         gguf_file=str(gguf) if gguf else None, subfolder=str(subfolder) if subfolder else None)
+                         gguf_file=str(gguf) if gguf else None, subfolder=str(subfolder) if subfolder else None,
+                         trust_remote_code=model_args.get("trust_remote_code"))
     except ModelNotFound as error:
         raise PreflightError(f"pretrained: {error}") from None
 

@@ -9,7 +9,10 @@ Without it a missing folder reaches ``transformers`` as a hub id and comes back,
 * a folder without ``config.json`` (and without the ``gguf_file`` it was given): that, and what the folder holds;
   a folder of GGUF files without ``gguf_file=``: the file names to pass;
 * offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) with a hub id that is not in the Hugging Face cache: that
-  it is not cached and that the run is offline.
+  it is not cached and that the run is offline;
+* a model whose config needs code from its own repository (an ``auto_map`` with a ``model_type`` transformers does
+  not know: LLaDA, Dream) while the user did not give ``trust_remote_code=True``: that option, named
+  (:class:`RemoteCodeNeeded`). Nothing in the plugin turns it on: running a repository's code needs the user's word.
 
 Torch-free and lm_eval-free (it imports ``huggingface_hub.constants`` only for the cache folder): the
 ``lm-eval-probes run`` preflight and the sweep call it before importing torch or loading a model.
@@ -17,6 +20,7 @@ Torch-free and lm_eval-free (it imports ``huggingface_hub.constants`` only for t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +37,12 @@ class ModelNotFound(OSError):
 
     A subclass of :class:`OSError` (what ``transformers`` raises for a model it cannot find), so code that catches
     that keeps working; its message is one line that names the path or id and what is missing."""
+
+
+class RemoteCodeNeeded(ModelNotFound):
+    """The model's config needs code from its repository and ``trust_remote_code=True`` was not given. A
+    :class:`ModelNotFound` (a model that cannot load as asked), so every place that reports one in one line reports
+    this one too."""
 
 
 def hub_offline(environ: Mapping[str, str] | None = None) -> bool:
@@ -83,20 +93,59 @@ def _check_folder(folder: Path, *, gguf_file: str | None, subfolder: str) -> Non
     raise ModelNotFound(f"the model folder {where} has no config.json (not a saved Hugging Face model): {_listing(where)}")
 
 
-def _cached(repo_id: str, *, gguf_file: str | None, subfolder: str) -> bool:
-    """Whether some snapshot of the model repo ``repo_id`` in the Hugging Face cache has its ``config.json``
-    (or its ``gguf_file``)."""
+def _cached_files(repo_id: str, wanted: str) -> list[Path]:
+    """``wanted`` (a path inside the repo) in each snapshot of the model repo ``repo_id`` in the Hugging Face cache
+    that has it."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     snapshots = Path(HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--")) / "snapshots"
-    wanted = str(Path(subfolder) / (gguf_file or "config.json")) if subfolder else (gguf_file or "config.json")
     try:
-        return any((snapshot / wanted).is_file() for snapshot in snapshots.iterdir())
+        return [snapshot / wanted for snapshot in snapshots.iterdir() if (snapshot / wanted).is_file()]
     except OSError:
+        return []
+
+
+def _in_repo(name: str, subfolder: str) -> str:
+    return str(Path(subfolder) / name) if subfolder else name
+
+
+def _cached(repo_id: str, *, gguf_file: str | None, subfolder: str) -> bool:
+    """Whether some snapshot of the model repo ``repo_id`` in the Hugging Face cache has its ``config.json``
+    (or its ``gguf_file``)."""
+    return bool(_cached_files(repo_id, _in_repo(gguf_file or "config.json", subfolder)))
+
+
+def gives_trust(value: Any) -> bool:
+    """Whether a ``trust_remote_code`` model argument says yes (``True``, or the strings true/1/yes/on)."""
+    return value is True or str(value).strip().upper() in _TRUE
+
+
+def needs_remote_code(config: Mapping[str, Any]) -> bool:
+    """Whether a model's ``config.json`` can only be read with its repository's code: it maps the auto classes to
+    its own (``auto_map``) and its ``model_type`` is not one transformers knows (as transformers decides it)."""
+    if "auto_map" not in config:
         return False
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return config.get("model_type") not in CONFIG_MAPPING_NAMES
 
 
-def check_pretrained(value: Any, *, offline: bool, gguf_file: str | None = None, subfolder: str | None = None) -> None:
+def _check_remote_code(text: str, config_files: list[Path], trust_remote_code: Any) -> None:
+    if gives_trust(trust_remote_code):
+        return
+    for path in config_files:
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # transformers reports an unreadable config itself
+        if isinstance(config, dict) and needs_remote_code(config):
+            raise RemoteCodeNeeded(
+                f"{text} (model_type {config.get('model_type')!r}) runs code from its own repository, which needs "
+                "your explicit word: add trust_remote_code=True to the model arguments if you trust it")
+
+
+def check_pretrained(value: Any, *, offline: bool, gguf_file: str | None = None, subfolder: str | None = None,
+                     trust_remote_code: Any = None) -> None:
     """Raise :class:`ModelNotFound` when ``pretrained=value`` cannot be a model, before anything is loaded.
 
     Args:
@@ -106,11 +155,14 @@ def check_pretrained(value: Any, *, offline: bool, gguf_file: str | None = None,
             Hugging Face cache (``HF_HUB_CACHE``), in any snapshot.
         gguf_file: the ``gguf_file`` model argument: the folder must hold this file and needs no ``config.json``.
         subfolder: the ``subfolder`` model argument: where in the folder (or repo) the model is.
+        trust_remote_code: the ``trust_remote_code`` model argument as given (unset: ``None``). A folder's or a
+            cached hub snapshot's ``config.json`` that needs its repository's code is refused without it.
 
     Raises:
         ModelNotFound: ``no model folder at PATH`` (a path where nothing is, or a file); ``the model folder PATH has
             no config.json …: it holds …``; ``no GGUF file …``; ``… is not in the Hugging Face cache and the run is
             offline …``. Online, a hub id is not checked (the hub answers for it).
+        RemoteCodeNeeded: ``… runs code from its own repository …: add trust_remote_code=True …``.
     """
     if not isinstance(value, (str, os.PathLike)):
         return
@@ -121,6 +173,8 @@ def check_pretrained(value: Any, *, offline: bool, gguf_file: str | None = None,
     sub = (subfolder or "").strip()
     if path.is_dir():
         _check_folder(path.resolve(), gguf_file=gguf_file, subfolder=sub)
+        if not gguf_file:
+            _check_remote_code(text, [path.resolve() / _in_repo("config.json", sub)], trust_remote_code)
         return
     if looks_like_path(text) or path.exists():
         absolute = path.resolve()
@@ -135,3 +189,5 @@ def check_pretrained(value: Any, *, offline: bool, gguf_file: str | None = None,
         raise ModelNotFound(
             f"the model {text!r} is not in the Hugging Face cache ({HF_HUB_CACHE}) and the run is offline "
             "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set): download it once online, or give a local folder")
+    if not gguf_file:
+        _check_remote_code(text, _cached_files(text, _in_repo("config.json", sub)), trust_remote_code)

@@ -23,7 +23,10 @@ DIFFUSION_MODEL_TARGET = "lm_eval_probes.models.diffusion:DiffusionProbeHFLM"
 
 def register_model_placeholder() -> None:
     """Register the lazy ``hf-probes`` and ``hf-probes-diffusion`` placeholders in lm_eval's model registry
-    (idempotent; no torch)."""
+    (idempotent; no torch). Refuses an unsupported lm-eval, transformers or torch first, in one line."""
+    from lm_eval_probes.harness.supported_versions import check_supported_versions
+
+    check_supported_versions()
     import lm_eval.models  # noqa: F401  (built-in placeholders first, else they get hidden)
     from lm_eval.api.registry import model_registry
 

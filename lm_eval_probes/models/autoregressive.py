@@ -71,7 +71,7 @@ from lm_eval_probes.capture.positions import (
     whole_forward,
 )
 from lm_eval_probes.capture.reader import masked_mean_states
-from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of
+from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
 from lm_eval_probes.harness.hflm import (
@@ -81,8 +81,16 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
+from lm_eval_probes.harness.applicability import (
+    SkippedProbes,
+    built_or_skipped,
+    model_config,
+    not_applying,
+    without_skipped,
+)
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
+from lm_eval_probes.harness.supported_versions import check_supported_versions
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
@@ -103,14 +111,20 @@ class _GenerationCall:
 
 
 @register_model(MODEL_NAME)
-class ProbeHFLM(HFLM):
+class ProbeHFLM(SkippedProbes, HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         plugin_args, hf_args = split_model_args(kwargs)
         self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
-                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
+                         subfolder=hf_args.get("subfolder"),
+                         trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
+        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if self.probe_config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
+            self.probe_config = without_skipped(
+                self.probe_config, not_applying(self.probe_config, lambda: model_config(pretrained, hf_args)), self.probes_skipped)
         if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
@@ -119,26 +133,39 @@ class ProbeHFLM(HFLM):
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        if self.readout is not None:
+            check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
         self.whole = WholeForward()  # what the enabled probes ask beyond the states at their positions
         if self.readout is not None:
             self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
+        refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
         self.focal_decoder: FocalDepthDecoder | None = None
         if self.whole.focal_depth is not None:
-            focal = self.whole.focal_depth[1]
-            widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
-                                  chunk_positions=self.probe_config.chunk_positions)
-            self.focal_decoder = FocalDepthDecoder(
-                self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-                chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
-                chunk_positions=self.probe_config.chunk_positions,
-            )
-        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
-                                                                             self.whole)
+            self.focal_decoder = built_or_skipped(self.probe_config, self.whole.focal_depth[0], self._focal_decoder, refused)
         self.first_attention: FirstAttentionCapture | None = None
         if self.whole.first_attention is not None:
-            self.first_attention = FirstAttentionCapture(self.model)
+            self.first_attention = built_or_skipped(self.probe_config, self.whole.first_attention[0],
+                                                    lambda: FirstAttentionCapture(self.model), refused)
+        if refused:
+            self.probe_config = without_skipped(self.probe_config, refused, self.probes_skipped)
+            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
+        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
+                                                                             self.whole)
         self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
                                            self.rank)
+
+    def _focal_decoder(self) -> FocalDepthDecoder:
+        """The Ω capture's decoder of this model, self-checked (its re-run blocks reproduce their own output)."""
+        focal = self.whole.focal_depth[1]
+        widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
+                              chunk_positions=self.probe_config.chunk_positions)
+        decoder = FocalDepthDecoder(
+            self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
+            chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
+            chunk_positions=self.probe_config.chunk_positions,
+        )
+        decoder.check()
+        return decoder
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
@@ -168,7 +195,7 @@ class ProbeHFLM(HFLM):
                 self._attention_capture() as first_attention:
             attention_rows = None if first_attention is None else AttentionRows(
                 self.first_attention, first_attention, self.whole.first_attention[1], locate=rows.locate,
-                decode=self._decode_one)
+                decode=self._decode_one, traces=self.probe_config.traces)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
@@ -181,8 +208,8 @@ class ProbeHFLM(HFLM):
         for req, answer in zip(requests, answers, strict=True):
             probe = rows.probes.get(tuple(req.args))
             if attention_rows is not None and probe is not None:
-                probe = dataclasses.replace(probe, **attention_rows.fields.get(tuple(req.args), {}))
-            out.append(ProbeLL(answer, probe))
+                probe = self._with_attention(probe, attention_rows.fields.get(tuple(req.args), {}))
+            out.append(ProbeLL(answer, self._with_trace_tokens(probe)))
         if self.states_writer is not None:
             self.states_writer.write(requests, out)
         return out
@@ -213,6 +240,24 @@ class ProbeHFLM(HFLM):
     def _decode_one(self, token: int) -> str:
         return self.tok_decode([token])
 
+    @staticmethod
+    def _with_attention(probe: ResponseProbe, fields: dict[str, Any]) -> ResponseProbe:
+        """``probe`` with a first-attention request's record fields; the request's arrays over every position the
+        model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
+        fields = dict(fields)
+        arrays = fields.pop("trace", None)
+        if probe.trace is not None and arrays:
+            fields["trace"] = {**probe.trace, **arrays}
+        return dataclasses.replace(probe, **fields)
+
+    def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
+        """``probe`` with its trace's token ids decoded one by one into its ``tokens`` (unchanged without a trace)."""
+        if probe is None or probe.trace is None or "token_ids" not in probe.trace:
+            return probe
+        trace = dict(probe.trace)
+        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
+        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
+
     # ----------------------------------------------------------------------------- generation
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
@@ -233,15 +278,18 @@ class ProbeHFLM(HFLM):
                     )
                 kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
                 empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
+                probed = 1 if empty else kept
                 probe = rows.summarize(
-                    0, 1 if empty else kept, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
+                    0, probed, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
                     generation=True, empty=empty,
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
+                    trace_ids=generated[:probed] if self.probe_config.traces else None,
                 )
                 if call.attention is not None:
-                    fields = call.attention.popleft().fields(self.whole.first_attention[1], kept, self._decode_one)
-                    probe = dataclasses.replace(probe, **fields)
-                probes[(req[0], text)].append(probe)
+                    fields = call.attention.popleft().fields(self.whole.first_attention[1], kept, self._decode_one,
+                                                             traces=self.probe_config.traces)
+                    probe = self._with_attention(probe, fields)
+                probes[(req[0], text)].append(self._with_trace_tokens(probe))
 
         with self._reserved(), _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
             texts = super().generate_until(requests, disable_tqdm)

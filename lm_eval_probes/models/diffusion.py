@@ -70,8 +70,10 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
+from lm_eval_probes.harness.applicability import SkippedProbes, model_config, not_applying, without_skipped
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
+from lm_eval_probes.harness.supported_versions import check_supported_versions
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
@@ -116,17 +118,6 @@ def model_class_for(config: Any) -> type:
     return transformers.AutoModelForCausalLM
 
 
-def _model_config(pretrained: Any, hf_args: dict[str, Any]) -> Any:
-    """The model's config, read as HFLM reads it (``AutoConfig`` with the same ``revision``, ``trust_remote_code``,
-    ``gguf_file`` and ``subfolder``; a model object's own), before HFLM loads any weight."""
-    if not isinstance(pretrained, str):
-        return pretrained.config
-    return transformers.AutoConfig.from_pretrained(
-        pretrained, revision=str(hf_args.get("revision", "main")), trust_remote_code=hf_args.get("trust_remote_code", False),
-        gguf_file=hf_args.get("gguf_file"), subfolder=hf_args.get("subfolder") or "",
-    )
-
-
 def resolve_mask_token_id(option: int | None, config: Any, tokenizer: Any) -> int:
     """The mask token id: the ``diffusion_mask_token_id`` option, else the model config's
     ``mask_token_id``, else the tokenizer's mask token; ``ValueError`` when none is known."""
@@ -159,30 +150,39 @@ class _Generation:
 
 
 @register_model(DIFFUSION_MODEL_NAME)
-class DiffusionProbeHFLM(HFLM):
+class DiffusionProbeHFLM(SkippedProbes, HFLM):
     """HFLM for masked-diffusion LMs. Plugin ``model_args``: ``diffusion_*`` (:class:`DiffusionConfig`),
     ``probes`` (those of :func:`supported_probes`, or ``none``; default :func:`default_probes`) and their
     ``probe_<name>_*`` options."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
+        check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         diffusion_args, rest = split_diffusion_args(kwargs)
         self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
         plugin_args, hf_args = split_model_args(rest)
         self.probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
         supported = supported_probes()
         unsupported = [p for p in self.probe_config.probes if p not in supported]
-        if unsupported:
+        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if unsupported and self.probe_config.every_applicable:
+            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
+                unsupported, "hf-probes-diffusion has no autoregressive next-token readout"), self.probes_skipped)
+        elif unsupported:
             raise ValueError(
                 f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
                 "probes need an autoregressive next-token readout"
             )
+        if self.probe_config.traces:
+            raise ValueError("probe_traces=true is an hf-probes option: hf-probes-diffusion writes no per-token traces yet")
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
-                         subfolder=hf_args.get("subfolder"))  # says what is missing before anything loads
+                         subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
         if hf_args.get("backend", "default") not in ("default", "causal"):
             raise ValueError(f"hf-probes-diffusion loads one bidirectional model; backend={hf_args['backend']!r} is not supported")
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
-        config = _model_config(pretrained, hf_args)
+        config = model_config(pretrained, hf_args)
+        self.probe_config = without_skipped(self.probe_config, not_applying(self.probe_config, lambda: config),
+                                            self.probes_skipped)
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
         self.AUTO_MODEL_CLASS = model_class_for(config)  # HFLM's _get_backend keeps a class already set
         self._plan_probes(config)
@@ -202,6 +202,11 @@ class DiffusionProbeHFLM(HFLM):
         self.captures = position_captures(self.probe_config, self.num_layers)
         self.whole: WholeForward = whole_forward(self.captures)
         autoregressive = [asked[0] for asked in (self.whole.focal_depth, self.whole.first_attention) if asked is not None]
+        if autoregressive and self.probe_config.every_applicable:
+            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
+                autoregressive, "it re-runs or hooks an autoregressive model's blocks"), self.probes_skipped)
+            self._plan_probes(config)
+            return
         if autoregressive:
             raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
                              "autoregressive model's blocks")

@@ -7,11 +7,12 @@ Reads the lens logits of the layers whose transitions it computes — the centra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_choice, as_range, option
+from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, TraceField, as_choice, as_range, option
 
 PROFILE_MODES: tuple[str, ...] = ("window", "full")
 """``probe_bte_profile``: ``window`` reads out only the layers of ē_M's central window (the cheap default), ``full``
@@ -70,6 +71,13 @@ class BtePositions:
 
         return {"energy": consecutive_js_divergences_of_logits(chunk.layer_logits(*self.transitions))}
 
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's ``bte_step`` ``[n]``: at each position the mean JSD of the central window's transitions (the
+        mean of these over the positions is ē_M: both are means over the window × the positions)."""
+        first, _ = self.transitions
+        window_start, window_stop = self.window
+        return {"bte_step": values["energy"].double()[window_start - first : window_stop - first].mean(dim=0)}
+
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``bte_energy``: the mean of the depth profile e(l) over the central window (the difficulty scalar ē_M);
         ``bte_profile`` (every transition computed: ``probe_bte_profile=full``): e(l), l = 0..L-1, the mean JSD of
@@ -106,6 +114,10 @@ class BteRecord:
     bte_features: tuple[float, ...] | None = None
 
 
+JSD_BOUNDS: tuple[float, float] = (0.0, math.log(2.0))
+"""A mean of Jensen–Shannon divergences in nats: [0, ln 2]."""
+
+
 PROBE = Probe(
     name="bte",
     summary="BTE: Jensen–Shannon energy between consecutive logit-lens beliefs, over the central window of "
@@ -116,15 +128,17 @@ PROBE = Probe(
     reads="the states of the layers of the central window (or all L+1) at every response position",
     record=BteRecord,
     position_probe=BtePositions,
+    traces=(TraceField("bte_step", "bte_energy"),),
     options=BteOptions,
     memory=bte_memory,
     default_enabled=True,
     rows=(
         Row("bte_energy", "float", "mean", False, "probe",
-            "mean over documents of the BTE central-window energy ē_M (nats)", "bte_energy"),
+            "mean over documents of the BTE central-window energy ē_M (nats)", "bte_energy",
+            bounds=JSD_BOUNDS),
         Row("bte_profile", "vector", "probe_vector_mean", False, "probe",
             "probe_bte_profile=full: mean over documents of the mean JSD e(l) over all L layer transitions "
-            "(nats); per document the depth profile e(0..L-1) is in --log_samples", "bte_profile"),
+            "(nats); per document the depth profile e(0..L-1) is in --log_samples", "bte_profile", bounds=JSD_BOUNDS),
     ),
     ranked="bte_energy",
     ranked_text="ē_M",

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import FirstAttention, Probe, ProbeOptions, Row, Shapes, as_choice, option
+from lm_eval_probes.api import (UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, TraceField, as_choice,
+                                option)
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -91,7 +92,7 @@ class MarginPositions:
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
         self.options = options
-        self.first_attention = FirstAttention(values=self.values, fields=self.fields)
+        self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`;
@@ -159,18 +160,21 @@ PROBE = Probe(
     reads="the first softmax-attention layer's queries, keys and query-map Jacobian at every position the model saw",
     record=MarginRecord,
     position_probe=MarginPositions,
+    traces=(TraceField("margin", "margin_mean", over="sequence"), TraceField("margin", "margin_min", "min", over="sequence")),
     options=MarginOptions,
     memory=margin_memory,
     rows=(
         Row("margin", "float", "mean", True, "probe",
             "mean over documents of the mean stability margin log|det(I − Σ_t A)| of the first attention layer "
-            "over the positions the model saw (probes=margin)", "margin_mean"),
+            "over the positions the model saw (probes=margin)", "margin_mean",
+            bounds=UNBOUNDED),  # log|det|: −∞ at the degeneracy boundary det = 0, no ceiling
         Row("margin_min", "float", "mean", True, "probe",
-            "mean over documents of the smallest margin (the first support token's)", "margin_min"),
+            "mean over documents of the smallest margin (the first support token's)", "margin_min", bounds=UNBOUNDED),
         Row("margin_support", "support", "probe_support_mean", True, "probe",
             "probes=margin: mean over documents of the mean margin of the k support tokens; per document their "
-            "positions, tokens and margins are in --log_samples", "margin_support"),
+            "positions, tokens and margins are in --log_samples", "margin_support", bounds=UNBOUNDED),
     ),
+    applies=margin_unavailable,
     ranked="margin_mean",
     ranked_text="the document's mean margin",
     label="mean stability margin",

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import FocalDepth, Probe, ProbeOptions, Row, Shapes, as_int, as_range, option, or_none
+from lm_eval_probes.api import (NON_NEGATIVE, UNIT_INTERVAL, FocalDepth, Probe, ProbeOptions, Row, Shapes, TraceField,
+                                as_int, as_range, option, or_none)
 
 DEFAULT_DEPTH = 5
 """Focal depth m of Ω when ``probe_omega_depth`` is not given (L for a model with fewer than 5 blocks)."""
@@ -88,6 +89,13 @@ class OmegaPositions:
     def at_positions(self, chunk: Any) -> dict[str, Any]:
         return {}
 
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's ``omega`` ``[n]``: at each position Σ_i (1 − its top-K mass of source layer i) (their mean over
+        the positions is Ω: C_i is a mean over the positions); nothing before the masses are attached."""
+        if "mass" not in values:
+            return {}
+        return {"omega": (1.0 - values["mass"].double()).sum(dim=0)}
+
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``omega_trajectory``: the confidence trajectory C_i over the source layers (default i = 0..L: L+1 floats),
         the mean over the response positions of the top-K mass of the focal-depth decoding of layer i; ``omega``: its
@@ -153,16 +161,18 @@ PROBE = Probe(
     reads="every source layer's states at the response positions, and the last m blocks' inputs",
     record=OmegaRecord,
     position_probe=OmegaPositions,
+    traces=(TraceField("omega", "omega"),),
     options=OmegaOptions,
     memory=omega_memory,
     rows=(
         Row("omega", "float", "mean", False, "probe",
             "mean over documents of the HyperLens refinement area Ω = Σ_i (1 − C_i) of the focal-depth "
-            "confidence trajectory (probes=omega)", "omega"),
+            "confidence trajectory (probes=omega)", "omega",
+            bounds=NON_NEGATIVE),  # at most S·(1 − K/V) for S source layers: a model's, not the row's, so no ceiling
         Row("omega_trajectory", "vector", "probe_vector_mean", True, "probe",
             "probes=omega: mean over documents and source layers of the focal-depth confidence C_i "
             "(= 1 − Ω / number of source layers); per document the trajectory C_i is in --log_samples",
-            "omega_trajectory"),
+            "omega_trajectory", bounds=UNIT_INTERVAL),
     ),
     ranked="omega",
     ranked_text="Ω",

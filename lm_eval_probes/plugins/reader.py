@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import LayerStates, Probe, ProbeOptions, PromptMeans, Row, Shapes, as_int_list, option
+from lm_eval_probes.api import (UNIT_INTERVAL, LayerStates, Probe, ProbeOptions, PromptMeans, Row, Shapes, as_int_list,
+                                option)
 
 LAYER_FRACTIONS: tuple[float, ...] = (1 / 2, 2 / 3, 5 / 6)
 """Default reader layers: round(f · L) for these f (mid to late layers)."""
@@ -162,11 +163,12 @@ PROBE = Probe(
     feed_states=reader_states,
     feeds=(
         Row("lcr_auroc", "reader", "probe_lcr_auroc", True, "reader",
-            "latent correctness reader: out-of-fold AUROC of P(correct) from answer hidden states", "answer_states"),
+            "latent correctness reader: out-of-fold AUROC of P(correct) from answer hidden states", "answer_states",
+            bounds=UNIT_INTERVAL),
         Row("lcr_ece", "reader", "probe_lcr_ece", False, "reader",
-            "latent correctness reader: ECE of its out-of-fold P(correct)", "answer_states"),
+            "latent correctness reader: ECE of its out-of-fold P(correct)", "answer_states", bounds=UNIT_INTERVAL),
         Row("corruption_auroc", "reader", "probe_corruption_auroc", True, "detector",
             "corruption detector: cross-fitted AUROC of clean vs noised prompts from prompt hidden states",
-            "prompt_states"),
+            "prompt_states", bounds=UNIT_INTERVAL),
     ),
 )

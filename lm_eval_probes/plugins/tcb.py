@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, as_float, option, or_none
+from lm_eval_probes.api import (UNBOUNDED, UNIT_INTERVAL, Probe, ProbeOptions, Row, Shapes, TraceField, as_float, option,
+                                or_none)
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,12 @@ class TcbPositions:
         from lm_eval_probes.probes.tcb import tcb_readout
 
         readout = chunk.readout
+        # logits = g(s·(W h + b)): J carries the factor s, so δ = (ε/|s|) / ‖J‖ of the unscaled rows at those logits
         delta, baselines, moved = tcb_readout(
             chunk.final_hidden,
             readout.rows,
             readout.bias,
-            eps=self.eps,
+            eps=self.eps / abs(readout.logit_scale),
             logit_softcap=readout.logit_softcap,
             row_sq_norms=readout.row_sq_norms,
             logits=chunk.raw_logits,
@@ -79,6 +81,10 @@ class TcbPositions:
         if self.scales:
             values["log10_cluster"], values["log10_disperse"] = torch.log10(moved.double()).unbind(0)
         return values
+
+    def per_position(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The trace's arrays (:data:`TCB_TRACES`): log10 δ_TCB, the entropy and the logit margin at each position."""
+        return {"tcb_log10": values["log10_tcb"], "entropy": values["entropy"], "logit_margin": values["logit_margin"]}
 
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         """``tcb_log10_mean`` / ``tcb_log10_min``: mean / minimum of log10 δ_TCB over the positions; ``tcb_argmin``:
@@ -136,6 +142,10 @@ class TcbRecord:
     tcb_ablation_ordered: float | None = None
 
 
+TCB_TRACES = (TraceField("tcb_log10", "tcb_log10_mean"), TraceField("tcb_log10", "tcb_log10_min", "min"),
+              TraceField("entropy", "entropy"), TraceField("logit_margin", "logit_margin"))
+"""δ_TCB's per-position arrays in a document's trace and the record fields they reduce to."""
+
 PROBE = Probe(
     name="tcb",
     summary="δ_TCB: how far the final hidden state can move before the next-token distribution changes "
@@ -146,24 +156,28 @@ PROBE = Probe(
     reads="the final layer's state at every response position (its logits: the harness's own readout)",
     record=TcbRecord,
     position_probe=TcbPositions,
+    traces=TCB_TRACES,
     options=TcbOptions,
     memory=tcb_memory,
     default_enabled=True,
     rows=(
         Row("tcb_log10", "float", "mean", True, "probe",
-            "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean"),
+            "mean over documents of the mean log10 δ_TCB over response positions", "tcb_log10_mean",
+            bounds=UNBOUNDED),  # δ_TCB = ε/‖J‖_F takes any value in (0, ∞)
         Row("tcb_log10_min", "float", "mean", True, "probe",
-            "mean over documents of the smallest log10 δ_TCB of the response", "tcb_log10_min"),
+            "mean over documents of the smallest log10 δ_TCB of the response", "tcb_log10_min", bounds=UNBOUNDED),
         Row("tcb_ablation_ordered", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the fraction of response positions where δ_TCB with "
             "the competing tokens' unembedding rows clustered (×α) > δ_TCB > dispersed (×1/α), o held fixed",
-            "tcb_ablation_ordered", scored=False),
+            "tcb_ablation_ordered", scored=False, bounds=UNIT_INTERVAL),
         Row("tcb_cluster_log10", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
-            "clustered toward their probability-weighted centre by α", "tcb_cluster_log10_mean", scored=False),
+            "clustered toward their probability-weighted centre by α", "tcb_cluster_log10_mean", scored=False,
+            bounds=UNBOUNDED),
         Row("tcb_disperse_log10", "float", "mean", True, "probe",
             "probe_tcb_ablation=α: mean over documents of the mean log10 δ_TCB with the competitors' rows "
-            "dispersed from their probability-weighted centre by 1/α", "tcb_disperse_log10_mean", scored=False),
+            "dispersed from their probability-weighted centre by 1/α", "tcb_disperse_log10_mean", scored=False,
+            bounds=UNBOUNDED),
     ),
     ranked="tcb_log10_mean",
     ranked_text="the document's mean log10 δ_TCB",

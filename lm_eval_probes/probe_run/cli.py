@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lm_eval_probes.cli.console import tidy_console
-from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
+from lm_eval_probes.terminal.console import tidy_console
+from lm_eval_probes.terminal.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 
 EXAMPLE = """\
 examples:
@@ -91,7 +91,7 @@ def _batch_size(value: str) -> int | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from lm_eval_probes.__main__ import wants_debug
+    from lm_eval_probes.terminal.debug import wants_debug
 
     debug = args.debug or wants_debug([])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)

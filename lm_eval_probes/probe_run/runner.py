@@ -237,7 +237,7 @@ def probe_run(options: ProbeRunOptions, *, lm: Any | None = None, task_manager: 
               "progress": progress, "documents_per_chunk": options.documents_per_chunk}
     if lm is None:
         check_pretrained(args["pretrained"], offline=hub_offline(), gguf_file=args.get("gguf_file"),
-                         subfolder=args.get("subfolder"))
+                         subfolder=args.get("subfolder"), trust_remote_code=args.get("trust_remote_code"))
         additional = {"batch_size": options.batch_size, "max_batch_size": options.max_batch_size,
                       "device": options.device or lm_eval_cli_device()}
         lm = ReplayHFLM(**args, **{k: v for k, v in additional.items() if v is not None}, **replay)

@@ -7,9 +7,11 @@ Under ``every_eval_ever/`` in the report folder, laid out as the Every Eval Ever
 * ``<uuid>.json``, the aggregate: every row of the task as an ``evaluation_results`` entry (rows whose value is
   undefined are left out and named in ``source_metadata.additional_details.undefined_rows``) with its declaration's
   description, its direction (``lower_is_better``; a baseline or count, which has none, says so in
-  ``score_details.details.direction``), its bounds where known (``min_score``/``max_score``, ``null`` where not),
-  lm_eval's standard error and the report's bootstrap interval; the plugin's options (``probes``, ``probe_*``) in
-  each result's ``generation_config.additional_details`` and the model's ``model_args`` in ``model_info``;
+  ``score_details.details.direction``), its bounds (``min_score``/``max_score``: a row's declared
+  :attr:`~lm_eval_probes.api.Row.bounds`, lm_eval's metrics' by their definition (:data:`STOCK_BOUNDS`);
+  ``"-Infinity"``/``"Infinity"`` where a side is unbounded, both for a metric nothing here declares), lm_eval's
+  standard error and the report's bootstrap interval; the plugin's options (``probes``, ``probe_*``) in each result's
+  ``generation_config.additional_details`` and the model's ``model_args`` in ``model_info``;
 * ``<uuid>_samples.jsonl`` (with ``--log_samples``), one line per document of the correctness filter: prompt,
   reference, choices, the response, its correctness as ``evaluation``, lm_eval's hashes and every per-document
   probe value as JSON text in ``metadata``; ``detailed_evaluation_results`` of the aggregate points at it (its
@@ -32,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lm_eval_probes.api import CORRELATION, NON_NEGATIVE, UNBOUNDED, UNIT_INTERVAL
 from lm_eval_probes.config import split_model_args
-from lm_eval_probes.declarations import CONFIDENCE
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval
 from lm_eval_probes.reports.columns import meaning
 from lm_eval_probes.reports.details import response_text
@@ -46,20 +48,31 @@ FOLDER = "every_eval_ever"
 UNBOUNDED_ABOVE = "Infinity"
 UNBOUNDED_BELOW = "-Infinity"
 
+STOCK_BOUNDS: dict[str, tuple[float, float]] = {
+    "acc": UNIT_INTERVAL, "acc_norm": UNIT_INTERVAL, "exact_match": UNIT_INTERVAL, "next_token_match": UNIT_INTERVAL,
+    "mcc": CORRELATION,
+    "brier_score": (0.0, 2.0),  # Σ over the options of (p − one-hot)²: 2 when all mass is on one wrong option
+    "perplexity": (1.0, math.inf), "word_perplexity": (1.0, math.inf), "byte_perplexity": (1.0, math.inf),  # exp(NLL ≥ 0)
+    "bits_per_byte": NON_NEGATIVE,
+}
+"""The range of lm_eval's metrics (and the next-token task's ``next_token_match``) by their definition: nothing of
+the plugin declares them."""
 
 
-def bounds() -> dict[str, tuple[float | str, float | str]]:
-    """(min, max) of the rows whose range is known (of the probes registered now); other rows get ``null`` bounds
-    (not provided)."""
-    declared = rows_by_name()
-    return {
-        "acc": (0.0, 1.0), "acc_norm": (0.0, 1.0), "exact_match": (0.0, 1.0),
-        CONFIDENCE.name: (0.0, 1.0),
-        **{name: (UNBOUNDED_BELOW, 1.0) if row.aggregation == "probe_prr" else (0.0, 1.0)
-           for name, row in declared.items() if row.family in ("confidence", "reader", "detector", "trajectory")},
-        **{name: (-1.0, 1.0) for name, row in declared.items() if row.aggregation.endswith("spearman")},
-        **{name: (0.0, UNBOUNDED_ABOVE) for name, row in declared.items() if row.aggregation == "probe_count"},
-    }
+def metric_bounds(metric: str) -> tuple[float, float]:
+    """``(low, high)`` of ``metric``: its row's declared bounds (of the probes registered now), else
+    :data:`STOCK_BOUNDS`, else unbounded (``-inf``/``inf``: a metric whose range nothing here knows)."""
+    row = rows_by_name().get(metric)
+    if row is not None:
+        return row.bounds
+    return STOCK_BOUNDS.get(metric, UNBOUNDED)
+
+
+def json_bound(value: float) -> float | str:
+    """A bound as Every Eval Ever writes it in strict JSON: ``"-Infinity"``/``"Infinity"`` for ∓∞."""
+    if math.isinf(value):
+        return UNBOUNDED_ABOVE if value > 0 else UNBOUNDED_BELOW
+    return float(value)
 
 
 def file_uuid(*parts: str) -> str:
@@ -130,7 +143,6 @@ def aggregate_record(model: ModelResults, table: TaskTable, raw: Mapping[str, An
     generation = {"additional_details": _strings({**plugin, **({"num_fewshot": config["num_fewshot"]}
                                                                 if config.get("num_fewshot") is not None else {})})}
     results, undefined = [], []
-    known = bounds()
     for column, cell in zip(table.columns, cells):
         if not cell.present:
             continue
@@ -138,7 +150,7 @@ def aggregate_record(model: ModelResults, table: TaskTable, raw: Mapping[str, An
             undefined.append(column.name)
             continue
         described = meaning(column.metric, column.higher_is_better)
-        low, high = known.get(column.metric, (None, None))
+        low, high = (json_bound(bound) for bound in metric_bounds(column.metric))
         direction = described.direction
         results.append({
             "evaluation_result_id": column.metric if column.filter == "none" else f"{column.metric}:{column.filter}",
@@ -209,7 +221,7 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
         value = line.get(metric)
         score = float(value) if isinstance(value, (bool, int, float)) and math.isfinite(float(value)) else 0.0
         response = response_text(line)
-        probes = {name: line[name] for name in declared if name in line}
+        probes = {name: line[name] for name, row in declared.items() if name in line and row.value != "trace"}  # no traces
         scored = {m: line.get(m) for m in line.get("metrics") or [] if m in line}
         out.append({
             "schema_version": SCHEMA_VERSION, "evaluation_id": evaluation_id, "model_id": identifier,

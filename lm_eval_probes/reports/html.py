@@ -10,6 +10,10 @@ inside its box.
 Every string from a model name, task name, ``model_args`` or file path is inserted through jinja2's
 autoescape (``<script>`` becomes ``&lt;script&gt;``); the only values marked safe are none: even the
 base64 image data goes through the escaper (it has nothing to escape).
+
+With samples, the page has a documents view (``id="documents"``): its data are script files beside the page
+(:mod:`.documents`), named in a JSON manifest (jinja2's ``tojson``), and its script, ``templates/documents.js``
+(included as it is), puts every document's text into the page as text, never as markup.
 """
 
 from __future__ import annotations
@@ -381,10 +385,12 @@ def render_page(
     failed: Sequence[FailedPair] = (),
     task_comparisons: Mapping[str, Sequence[PairedComparison]] | None = None,
     downloads: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    documents: Mapping[str, Mapping[str, object]] | None = None,
 ) -> str:
     """The whole page as one string (autoescaped). ``ranks``: task → model → interval (the overview under
     :data:`~.ranks.OVERVIEW_TASK`); ``task_comparisons``: each task's every comparison; ``downloads``: per task,
-    (label, relative link) of the files written beside the page (details Parquet, Every Eval Ever JSON)."""
+    (label, relative link) of the files written beside the page (details Parquet, Every Eval Ever JSON); ``documents``:
+    the documents view's manifest (:func:`.documents.write_documents`: task → its script files), embedded as JSON."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
         autoescape=True,
@@ -395,7 +401,7 @@ def render_page(
     task_comparisons = task_comparisons or {}
     downloads = downloads or {}
     model_notes = [{"name": m.name, "size": format_parameters(m.num_parameters), "model_args": m.model_args,
-                    "sources": m.sources, "replaced": m.replaced} for m in models]
+                    "sources": m.sources, "replaced": m.replaced, "skipped": m.probes_skipped} for m in models]
     parts = model_name_parts([m.name for m in models])
     anchors = {t.task: "#" + task_anchor(k) for k, t in enumerate(tables, start=1)}
     has_trust = any(any(row) for row in view.trust_compared)
@@ -403,7 +409,7 @@ def render_page(
                    "comparisons": pairwise_html_table(task_comparisons[t.task], alpha=view.alpha, level=level, parts=parts)
                    if task_comparisons.get(t.task) else None,
                    "n_comparisons": len(task_comparisons.get(t.task, ())),
-                   "downloads": list(downloads.get(t.task, ()))}
+                   "downloads": list(downloads.get(t.task, ())), "documents": t.task in (documents or {})}
                   for k, t in enumerate(tables, start=1)]
     return environment.get_template(TEMPLATE).render(
         title=title, version=version, statistics=statistics,
@@ -416,5 +422,5 @@ def render_page(
         failed=[f.to_json() for f in failed],
         glossary=glossary_sections(tables),
         figure_sections=[s for s in sections if s.figures or s.note], models=model_notes, tasks=[t.task for t in tables],
-        notes=list(notes), n_resamples=n_resamples, seed=seed, level=level,
+        notes=list(notes), n_resamples=n_resamples, seed=seed, level=level, documents=dict(documents or {}),
     )

@@ -21,9 +21,9 @@ filter); documents only one model ran, or where either record is undefined, are 
   `selective_auroc_at_step_75`, `ece_at_step_100`, `selective_auroc_at_step_100`.
 
   Not compared: `bte_profile`, `omega_trajectory`, `margin_support` (lists per document, no single number),
-  `empty_responses`, `answer_unlocated`, `difficulty_missing` (counts), `ece_scaled` (fitted out-of-fold: a
-  resample repeats documents across folds), `lcr_auroc`, `lcr_ece`, `corruption_auroc` (the reader's features
-  are not in the samples).
+  `empty_responses`, `answer_unlocated`, `difficulty_missing` (counts), `trace` (the per-token trace of
+  ``probe_traces=true``: no single number), `ece_scaled` (fitted out-of-fold: a resample repeats documents across
+  folds), `lcr_auroc`, `lcr_ece`, `corruption_auroc` (the reader's features are not in the samples).
 
 * **Interval**: the paired percentile bootstrap (:mod:`.bootstrap`): one set of document indices per
   resample, applied to both models, so what the documents share cancels out of the difference.

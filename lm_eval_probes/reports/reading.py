@@ -102,6 +102,7 @@ class RunFile:
     model_args: str
     num_parameters: int | None
     tasks: Mapping[str, TaskResult]
+    probes_skipped: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def model_key(self) -> tuple[str, str]:
@@ -121,6 +122,7 @@ class ModelResults:
         sources: every results file merged in, sorted.
         replaced: one note per task that appeared in more than one run: which file won (the newest) and
             which were dropped.
+        probes_skipped: probe → why ``probes=all`` skipped it on this model (the results' config), over its runs.
     """
 
     name: str
@@ -129,6 +131,7 @@ class ModelResults:
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     replaced: list[dict[str, Any]] = field(default_factory=list)
+    probes_skipped: dict[str, str] = field(default_factory=dict)
 
 
 def as_float(value: Any) -> float:
@@ -226,8 +229,10 @@ def read_results_file(path: str | Path) -> RunFile:
             metadata=dict((configs.get(task) or {}).get("metadata") or {}),
             samples=tuple(read_jsonl(samples_file)) if samples_file.is_file() else (),
         )
+    skipped = config.get("probes_skipped")
+    skipped = {str(k): str(v) for k, v in skipped.items()} if isinstance(skipped, dict) else {}
     return RunFile(path=path, date=date, model_name=model_name, model_args=model_args,
-                   num_parameters=num_parameters, tasks=tasks)
+                   num_parameters=num_parameters, tasks=tasks, probes_skipped=skipped)
 
 
 def _metrics(rows: Mapping[str, Any], directions: Mapping[str, Any]) -> list[Metric]:
@@ -270,6 +275,7 @@ def merge_runs(runs: Sequence[RunFile]) -> list[ModelResults]:
         model.sources.append(str(run.path))
         if model.num_parameters is None:
             model.num_parameters = run.num_parameters
+        model.probes_skipped.update(run.probes_skipped)
         for task, result in run.tasks.items():
             previous = model.tasks.get(task)
             if previous is not None:

@@ -50,6 +50,7 @@ from lm_eval_probes.reports.pairwise import (
     pairwise_comparisons,
 )
 from lm_eval_probes.reports.details import write_details
+from lm_eval_probes.reports.documents import write_documents
 from lm_eval_probes.reports.every_eval_ever import write_every_eval_ever
 from lm_eval_probes.reports.levels import CORRECT, LevelMean, level_markdown, level_means
 from lm_eval_probes.reports.ranks import OVERVIEW_TASK, RankColumn, RankInterval, rank_table, ranks_by_task
@@ -140,7 +141,8 @@ def summary_json(report: Report, settings: BootstrapSettings) -> dict[str, Any]:
         win = report.overview.win_rate[at]
         models.append({"name": model.name, "model_args": model.model_args, "num_parameters": model.num_parameters,
                        "mean_win_rate": win if math.isfinite(win) else None, "rank": at + 1,
-                       "sources": model.sources, "merged_duplicates": model.replaced, "tasks": tasks})
+                       "sources": model.sources, "merged_duplicates": model.replaced,
+                       "probes_skipped": model.probes_skipped, "tasks": tasks})
     robustness = [{"model": r.model, "task": r.base, "operator": r.operator, "metric": r.primary_metric, "filter": r.filter,
                    "clean": {k: v.to_json() for k, v in r.clean.items()},
                    "noised": {k: v.to_json() for k, v in r.noised.items()},
@@ -248,6 +250,11 @@ def markdown_page(report: Report, settings: BootstrapSettings) -> str:
         statistics_line(settings) + f" {DIRECTION_LEGEND} Each row's formula and source: the Glossary at the end.", "",
         overview_markdown(report.overview, by_task, settings.level), "",
     ]
+    skipped = [f"- {markdown_escape(model.name)}: probe {probe} — {markdown_escape(reason)}"
+               for model in report.models for probe, reason in model.probes_skipped.items()]
+    if skipped:
+        parts += ["## Probes skipped", "", "`probes=all` skipped these probes, which cannot run on the model:", "",
+                  *skipped, ""]
     if report.failed:
         parts += ["## Attempted without a result", "",
                   "The sweep attempted these models × tasks and has no result for them (they take no rank):", "",
@@ -360,6 +367,7 @@ def build_report(
         downloads.setdefault(task, []).append((f"{model_name}: details (Parquet)", path.relative_to(out_dir).as_posix()))
     for (model_name, task), paths in sorted(exported.items()):
         downloads.setdefault(task, []).append((f"{model_name}: Every Eval Ever", paths[0].relative_to(out_dir).as_posix()))
+    documents = write_documents(models, [t.task for t in tables], out_dir)
     summary = summary_json(report, settings)
     summary["exports"] = {
         "details": [{"model": m, "task": t, "path": p.relative_to(out_dir).as_posix()} for (m, t), p in sorted(details.items())],
@@ -373,7 +381,7 @@ def build_report(
                             seed=seed, level=level, pairwise=headline_comparisons(report),
                             pairwise_text=pairwise_text(report, settings), statistics=statistics_line(settings).replace("`", ""),
                             trust_text=TRUST_TEXT, ranks=ranks_by_task(ranks), failed=failed,
-                            task_comparisons=task_comparisons(report), downloads=downloads)
+                            task_comparisons=task_comparisons(report), downloads=downloads, documents=documents)
     (out_dir / "index.html").write_text(page, encoding="utf-8")
     return report
 

@@ -150,7 +150,6 @@ PROTOCOL = ReproductionProtocol(
     pretrained={"hf-probes-diffusion": "GSAI-ML/LLaDA-8B-Instruct", "hf-probes": "meta-llama/Meta-Llama-3-8B-Instruct"},
     default_model="hf-probes-diffusion",
     model_args={"probes": "reader"},
-    model_defaults={"hf-probes-diffusion": {"trust_remote_code": "True"}},
     variants=(
         _variant("gsm8k", "flexible-extract", "GSM8K 5-shot chain of thought, the last number of the generation "
                                               "checked (the paper's benchmark)"),

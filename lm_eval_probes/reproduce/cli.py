@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from lm_eval_probes.harness.release import release_models
 from lm_eval_probes.reproduce.claims import Claim
 from lm_eval_probes.reproduce.protocol import ReproductionProtocol, Variant
 from lm_eval_probes.reproduce.registry import ENGINE_PROTOCOLS, PROTOCOLS, protocol
@@ -56,7 +57,7 @@ def run_options(chosen: ReproductionProtocol, variant: Variant, *, model: str | 
         raise ReproduceError(f"protocol {chosen.name!r} runs with --model {' or '.join(chosen.pretrained)}, not {model!r}")
     given = parse_model_args(model_args)
     given.setdefault("pretrained", chosen.pretrained[model])
-    merged = merge_model_args(given, {**chosen.model_defaults.get(model, {}), **chosen.model_args})
+    merged = merge_model_args(given, dict(chosen.model_args))
     return RunOptions(model=model, model_args=merged, tasks=variant.tasks, out=Path(out), **kwargs)
 
 
@@ -81,6 +82,7 @@ def reproduce(name: str, *, variant: str | None = None, **kwargs: Any) -> tuple[
         output_dir = options.out / "lm_eval" / pass_name if several else options.out / "lm_eval"
         runs[pass_name] = evaluate(pass_options, output_dir=output_dir)
         passes[pass_name] = pass_options.model_args_text()
+        release_models()  # each pass builds its own model: the last one goes before the next loads
     claims = chosen.claims(runs, chosen_variant)
     header = {
         "protocol": chosen.name, "paper": chosen.paper, "variant": chosen_variant.name,

@@ -43,7 +43,6 @@ class ReproductionProtocol:
         pretrained: the paper's model per ``--model`` (a hub name; the default ``pretrained``).
         default_model: the ``--model`` the paper's own results come from.
         model_args: what the protocol needs from the model (its probes, options), merged into the user's.
-        model_defaults: per ``--model``, ``model_args`` set unless the user sets them (``trust_remote_code``).
         variants: the task sets, the first the paper's.
         claims: the claims read from the runs of a variant (``{pass name: Run}``).
         probe: the probe whose paper the protocol reproduces: :attr:`paper` is that probe's, read from the registry
@@ -62,7 +61,6 @@ class ReproductionProtocol:
     claims: Callable[[Mapping[str, Run], Variant], list[Claim]]
     probe: str | None = None
     citation: str = ""
-    model_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     passes: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: {MAIN: {}})
 
     def __post_init__(self) -> None:

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lm_eval_probes.cli.console import tidy_console
-from lm_eval_probes.cli.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 from lm_eval_probes.sweep.config import Shard, SweepConfigError, load_config
-from lm_eval_probes.sweep.store import is_finished
 from lm_eval_probes.sweep.runner import GENERATE, SAMPLES, UNAVAILABLE, SweepInterrupted, pair_route, run_sweep
+from lm_eval_probes.sweep.store import is_finished
+from lm_eval_probes.terminal.console import tidy_console
+from lm_eval_probes.terminal.interrupt import EXIT_INTERRUPTED, stop_at_next_interrupt
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lm-eval-probes sweep: error: {error}", file=sys.stderr)
         return 2
     except SweepInterrupted as interrupted:
-        from lm_eval_probes.__main__ import wants_debug
+        from lm_eval_probes.terminal.debug import wants_debug
 
         if args.debug or wants_debug([]):
             raise
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{interrupted} (status: {config.output_dir / 'sweep_status.json'})", file=sys.stderr)
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # before the first pair (reading lm_eval's task index)
-        from lm_eval_probes.__main__ import wants_debug
+        from lm_eval_probes.terminal.debug import wants_debug
 
         if args.debug or wants_debug([]):
             raise

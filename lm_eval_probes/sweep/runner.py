@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lm_eval_probes.cli.interrupt import deferred_interrupt, restore_interrupt, stop_at_next_interrupt
 from lm_eval_probes.harness.pretrained import ModelNotFound, check_pretrained, hub_offline
+from lm_eval_probes.harness.release import release_models
 from lm_eval_probes.probe_run.runner import lm_eval_cli_device
 from lm_eval_probes.sweep.config import SWEEP_KEY, Shard, SweepConfig, SweepConfigError, SweepModel
 from lm_eval_probes.sweep.store import collect_status, is_finished, pair_dir, record_status
+from lm_eval_probes.terminal.interrupt import deferred_interrupt, restore_interrupt, stop_at_next_interrupt
 
 logger = logging.getLogger(__name__)
 
@@ -308,8 +309,6 @@ def _generate_all(config: SweepConfig, model: SweepModel, tasks: list[str], gene
     """Generate every pair of ``tasks`` that has no kept generation, with one ``generate_with`` model loaded for all
     of them and released before any probing model loads (vLLM keeps its GPU memory while it lives). Returns, per task,
     the seconds its generation took, or the exception that failed it (a failed load fails them all)."""
-    import gc
-
     outcome: dict[str, Any] = {}
     missing = []
     for task in tasks:
@@ -350,17 +349,8 @@ def _generate_all(config: SweepConfig, model: SweepModel, tasks: list[str], gene
                 shutil.rmtree(partial, ignore_errors=True)
     finally:
         del generator
-        gc.collect()
-        _release_gpu_memory()
+        release_models()
     return outcome
-
-
-def _release_gpu_memory() -> None:
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _probe_into(config: SweepConfig, lm: Any, model: SweepModel, task: str, task_manager: Any, shard: Shard,
@@ -403,7 +393,7 @@ def check_model_folder(model: SweepModel) -> None:
     args = model.model_args
     gguf, subfolder = args.get("gguf_file"), args.get("subfolder")
     check_pretrained(args.get("pretrained"), offline=hub_offline(), gguf_file=str(gguf) if gguf else None,
-                     subfolder=str(subfolder) if subfolder else None)
+                     subfolder=str(subfolder) if subfolder else None, trust_remote_code=args.get("trust_remote_code"))
 
 
 def load_failure(error: BaseException) -> str:
@@ -494,7 +484,9 @@ def run_sweep(config: SweepConfig, *, shard: Shard = Shard(), task_manager: Any 
     check_tasks(config, task_manager)
     try:
         _run_pairs(config, shard, task_manager)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        traceback.clear_frames(interrupt.__traceback__)  # its frames' locals (a loaded model) go now, not with it
+        release_models()
         previous = stop_at_next_interrupt()  # a second Ctrl-C stops at once
         try:
             summary = collect_status(config, interrupted=True)
@@ -520,54 +512,63 @@ def _run_pairs(config: SweepConfig, shard: Shard, task_manager: Any) -> None:
         by_model.setdefault(model_name, []).append(task)
     generation_tasks = _GenerationTasks(config)
     for model_name, tasks in by_model.items():
-        todo = [t for t in tasks if not is_finished(config, model_name, t)]
-        for task in tasks:
-            if task not in todo:
-                progress.line(model_name, task, "already done, skipped")
-        if not todo:
+        try:
+            _run_model_pairs(config, shard, task_manager, model_name, tasks, progress, generation_tasks)
+        finally:  # this model's objects are gone before the next one loads, whatever its pairs' outcome
+            release_models()
+
+
+def _run_model_pairs(config: SweepConfig, shard: Shard, task_manager: Any, model_name: str, tasks: list[str],
+                     progress: Progress, generation_tasks: _GenerationTasks) -> None:
+    """One model's unfinished pairs of this shard, with its wrappers loaded once (:class:`_ModelLoads`). They are
+    this call's locals only: when it returns (or raises), nothing holds the model any more."""
+    todo = [t for t in tasks if not is_finished(config, model_name, t)]
+    for task in tasks:
+        if task not in todo:
+            progress.line(model_name, task, "already done, skipped")
+    if not todo:
+        return
+    model = config.model(model_name)
+    route = pair_route(model)
+    loads = _ModelLoads(config, model)
+    if route.note is not None:
+        logger.warning("%s: %s", model_name, route.note)
+    generated = _generate_all(config, model, todo, generation_tasks) if route.kind == GENERATE else {}
+    for task in todo:
+        started = time.monotonic()
+        generation = generated.get(task, 0.0)
+        if isinstance(generation, Exception):
+            message = f"generation with {model.generate_with} failed: {type(generation).__name__}: {generation}"
+            with deferred_interrupt():
+                record_status(config, model_name, task, "failed", error=message,
+                              traceback=getattr(generation, "trace", ""))
+                progress.line(model_name, task, f"FAILED ({_shown(message)})", 0.0)
             continue
-        model = config.model(model_name)
-        route = pair_route(model)
-        loads = _ModelLoads(config, model)
-        if route.note is not None:
-            logger.warning("%s: %s", model_name, route.note)
-        generated = _generate_all(config, model, todo, generation_tasks) if route.kind == GENERATE else {}
-        for task in todo:
-            started = time.monotonic()
-            generation = generated.get(task, 0.0)
-            if isinstance(generation, Exception):
-                message = f"generation with {model.generate_with} failed: {type(generation).__name__}: {generation}"
-                with deferred_interrupt():
-                    record_status(config, model_name, task, "failed", error=message,
-                                  traceback=getattr(generation, "trace", ""))
-                    progress.line(model_name, task, f"FAILED ({_shown(message)})", 0.0)
-                continue
-            started -= generation  # the pair's time includes its generation
-            try:
-                if route.kind == UNAVAILABLE:
-                    raise RuntimeError(route.note)
-                lm = loads.get(replay=route.kind != DIRECT)
-                _evaluate_pair(config, lm, model, task, task_manager, shard, route)
-            except _LoadFailed as failure:
-                message = load_failure(failure.error)
-                details = {} if isinstance(failure.error, ModelNotFound) else {"traceback": failure.trace}
-                with deferred_interrupt():  # the status is written whole
-                    record_status(config, model_name, task, "failed", error=message, **details)
-                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
-            except Exception as error:  # noqa: BLE001
-                message = f"{type(error).__name__}: {error}"
-                with deferred_interrupt():
-                    record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
-                    progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
-            else:
-                seconds = time.monotonic() - started
-                extra = {} if model.generate_with is None and model.samples is None else {
-                    "generated_with": route.generated_with(model)}
-                with deferred_interrupt():
-                    record_status(config, model_name, task, "done", seconds=round(seconds, 3), shard=str(shard),
-                                  results_dir=str(pair_dir(config, model_name, task)), **extra)
-                    progress.line(model_name, task, "done" + (f" ({route.note})" if route.note else ""), seconds)
-        del loads
+        started -= generation  # the pair's time includes its generation
+        try:
+            if route.kind == UNAVAILABLE:
+                raise RuntimeError(route.note)
+            lm = loads.get(replay=route.kind != DIRECT)
+            _evaluate_pair(config, lm, model, task, task_manager, shard, route)
+        except _LoadFailed as failure:
+            message = load_failure(failure.error)
+            details = {} if isinstance(failure.error, ModelNotFound) else {"traceback": failure.trace}
+            with deferred_interrupt():  # the status is written whole
+                record_status(config, model_name, task, "failed", error=message, **details)
+                progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
+        except Exception as error:  # noqa: BLE001
+            message = f"{type(error).__name__}: {error}"
+            with deferred_interrupt():
+                record_status(config, model_name, task, "failed", error=message, traceback=traceback.format_exc()[-4000:])
+                progress.line(model_name, task, f"FAILED ({_shown(message)})", time.monotonic() - started)
+        else:
+            seconds = time.monotonic() - started
+            extra = {} if model.generate_with is None and model.samples is None else {
+                "generated_with": route.generated_with(model)}
+            with deferred_interrupt():
+                record_status(config, model_name, task, "done", seconds=round(seconds, 3), shard=str(shard),
+                              results_dir=str(pair_dir(config, model_name, task)), **extra)
+                progress.line(model_name, task, "done" + (f" ({route.note})" if route.note else ""), seconds)
 
 
 class _GenerationTasks:

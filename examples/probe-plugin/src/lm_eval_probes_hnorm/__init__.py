@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lm_eval_probes.api import Probe, ProbeOptions, Row, Shapes, option
+from lm_eval_probes.api import NON_NEGATIVE, Probe, ProbeOptions, Row, Shapes, option
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ PROBE = Probe(
     record=HnormRecord,
     rows=(Row("hnorm", "float", "mean", True, "probe",
               "mean over documents of the mean L2 norm of the last hidden state over the response positions",
-              "hnorm", scored=False),),
+              "hnorm", scored=False, bounds=NON_NEGATIVE),),  # a norm: 0 or more
     position_probe=HnormPositions,
     options=HnormOptions,
     memory=hnorm_memory,

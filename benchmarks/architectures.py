@@ -1,0 +1,384 @@
+"""Every decoder-only model type of the installed transformers, built tiny and run with ``probes=all``.
+
+    python benchmarks/architectures.py                    # every type: the Markdown table
+    python benchmarks/architectures.py --check            # and each run's per-document values checked independently
+    python benchmarks/architectures.py --types llama gpt2 --docs 2
+
+Each ``model_type`` of transformers' causal-LM mapping that is neither an encoder(-decoder) nor a multimodal
+config is built from its own config class at small widths (:data:`SIZES`: width 64, 3 layers, 4 experts, …), with
+every kind of layer the family mixes (one of each kind its default ``layer_types`` lists) and its logit transforms
+set off 1 (:data:`TRANSFORMS`), random weights, the tests' 360-token tokenizer. ``hf-probes`` then runs
+``probes=all`` on a few documents of ``probes_synth_logic``. The table says per type: runs (and which probes were
+skipped, why), refused (the one-line reason), or could not be built small (bigger than :data:`MAX_PARAMETERS`, or
+its config or forward failed at these widths).
+
+``--check``: for each run, every document's δ_TCB (final layer) and BTE's transition at the middle layer are
+recomputed independently — from the model's own forward (``output_hidden_states``; the final norm's input replaced
+by a layer's states, so that the model's own norm, head and logit transform read it out) and an autograd Jacobian of
+its softmax — and must agree to :data:`CHECK_TOLERANCE` (relative). Exit status 1 when one does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = "probes_synth_logic"
+
+SIZES: dict[str, Any] = {
+    "vocab_size": 360, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
+    "shared_intermediate_size": 32, "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_num_heads": 4, "linear_head_dim": 16,
+    "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "ssm_state_size": 16, "state_size": 16,
+    "mamba_num_heads": 8, "mamba_head_dim": 16, "n_mamba_heads": 8, "mamba_chunk_size": 16, "chunk_size": 16,
+    "mamba_d_ssm": 128, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1, "time_step_rank": 8,
+    "sliding_window": 8, "attention_chunk_size": 8, "adapter_rank": 8, "block_multiple_of": 16,
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 360, "laurel_rank": 8, "rotary_dim": 8,
+}
+"""Config field → its small value (set where the family's config has the field; a field it leaves unset, ``None``,
+stays unset but for the few listed in :data:`SET_EVEN_IF_UNSET`)."""
+
+SET_EVEN_IF_UNSET = ("q_lora_rank", "sliding_window", "head_dim", "num_key_value_heads")
+
+TRANSFORMS: dict[str, float] = {"logits_scaling": 4.0, "lm_head_multiplier": 0.5}
+"""Logit transforms set off their identity default, so that the lens must read them (Cohere's ``logit_scale`` and
+Gemma's soft-capping are already off it)."""
+
+LAYER_PATTERNS: dict[str, dict[str, Any]] = {
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba"]},
+    "mamba2": {"num_heads": 8},
+}
+"""Families whose mix of layers (or SSM heads) is set by fields of their own: one layer of each kind in 3."""
+
+LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
+MAX_PARAMETERS = 3_000_000
+CHECK_TOLERANCE = 1e-3
+
+
+def decoder_only_types() -> list[str]:
+    """Model types of the installed transformers' causal-LM mapping that are decoder-only text models (not an
+    encoder-decoder, not a masked LM used as a decoder, no sub-configs: vision or audio towers)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    out = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+            continue
+        try:
+            config = CONFIG_MAPPING[model_type]()
+        except Exception:  # a config class with no valid defaults: still a type to report
+            out.append(model_type)
+            continue
+        if not getattr(config, "is_encoder_decoder", False) and not getattr(config, "sub_configs", None):
+            out.append(model_type)
+    return out
+
+
+def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: int = 0) -> Any:
+    """``model_type``'s config at :data:`SIZES`, with one layer of each kind its default mixes."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    base = cls()
+    aliases = getattr(cls, "attribute_map", {}) or {}
+    kwargs: dict[str, Any] = {}
+    for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size}.items():
+        name = aliases.get(key, key)
+        if not hasattr(base, name):
+            continue
+        current = getattr(base, name)
+        if current is None and key not in SET_EVEN_IF_UNSET:
+            continue
+        if current is None or (isinstance(current, int) and not isinstance(current, bool)):
+            kwargs[name] = value
+    for key, value in TRANSFORMS.items():
+        if getattr(base, key, None) is not None:
+            kwargs[key] = value
+    for key in LAYER_LISTS:
+        kinds = list(dict.fromkeys(getattr(base, key, None) or ()))
+        if kinds:
+            layers = max(3, len(kinds))
+            kwargs[key] = (kinds + [kinds[-1]] * layers)[:layers]
+            kwargs["num_hidden_layers"] = layers
+    if getattr(base, "qk_rope_head_dim", None):  # multi-head latent attention: the rotary part is the head_dim
+        kwargs["head_dim"] = SIZES["qk_rope_head_dim"]
+    kwargs.update(LAYER_PATTERNS.get(model_type, {}))
+    for key, value in (("pad_token_id", pad), ("bos_token_id", eos), ("eos_token_id", eos)):
+        if hasattr(base, key):
+            kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except Exception:  # a layer list or head width the family derives itself
+        for key in (*LAYER_LISTS, "head_dim"):
+            kwargs.pop(key, None)
+        return cls(**kwargs)
+
+
+class NotSmall(Exception):
+    """The family could not be built small (the reason: its config, its size or its forward at small widths)."""
+
+
+def build(model_type: str, folder: Path, *, seed: int = 0) -> str:
+    """A tiny random ``model_type`` saved with the tests' tokenizer into ``folder``; :class:`NotSmall` otherwise."""
+    import transformers
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    try:
+        config = small_config(model_type, vocab_size=len(tokenizer), pad=tokenizer.pad_token_id,
+                              eos=tokenizer.eos_token_id)
+        with torch.device("meta"):
+            size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+    except Exception as error:
+        raise NotSmall(f"config: {type(error).__name__}: {_line(error)}") from None
+    if size > MAX_PARAMETERS:
+        raise NotSmall(f"{size / 1e6:.1f}M parameters at these widths")
+    torch.manual_seed(seed)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            model(torch.arange(2, 14).unsqueeze(0), use_cache=False)
+    except Exception as error:
+        raise NotSmall(f"forward: {type(error).__name__}: {_line(error)}") from None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def _line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:200]
+
+
+@dataclass
+class Outcome:
+    """One model type's row of the table."""
+
+    model_type: str
+    status: str  # runs, refused, not small
+    reason: str = ""
+    skipped: dict[str, str] = field(default_factory=dict)
+    rows: dict[str, float] = field(default_factory=dict)
+    checked: float | None = None  # the largest relative difference of --check
+
+
+HEADLINE_ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
+
+
+@functools.cache
+def _task_manager() -> Any:
+    """The plugin's task manager (its index of the task folders made once)."""
+    import lm_eval_probes
+
+    lm_eval_probes.register()
+    return lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
+
+
+def run(folder: str, docs: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`: lm_eval's results
+    and samples (JSON-native)."""
+    import lm_eval
+    from lm_eval.utils import handle_non_serializable
+
+    result = lm_eval.simple_evaluate(
+        model="hf-probes", model_args={"pretrained": folder, "probes": "all", "probe_bte_profile": "full",
+                                       "device": "cpu"},
+        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=2, bootstrap_iters=0, log_samples=True)
+    return result, json.loads(json.dumps(result["samples"][TASK], default=handle_non_serializable))
+
+
+def headline_rows(result: dict[str, Any]) -> dict[str, float]:
+    """The task's values of :data:`HEADLINE_ROWS` (``nan`` where absent or not a number)."""
+    rows = result["results"][TASK]
+    out = {}
+    for name in HEADLINE_ROWS:
+        value = next((v for k, v in rows.items() if k.split(",")[0] == name), None)
+        out[name] = float(value) if isinstance(value, (int, float)) else math.nan
+    return out
+
+
+# ----------------------------------------------------------------------------- the independent check
+
+
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    from lm_eval_probes.capture.parts import architecture_of, get_path
+
+    return get_path(model, architecture_of(model).final_norm)
+
+
+@torch.no_grad()
+def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torch.Tensor) -> torch.Tensor:
+    """The model's own log-probabilities when its final norm reads ``layer_states [T, d]`` instead of the last block's
+    output (the model's own norm, head and logit transform: the lens, computed by the model)."""
+    def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (layer_states.unsqueeze(0).to(args[0].dtype), *args[1:])
+
+    handle = _final_norm(model).register_forward_pre_hook(replace)
+    try:
+        logits = model(ids, use_cache=False).logits[0]
+    finally:
+        handle.remove()
+    return torch.log_softmax(logits.double(), -1)
+
+
+def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """δ = 1 / ‖∂softmax(logits)/∂h‖_F at each of ``final``'s ``[n, d]`` post-norm states, the Jacobian by autograd
+    through the model's own head and logit transform (the final norm's output replaced by h)."""
+    norm = _final_norm(model)
+    out = []
+    for h in final:
+        def probabilities(state: torch.Tensor) -> torch.Tensor:
+            handle = norm.register_forward_hook(lambda _m, _a, _o: state.view(1, 1, -1).expand(1, ids.shape[1], -1))
+            try:
+                logits = model(ids, use_cache=False).logits[0, -1]
+            finally:
+                handle.remove()
+            return torch.softmax(logits.double(), -1)
+
+        jacobian = torch.autograd.functional.jacobian(probabilities, h.detach().double().to(final.dtype))
+        out.append(1.0 / torch.linalg.matrix_norm(jacobian.double()))
+    return torch.stack(out)
+
+
+def _jsd(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Jensen–Shannon divergence (nats) of rows of two log-probability tensors."""
+    m = torch.logaddexp(logp, logq) - math.log(2.0)
+    return 0.5 * (logp.exp() * (logp - m)).sum(-1) + 0.5 * (logq.exp() * (logq - m)).sum(-1)
+
+
+def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
+    """The largest relative difference, over the documents, between the run's ``tcb_log10`` and BTE's middle
+    transition ``bte_profile[L // 2]`` and their independent recomputation on the option the task read (the one with
+    the largest log-likelihood): the request tokenized as HFLM does (context, continuation), one forward with
+    ``output_hidden_states``."""
+    import transformers
+
+    from lm_eval_probes.capture.parts import architecture_of, get_path
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    layers = len(get_path(model, architecture_of(model).blocks))
+    middle = layers // 2
+    worst = 0.0
+    for sample in samples:
+        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
+        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
+        context, continuation = _moved_space(context, continuation)
+        whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+        start = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+        ids = torch.tensor([whole[:-1]])
+        positions = slice(start - 1, len(whole) - 1)
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True, use_cache=False)
+        states = out.hidden_states
+        if len(states) != layers + 1:
+            raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
+        delta = _delta_tcb(model, ids, states[layers][0, positions])
+        tcb = float(torch.log10(delta).mean())
+        lower = _lens_logprobs(model, ids, states[middle][0])[positions]
+        upper = (torch.log_softmax(out.logits[0].double(), -1) if middle + 1 == layers
+                 else _lens_logprobs(model, ids, states[middle + 1][0]))[positions]
+        bte = float(_jsd(lower, upper).mean())
+        got = sample["tcb_log10"], sample["bte_profile"][middle]
+        for value, want in zip(got, (tcb, bte), strict=True):
+            worst = max(worst, abs(float(value) - want) / max(abs(want), 1e-12))
+    return worst
+
+
+def _moved_space(context: str, continuation: str) -> tuple[str, str]:
+    """HFLM's ``_encode_pair``: the context's trailing spaces move to the continuation."""
+    spaces = len(context) - len(context.rstrip())
+    return (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def outcome_of(model_type: str, *, docs: int, check: bool) -> Outcome:
+    """Build, run and (``check``) check one model type."""
+    with tempfile.TemporaryDirectory(prefix=f"tiny-{model_type}-") as folder:
+        try:
+            path = build(model_type, Path(folder))
+        except NotSmall as reason:
+            return Outcome(model_type, "not small", str(reason))
+        try:
+            result, samples = run(path, docs)
+        except Exception as error:
+            return Outcome(model_type, "refused", f"{type(error).__name__}: {_line(error)}")
+        outcome = Outcome(model_type, "runs", skipped=dict(result["config"].get("probes_skipped") or {}),
+                          rows=headline_rows(result))
+        if check:
+            try:
+                outcome.checked = check_documents(path, samples)
+            except Exception as error:  # the reference itself cannot read this model: the run is not checked
+                outcome.checked = math.inf
+                outcome.reason = f"not checked: {type(error).__name__}: {_line(error)}"
+        return outcome
+
+
+TABLE_HEADER = ("| model_type | outcome | checked | probes skipped / reason | δ_TCB | BTE | Ω | confidence | ECE | margin |\n"
+                "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(o: Outcome) -> str:
+    """One outcome as a row of the Markdown table (``checked``: the largest relative difference of ``--check``)."""
+    values = " | ".join(f"{o.rows[name]:.3g}" if name in o.rows else "" for name in HEADLINE_ROWS)
+    why = "; ".join([*(f"{p}: {r}" for p, r in o.skipped.items()), *([o.reason] if o.reason else [])])
+    checked = "" if o.checked is None else f"{o.checked:.1g}"
+    return f"| {o.model_type} | {o.status} | {checked} | {why.replace('|', '/')} | {values} |"
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """A count of each status."""
+    counts = {status: sum(o.status == status for o in outcomes) for status in ("runs", "refused", "not small")}
+    return (f"{counts['runs']} run, {counts['refused']} refused, {counts['not small']} could not be built small "
+            f"(of {len(outcomes)} decoder-only model types).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", nargs="*", help="model types (default: every decoder-only type)")
+    parser.add_argument("--docs", type=int, default=4, help="documents of the task per model (default 4)")
+    parser.add_argument("--check", action="store_true", help="check each run's per-document values independently")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    outcomes = []
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}\n\n{TABLE_HEADER}", flush=True)
+    for model_type in args.types or decoder_only_types():
+        outcome = outcome_of(model_type, docs=args.docs, check=args.check)
+        print(table_row(outcome), flush=True)  # row by row: an interrupted run keeps what it measured
+        outcomes.append(outcome)
+    print(f"\n{summary(outcomes)}")
+    failed = [o.model_type for o in outcomes if o.checked is not None and not o.checked <= CHECK_TOLERANCE]
+    if failed:
+        print(f"\nper-document values differ from the independent computation: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

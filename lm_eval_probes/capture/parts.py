@@ -1,0 +1,129 @@
+"""Where a decoder-only causal LM keeps the parts the lens reads, found from transformers' conventions.
+
+A ``*ForCausalLM`` of transformers keeps its decoder under ``model.base_model`` (its ``base_model_prefix``): the
+blocks as a list (``layers``, ``h``, ``blocks``, …), the final norm by a conventional name (``norm``, ``ln_f``,
+``final_layernorm``, …), and the unembedding as ``get_output_embeddings()``. What the forward does to the logits after
+the unembedding is read from the config: a multiplier (Cohere's ``logit_scale``, Falcon-H1's ``lm_head_multiplier``),
+a divider (Granite's ``logits_scaling``) and Gemma's final soft-capping ``c·tanh(z/c)``.
+
+:data:`ARCHITECTURES` lists only the families that break these conventions. Whatever is found is checked against the
+model's own log-probabilities at load (:func:`check_lens`), so a wrong reading is never silent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+
+class UnsupportedModelError(ValueError):
+    """The model's parts cannot be found, or what was found does not reproduce the model's own output."""
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """Where a ``*ForCausalLM`` keeps its parts: dotted attribute paths from the causal-LM module.
+
+    Attributes:
+        final_norm: the final norm (its input is the last block's output; its output is what the unembedding reads).
+        blocks: the list of decoder blocks, in order.
+    """
+
+    final_norm: str
+    blocks: str
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "opt": ArchitectureSpec("model.decoder.final_layer_norm", "model.decoder.layers"),
+}
+"""``config.model_type`` → parts, for the families whose parts the conventions do not find (:func:`architecture_of`)."""
+
+FINAL_NORM_NAMES: tuple[str, ...] = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "final_norm",
+                                     "ln_final", "final_ln", "ln_out", "layer_norm", "embedding_norm")
+"""Attribute names of the final norm under ``model.base_model``, in the order they are tried."""
+
+BLOCK_LIST_NAMES: tuple[str, ...] = ("layers", "h", "blocks", "block", "layer")
+"""Attribute names of the block list under ``model.base_model``, in the order they are tried."""
+
+LOGIT_MULTIPLIERS: tuple[str, ...] = ("logit_scale", "lm_head_multiplier")
+"""Config attributes the logits are multiplied by after the unembedding (Cohere, Falcon-H1)."""
+
+LOGIT_DIVIDERS: tuple[str, ...] = ("logits_scaling",)
+"""Config attributes the logits are divided by after the unembedding (Granite)."""
+
+LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap")
+"""Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma)."""
+
+
+def model_type_of(model: nn.Module) -> str | None:
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
+def _path_of(model: nn.Module, target: nn.Module) -> str:
+    for name, module in model.named_modules():
+        if module is target:
+            return name
+    raise UnsupportedModelError(f"{type(target).__name__} is not a submodule of {type(model).__name__}")
+
+
+def architecture_of(model: nn.Module) -> ArchitectureSpec:
+    """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` by the conventional
+    names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`); :class:`UnsupportedModelError` (one line, naming the
+    model type and what is missing) when a part is not found."""
+    model_type = model_type_of(model)
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    bases = [base for base in (getattr(model, "base_model", None), getattr(model, "model", None))
+             if isinstance(base, nn.Module)]
+    blocks = next((getattr(base, name) for base in bases for name in BLOCK_LIST_NAMES
+                   if isinstance(getattr(base, name, None), nn.ModuleList) and len(getattr(base, name))), None)
+    if blocks is None:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r}: {type(model).__name__} keeps no block list under model.base_model by any of "
+            f"the names {', '.join(BLOCK_LIST_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
+    base = next(base for base in bases if any(child is blocks for child in base.children()))
+    norm = next((getattr(base, name) for name in FINAL_NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
+                None)
+    if norm is None:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r}: {type(base).__name__} keeps no final norm by any of the names "
+            f"{', '.join(FINAL_NORM_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
+    return ArchitectureSpec(_path_of(model, norm), _path_of(model, blocks))
+
+
+def get_path(root: nn.Module, path: str) -> nn.Module:
+    """The submodule at dotted ``path`` (list items by index)."""
+    obj: object = root
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, nn.Module):
+        raise UnsupportedModelError(f"{type(root).__name__}.{path} is not a module")
+    return obj
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What the model's forward does to ``W h + b``: logits = g(scale · (W h + b)), g the soft-capping
+    ``c·tanh(z/c)`` (``softcap`` c; the identity when ``None``)."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+
+def logit_transform_of(config: Any) -> LogitTransform:
+    """The :class:`LogitTransform` a model's (text) config declares (:data:`LOGIT_MULTIPLIERS`,
+    :data:`LOGIT_DIVIDERS`, :data:`LOGIT_SOFTCAPS`; a ``None`` or 0 soft-capping is none)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scale = 1.0
+    for name in LOGIT_MULTIPLIERS:
+        value = getattr(text, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            scale *= float(value)
+    for name in LOGIT_DIVIDERS:
+        value = getattr(text, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+            scale /= float(value)
+    softcap = next((float(v) for v in (getattr(text, name, None) for name in LOGIT_SOFTCAPS) if v), None)
+    return LogitTransform(scale, softcap)

@@ -1,0 +1,81 @@
+"""Which enabled probes apply to the model: ``probes=all`` skips the others, a probe named explicitly refuses.
+
+Two checks, both generic (no probe is named here): before any weight loads, each enabled probe's own
+:attr:`~lm_eval_probes.api.Probe.applies` on the model's config; once the model is loaded, each whole-forward capture a
+probe asked for (its construction and load-time self-check raise
+:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`). A skipped probe is logged in one line and listed in
+the results' config as ``probes_skipped`` (probe → reason), which the report shows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from lm_eval_probes import registry
+from lm_eval_probes.capture.parts import UnsupportedModelError
+from lm_eval_probes.config import ProbeConfig
+
+__all__ = ["SkippedProbes", "built_or_skipped", "model_config", "not_applying", "without_skipped"]
+
+_LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
+
+Built = TypeVar("Built")
+
+
+def model_config(pretrained: Any, hf_args: Mapping[str, Any]) -> Any:
+    """The model's config, read as HFLM reads it (``AutoConfig`` with the same ``revision``, ``trust_remote_code``,
+    ``gguf_file`` and ``subfolder``; a model object's own), before HFLM loads any weight."""
+    if not isinstance(pretrained, str):
+        return pretrained.config
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(
+        pretrained, revision=str(hf_args.get("revision", "main")), trust_remote_code=hf_args.get("trust_remote_code", False),
+        gguf_file=hf_args.get("gguf_file"), subfolder=hf_args.get("subfolder") or "",
+    )
+
+
+def not_applying(config: ProbeConfig, model: Callable[[], Any]) -> dict[str, str]:
+    """Enabled probe → why it cannot run on a model of config ``model()`` (its
+    :meth:`~lm_eval_probes.api.Probe.unsupported`; the config is read only when an enabled probe declares a check)."""
+    probes = [registry.probe(name) for name in config.probes]
+    if not any(probe.applies is not None for probe in probes):
+        return {}
+    read = model()
+    reasons = {probe.name: probe.unsupported(read) for probe in probes}
+    return {name: reason for name, reason in reasons.items() if reason}
+
+
+def without_skipped(config: ProbeConfig, skipped: Mapping[str, str], into: dict[str, str]) -> ProbeConfig:
+    """``config`` without the probes ``skipped`` (under ``probes=all``; a probe named explicitly raises
+    :class:`~lm_eval_probes.config.UnsupportedProbeError`), each logged in one line and added to ``into``."""
+    remaining = config.without(skipped)
+    for name, reason in skipped.items():
+        _LOG.warning("probes=all: probe %s skipped: %s", name, reason)
+        into[name] = reason
+    return remaining
+
+
+def built_or_skipped(config: ProbeConfig, probe: str, build: Callable[[], Built], skipped: dict[str, str]) -> Built | None:
+    """``build()`` (a capture probe ``probe`` asked for); under ``probes=all``, ``None`` with ``skipped[probe]`` set to
+    why the model refused it (:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`, which a probe named
+    explicitly raises)."""
+    if not config.every_applicable:
+        return build()
+    try:
+        return build()
+    except UnsupportedModelError as error:
+        skipped[probe] = str(error)
+        return None
+
+
+class SkippedProbes:
+    """Mixed into both wrappers (before ``HFLM``): ``probes_skipped`` (probe → why it cannot run on this model, filled
+    by :func:`without_skipped`) joins HFLM's ``get_model_info``, which lm_eval writes into the results' config."""
+
+    probes_skipped: dict[str, str]
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {**super().get_model_info(), "probes_skipped": dict(getattr(self, "probes_skipped", {}))}  # type: ignore[misc]

@@ -1,0 +1,52 @@
+"""``benchmarks/architectures.py`` on a dozen families: dense, MoE, multi-head latent attention, hybrid (linear
+attention, SSM) and positional-argument blocks, each with ``probes=all`` on two documents; every document's δ_TCB and
+BTE's middle transition agree with their independent recomputation from the model's own forward (the script's
+``--check``; ``python benchmarks/architectures.py --check`` runs every decoder-only type)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_architectures", BENCHMARKS / "architectures.py")
+architectures = importlib.util.module_from_spec(_spec)  # not on sys.path: benchmarks/calibration.py would shadow a package
+sys.modules[_spec.name] = architectures  # its dataclasses look their module up
+_spec.loader.exec_module(architectures)
+
+FAMILIES = {
+    "llama": "dense", "gemma2": "dense, soft-capped logits", "cohere": "dense, logit scale",
+    "granite": "dense, logit divider", "opt": "dense, final norm one level down",
+    "gpt2": "positional block arguments", "gpt_neox": "positional block arguments (layer_past)",
+    "mixtral": "MoE", "qwen3_moe": "MoE", "deepseek_v3": "MLA and MoE",
+    "qwen3_next": "hybrid: linear and full attention, MoE", "falcon_h1": "hybrid: SSM and attention, logit multiplier",
+    "jamba": "hybrid: Mamba and attention, MoE",
+}
+"""The families ``make test`` runs (≥ 12), each with what it covers."""
+
+ALWAYS_ROWS = ("tcb_log10", "bte_energy", "confidence", "ece")
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_probes_all_runs_and_matches_the_independent_computation(model_type):
+    outcome = architectures.outcome_of(model_type, docs=2, check=True)
+    assert outcome.status == "runs", outcome.reason
+    assert outcome.checked is not None and outcome.checked <= architectures.CHECK_TOLERANCE, outcome.checked
+    assert all(math.isfinite(outcome.rows[name]) for name in ALWAYS_ROWS), outcome.rows
+    for probe in ("omega", "margin"):  # either its row, or a skip with its reason
+        assert math.isfinite(outcome.rows[probe]) or outcome.skipped.get(probe), (probe, outcome)
+
+
+def test_decoder_only_types_and_small_configs():
+    """The mapping's decoder-only types include the families people run and leave out encoders and multimodal
+    configs; a small config has 3 layers, one of each kind its family mixes."""
+    types = architectures.decoder_only_types()
+    assert {"llama", "gpt2", "qwen3_next", "deepseek_v3", "mamba"} <= set(types)
+    assert not {"bert", "bart", "t5", "gemma3", "mllama"} & set(types)
+    config = architectures.small_config("qwen3_next")
+    assert config.num_hidden_layers == 3 and set(config.layer_types) == {"linear_attention", "full_attention"}
+    assert architectures.small_config("granite").logits_scaling == architectures.TRANSFORMS["logits_scaling"]
