@@ -116,7 +116,9 @@ class AttentionBatch:
             sinks: ``None`` or ``[H]`` the heads' attention-sink logits.
         query_inputs: ``[B, H or 1, T, n]`` the columns of the input projections' outputs u each head's query reads
             (one set shared by every head: ``1``).
-        query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t on those columns.
+        query_jacobian: ``(head) -> [B, T, p, n]`` D_t = ∂q_t/∂u_t of that head's queries on its columns, computed
+            when asked (n forward-mode products of the query map, which stops at the attention call), so that only one
+            head's Jacobian is held at a time (B·T·p·n values) instead of every head's.
     """
 
     ids: torch.Tensor
@@ -127,7 +129,7 @@ class AttentionBatch:
     softcap: float | None
     sliding_window: int | None
     query_inputs: torch.Tensor
-    query_jacobian: torch.Tensor
+    query_jacobian: Callable[[int], torch.Tensor]
     sinks: torch.Tensor | None = None
 
     def rows(self, index: Sequence[int]) -> AttentionBatch:
@@ -137,8 +139,9 @@ class AttentionBatch:
         def cut(value: torch.Tensor | None) -> torch.Tensor | None:
             return None if value is None else value.index_select(0, pick.to(value.device))
 
+        jacobian = self.query_jacobian
         return AttentionBatch(cut(self.ids), cut(self.valid), cut(self.queries), cut(self.keys), self.scale, self.softcap,
-                              self.sliding_window, cut(self.query_inputs), cut(self.query_jacobian), self.sinks)
+                              self.sliding_window, cut(self.query_inputs), lambda head: cut(jacobian(head)), self.sinks)
 
 
 def _is_cache(value: Any) -> bool:
@@ -285,7 +288,8 @@ class FirstAttentionCapture:
         return AttentionBatch(
             torch.cat([p.ids for p in parts], 1), valid, torch.cat([p.queries for p in parts], 2),
             torch.cat([p.keys for p in parts], 2), parts[0].scale, parts[0].softcap, parts[0].sliding_window,
-            torch.cat([p.query_inputs for p in parts], 2), torch.cat([p.query_jacobian for p in parts], 2), parts[0].sinks)
+            torch.cat([p.query_inputs for p in parts], 2),
+            lambda head: torch.cat([p.query_jacobian(head) for p in parts], 1), parts[0].sinks)
 
     def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
         """One captured forward re-run through the layer in float64 (see the module docstring)."""
@@ -332,8 +336,11 @@ class FirstAttentionCapture:
             replace = {module: part.reshape(out.shape) for (module, out), part in
                        zip(projections, flat.split(widths, -1), strict=True)}
             found: list[AttentionCall] = []
-            with attention_calls_recorded(found.append):
-                run(replace)
+            try:
+                with attention_calls_recorded(found.append, stop=True):  # nothing after the queries
+                    run(replace)
+            except _Stop:
+                pass
             return self._one_call(found).queries
 
         _, heads, length, dim = call.queries.shape
@@ -347,12 +354,17 @@ class FirstAttentionCapture:
                 columns = torch.cat(supports).unique()[None]  # [1, m]: every column any head reads, shared
             if length > 1:  # one position may hide a column (a rotation by angle 0): found again next time
                 self._columns = columns
-        query_jacobian = call.queries.new_empty(*call.queries.shape, columns.shape[1])  # [B, H, T, p, n]
-        with torch.no_grad():
-            for c in range(columns.shape[1]):  # one product per column (all heads' blocks at once)
-                tangent = torch.zeros_like(u)
-                tangent[..., columns[:, c]] = 1.0
-                query_jacobian[..., c] = torch.func.jvp(queries_of, (u,), (tangent,))[1]
+
+        def query_jacobian(head: int) -> torch.Tensor:
+            """``[B, T, p, n]`` D_t of one head: one forward-mode product per column it reads."""
+            read = columns[head if columns.shape[0] > 1 else 0]
+            out = call.queries.new_empty(call.queries.shape[0], length, dim, read.shape[0])
+            with torch.no_grad():
+                for c in range(read.shape[0]):
+                    tangent = torch.zeros_like(u)
+                    tangent[..., read[c]] = 1.0
+                    out[..., c] = torch.func.jvp(queries_of, (u,), (tangent,))[1][:, head]
+            return out
         if columns.shape[0] == 1:
             query_inputs = u[..., columns[0]].unsqueeze(1)
         else:

@@ -96,19 +96,12 @@ class MarginPositions:
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`;
-        one row at a time)."""
+        one head's query-map Jacobian at a time, one row at a time)."""
         from lm_eval_probes.probes.margin import layer_margins
 
-        import torch
-
-        rows = []
-        for row in range(batch.ids.shape[0]):
-            pick = slice(row, row + 1)
-            rows.append(layer_margins(
-                batch.queries[pick], batch.keys[pick], batch.query_inputs[pick], batch.query_jacobian[pick],
-                scale=batch.scale, softcap=batch.softcap, window=batch.sliding_window, sinks=batch.sinks,
-                valid=None if batch.valid is None else batch.valid[pick], heads=self.options.heads).cpu())
-        return torch.cat(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+        return layer_margins(batch.queries, batch.keys, batch.query_inputs, batch.query_jacobian, scale=batch.scale,
+                             softcap=batch.softcap, window=batch.sliding_window, sinks=batch.sinks, valid=batch.valid,
+                             heads=self.options.heads).cpu()
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
@@ -126,14 +119,15 @@ class MarginPositions:
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     """Float64 (8 bytes): the captured batch re-run through the first attention layer — its parameters (about
-    4·d·H·p), its inputs and input projections (B·T·4d), each head's queries, keys, query inputs (3·B·H·T·p) and query-map Jacobian (B·H·T·p²: heads
-    that read their own p columns; families whose heads share all query inputs, full-width query norms, hold more) —
-    then one sequence and one head at a time: its attention weights (2·T²: logits, then their softmax), or
+    4·d·H·p), its inputs and input projections (B·T·4d), each head's queries, keys and query inputs (3·B·H·T·p) — and
+    one head's query-map Jacobian at a time (B·T·p²: heads that read their own p columns; families whose heads share
+    all query inputs, full-width query norms, hold more) with one forward-mode product's queries (B·H·T·p); then one
+    sequence of that head at a time: its attention weights (2·T²: logits, then their softmax), or
     :func:`~lm_eval_probes.probes.margin.head_margins` with the weights (T²), one block of flattened outer products
     (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's ``[64, p, p]`` products and their LU (2·64·p²)."""
     p, d, t, b, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.batch, shapes.heads
     block = min(t, max(1, (1 << 23) // (p * p))) * p * p
-    return 8 * (4 * d * h * p + b * t * (4 * d + h * (3 * p + p * p)) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
+    return 8 * (4 * d * h * p + b * t * (4 * d + 4 * h * p + p * p) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
 
 
 @dataclass(frozen=True)

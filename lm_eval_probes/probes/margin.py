@@ -21,6 +21,7 @@ Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -390,7 +391,8 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
 
 
-def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jacobian: Tensor, *, scale: float,
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jacobian: Tensor | Callable[[int], Tensor], *,
+                  scale: float,
                   softcap: float | None = None, window: int | None = None, sinks: Tensor | None = None,
                   valid: Tensor | None = None, heads: str = "mean", chunk: int = 64) -> Tensor:
     """Per-position margins of a pretrained model's attention layer, one sequence at a time, one head at a time.
@@ -402,7 +404,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jac
 
     Args:
         queries: ``[B, H, T, p]`` as the logits use them; keys: ``[B, KV, T, p]`` (H a multiple of KV).
-        query_inputs: ``[B, H or 1, T, n]`` u; query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t.
+        query_inputs: ``[B, H or 1, T, n]`` u; query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t, or
+            ``(head) -> [B, T, p, n]`` that head's (asked once per head, heads in order: one held at a time).
         scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
         sinks: ``[H]`` attention-sink logits (``None``: none).
         valid: optional bool ``[B, T]`` (False = padding).
@@ -417,11 +420,11 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jac
     if keys.ndim != 4 or num_heads % keys.shape[1]:
         raise ValueError(f"keys must be [B, KV, T, p] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[1]
-    rows = []
-    for row in range(batch):
-        mask = None if valid is None else valid[row]
-        per_head = []
-        for head in range(num_heads):
+    per_row: list[list[Tensor]] = [[] for _ in range(batch)]
+    for head in range(num_heads if batch else 0):
+        jacobian = query_jacobian(head) if callable(query_jacobian) else query_jacobian[:, head]
+        for row in range(batch):
+            mask = None if valid is None else valid[row]
             q, k = queries[row, head], keys[row, head // groups]
             weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window,
                                                sink=None if sinks is None else sinks[head])
@@ -429,9 +432,12 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jac
             if softcap is not None:
                 key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
             u = query_inputs[row, head if query_inputs.shape[1] > 1 else 0]
-            per_head.append(head_margins(u, k, weights, scale=scale, valid=mask, chunk=chunk,
-                                         query_jacobian=query_jacobian[row, head], key_weights=key_weights))
+            per_row[row].append(head_margins(u, k, weights, scale=scale, valid=mask, chunk=chunk,
+                                             query_jacobian=jacobian[row], key_weights=key_weights))
             del weights, key_weights
+        del jacobian
+    rows = []
+    for per_head in per_row:
         stacked = torch.stack(per_head)
         rows.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
     return torch.stack(rows) if rows else queries.new_empty(0, length)
