@@ -27,20 +27,12 @@ from document_fixtures import write_document_runs  # noqa: E402
 
 
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    from test_report_browser import browser_paths
+    from test_report_browser import browser_paths, headless_chromium
 
     paths = browser_paths()
     if paths is None:
         raise SystemExit("chromium and chromedriver are needed (Debian packages chromium, chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = paths[0]
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        options.add_argument(argument)
-    return webdriver.Chrome(options=options, service=Service(executable_path=paths[1]))
+    return headless_chromium(paths)
 
 
 FIRST_RENDER = """

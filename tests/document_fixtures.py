@@ -50,8 +50,9 @@ def trace_of(rng: np.random.Generator, tokens: list[str], loglik: float, values:
 
 
 def multiple_choice_line(rng: np.random.Generator, doc_id: int, skill: float, *, traces: bool, prompt: str,
-                         options: Sequence[str], prompt_tokens: list[str]) -> dict[str, Any]:
-    target = int(rng.integers(len(options)))
+                         options: Sequence[str], prompt_tokens: list[str], target: int) -> dict[str, Any]:
+    """One model's line of a multiple-choice document whose gold option is ``target`` (the document's, the same for
+    every model)."""
     logliks = [float(f"{v:.4g}") for v in -rng.gamma(2.0, 2.0, len(options))]
     if rng.random() < skill:  # the model prefers the gold option
         logliks[target] = max(logliks) + float(rng.gamma(1.0, 1.0))
@@ -98,7 +99,7 @@ def generation_line(rng: np.random.Generator, doc_id: int, skill: float, *, trac
 def task_lines(task: str, kind: str, n_docs: int, skill: float, seed: int, *, traces: bool = True,
                prompt_length: int = 24, markup_doc: int | None = None) -> list[dict[str, Any]]:
     """``n_docs`` samples lines of one model on ``task`` (``mc`` or ``gen``); the prompt of ``markup_doc`` (and, for a
-    generation, its response) holds :data:`MARKUP`. Documents' prompts and options depend on the task only."""
+    generation, its response) holds :data:`MARKUP`. Documents' prompts, options and gold answers depend on the task only."""
     rng = np.random.default_rng(seed)
     lines = []
     for doc_id in range(n_docs):
@@ -110,7 +111,7 @@ def task_lines(task: str, kind: str, n_docs: int, skill: float, seed: int, *, tr
         if kind == "mc":
             options = [" True", " False", " Unknown", " " + (MARKUP if doc_id == markup_doc else "Maybe")]
             line = multiple_choice_line(rng, doc_id, skill, traces=traces, prompt=prompt, options=options,
-                                        prompt_tokens=prompt_tokens)
+                                        prompt_tokens=prompt_tokens, target=int(text_rng.integers(len(options))))
         else:
             line = generation_line(rng, doc_id, skill, traces=traces, prompt=prompt, answer=str(doc_id % 97),
                                    prompt_tokens=prompt_tokens, text=MARKUP if doc_id == markup_doc else None)

@@ -48,25 +48,32 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def driver():
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install .[test])")
+    pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install .[test])")
     paths = browser_paths()
     if paths is None:
         pytest.skip("chromium or chromedriver is not installed (Debian packages `chromium` and `chromium-driver`; "
                     "`make chromium` installs them where apt-get runs as root)")
+    browser = headless_chromium(paths, extra=("--allow-file-access-from-files",), logs=True)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def headless_chromium(paths: tuple[str, str], *, extra: tuple[str, ...] = (), logs: bool = False):
+    """Headless Debian chromium driven by chromedriver (``paths``: :func:`browser_paths`), without the background
+    networking this machine refuses; ``logs``: keep the performance and console logs."""
+    from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = paths[0]
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--allow-file-access-from-files"):
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync", *extra):
         options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    browser = webdriver.Chrome(options=options, service=Service(executable_path=paths[1]))
-    try:
-        yield browser
-    finally:
-        browser.quit()
+    if logs:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(executable_path=paths[1]))
 
 
 def open_at(driver, page: Path, width: int, height: int) -> None:
