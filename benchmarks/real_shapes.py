@@ -61,7 +61,7 @@ def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens
     layer_types = tuple(getattr(model_config(shape, layers, pad=0, eos=0), "layer_types", None) or ())
     shapes = Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=shape.hidden,
                     vocab=shape.vocab, heads=shape.heads, head_dim=shape.head_dim, dtype_bytes=dtype_bytes,
-                    chunk_positions=chunk_positions, ffn=shape.ffn, layer_types=layer_types)
+                    chunk_positions=chunk_positions, ffn=shape.ffn, layer_types=layer_types, kv_heads=shape.kv_heads)
     return float(expected_peak(config, shapes))
 
 

@@ -220,15 +220,56 @@ def _family_configs():
 
 @pytest.mark.parametrize("family", sorted(_family_configs()))
 def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attention(family):
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_family_configs()[family]()).eval()
-    ids = list(range(3, 15))
+    model, ids = family_model(family), list(range(3, 15))
     margins, _ = captured_margins(model, ids)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     # the harness's forward runs in float32 (its rotary tables, positions, norms' inputs): ~1e-6 relative
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def family_model(family: str):
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(_family_configs()[family]()).eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "olmo2", "phi3"])
+def test_chunks_of_positions_and_groups_of_columns_give_the_whole_rows_margins(family, monkeypatch):
+    """The query map's Jacobians a few positions and columns per product (at real widths: 128 MiB and 64 MiB at a
+    time) give the margins of one product over the whole row (soft cap and window; shared columns; fused qkv)."""
+    from lm_eval_probes.capture import attention
+
+    model, ids = family_model(family), list(range(3, 15))
+    whole, _ = captured_margins(model, ids)
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args: (5, 3))
+    chunked, _ = captured_margins(model, ids)
+    torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12, equal_nan=True)
+
+
+def test_a_layer_that_reads_its_input_beside_its_projections_is_refused_at_load():
+    """The load's self-check: a layer whose queries read its input other than through the submodules that take it
+    (here: added to the queries' projection) is not re-run with the wrong queries; the margins refuse in one line."""
+    model = family_model("qwen3")
+    attention = model.model.layers[0].self_attn
+
+    class ReadsItsInput(type(attention)):
+        def forward(self, hidden_states, *args, **kwargs):
+            self.seen = hidden_states
+            return super().forward(hidden_states, *args, **kwargs)
+
+    class PlusInput(torch.nn.Module):  # the query norm, plus the layer's mean input
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, v):
+            return self.norm(v) + attention.seen.mean()
+
+    attention.q_norm = PlusInput(attention.q_norm)
+    attention.__class__ = ReadsItsInput
+    with pytest.raises(UnsupportedModelError, match="qwen3.*ReadsItsInput.*from its own queries"):
+        FirstAttentionCapture(model)
 
 
 def expected_summary(lm: ProbeHFLM, ids: list[int]):

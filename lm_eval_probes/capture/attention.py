@@ -4,21 +4,29 @@ can ask for: :class:`~lm_eval_probes.api.FirstAttention`).
 
 Found and read through transformers' attention interface (``AttentionInterface``, its public extension point): every
 attention module of a current transformers model hands its queries, keys and values to the function registered under
-its ``config._attn_implementation`` (``eager`` falls back to the module's own). For a short while — one two-token
-forward at load (:func:`first_softmax_attention`: the first module that calls it is the first softmax-attention
-layer; linear-attention and SSM layers of a hybrid do not), and each re-run below — :func:`attention_calls_recorded`
-registers a recording function under every name, then restores the originals. The harness's own forwards run
-untouched: a pre-hook on the layer (:meth:`FirstAttentionCapture.capture`) only keeps its arguments.
+its ``config._attn_implementation`` (``eager`` falls back to the module's own). For a short while — a few forwards of
+a handful of tokens at load, each stopped at that call (:func:`first_softmax_attention`: the first module that calls
+it is the first softmax-attention layer; linear-attention and SSM layers of a hybrid do not), and each re-run below —
+:func:`attention_calls_recorded` registers a recording function under every name, then restores the originals. The
+harness's own forwards run untouched: a pre-hook on the layer (:meth:`FirstAttentionCapture.capture`) only keeps its
+arguments.
 
-Each captured batch is then re-run through that layer alone in float64 (its parameters converted for the call;
-:func:`torch.func.functional_call`), so that the queries and keys are those of its own code — fused qkv, per-head or
-full-width query/key norms, full, partial or interleaved rotary, query scalars — whatever the family. The query map
-q_t = ψ_t(u_t) is split at its input projections u_t (the submodules that read the layer's input x_t: ``q_proj``,
-``qkv_proj``, ``c_attn``, ``query_key_value``, …; u_t = W x_t + b), and ψ's Jacobian D_t = ∂q_t/∂u_t is computed by
-forward-mode autograd (:func:`torch.func.jvp`) over the layer's own code: ∂q_t/∂x_t = D_t W. Which columns of u each
-query head reads is found by reverse mode (one vector-Jacobian product per head); where the heads read disjoint
-blocks of equal width n (every family but full-width query norms) D is ``[p, n]`` per head and position, found with n
-products; otherwise ``[p, m]`` over all m columns any head reads.
+Each captured batch is then re-run through that layer, one row at a time, in float64 and stopped at the attention
+call (:func:`torch.func.functional_call`), so that the queries and keys are those of its own code — fused qkv,
+per-head or full-width query/key norms, full, partial or interleaved rotary, query scalars — whatever the family. The
+query map q_t = ψ_t(u_t) is split at its input projections u_t (the submodules that read the layer's input x_t:
+``q_proj``, ``qkv_proj``, ``c_attn``, ``query_key_value``, …; u_t = W x_t + b, computed in float64 a block of the
+weight at a time), and ψ's Jacobian D_t = ∂q_t/∂u_t is computed by forward-mode autograd (:func:`torch.func.jvp`)
+over the layer's own code, a chunk of positions at a time: the chunk's arguments are repeated once per column of u a
+head reads (along their position axes, found at load by comparing the layer's arguments in forwards of two lengths
+and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
+those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
+product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
+D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads.
+
+Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
+model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
+capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.UnsupportedModelError`).
 """
 
 from __future__ import annotations
@@ -31,13 +39,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.api import FirstAttention
+from lm_eval_probes.api import PRODUCT_ELEMENTS, FirstAttention, jacobian_chunks
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.records import trace_values
 
-__all__ = ["AttentionBatch", "AttentionCall", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
+__all__ = ["AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
            "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
-
 
 @dataclass
 class AttentionCall:
@@ -56,7 +63,7 @@ class AttentionCall:
 
 
 class _Stop(Exception):
-    """Ends a forward at its first attention call (the discovery forward)."""
+    """Ends a forward at its first attention call."""
 
 
 @contextmanager
@@ -88,73 +95,75 @@ def attention_calls_recorded(record: Callable[[AttentionCall], None], *, stop: b
         mapping.update(saved)
 
 
+def _stopped(run: Callable[[], Any]) -> None:
+    """``run()`` inside :func:`attention_calls_recorded` with ``stop``: ends at the attention call."""
+    try:
+        run()
+    except _Stop:
+        pass
+
+
+def _token_ids(model: nn.Module, rows: int, length: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    return (torch.arange(1, length + 1, device=device) % (vocab - 1) + 1).expand(rows, length).contiguous()
+
+
 @torch.no_grad()
 def first_softmax_attention(model: nn.Module) -> nn.Module | None:
     """The first module of ``model`` that calls the attention interface in a two-token forward (``None``: none
     does — no softmax attention, or attention written without the interface)."""
     found: list[nn.Module] = []
-    parameter = next(model.parameters())
-    ids = torch.tensor([[1, 2]], device=parameter.device).clamp(max=model.config.get_text_config().vocab_size - 1)
-    try:
-        with attention_calls_recorded(lambda call: found.append(call.module), stop=True):
-            model(input_ids=ids, use_cache=False)
-    except _Stop:
-        pass
+    with attention_calls_recorded(lambda call: found.append(call.module), stop=True):
+        _stopped(lambda: model(input_ids=_token_ids(model, 1, 2), use_cache=False))
     return found[0] if found else None
 
 
-@dataclass
-class AttentionBatch:
-    """The first softmax-attention layer over one captured batch (float64; see the module docstring).
-
-    Attributes:
-        ids: ``[B, T]`` the token ids the model saw.
-        valid: ``[B, T]`` bool, False at padding (``None``: no padding).
-        queries: ``[B, H, T, p]`` as the attention uses them; keys: ``[B, KV, T, p]`` (query head h reads key head
-            h // (H / KV)).
-        scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
-            sinks: ``None`` or ``[H]`` the heads' attention-sink logits.
-        query_inputs: ``[B, H or 1, T, n]`` the columns of the input projections' outputs u each head's query reads
-            (one set shared by every head: ``1``).
-        query_jacobian: ``(head) -> [B, T, p, n]`` D_t = ∂q_t/∂u_t of that head's queries on its columns, computed
-            when asked (n forward-mode products of the query map, which stops at the attention call), so that only one
-            head's Jacobian is held at a time (B·T·p·n values) instead of every head's.
-    """
-
-    ids: torch.Tensor
-    valid: torch.Tensor | None
-    queries: torch.Tensor
-    keys: torch.Tensor
-    scale: float
-    softcap: float | None
-    sliding_window: int | None
-    query_inputs: torch.Tensor
-    query_jacobian: Callable[[int], torch.Tensor]
-    sinks: torch.Tensor | None = None
-
-    def rows(self, index: Sequence[int]) -> AttentionBatch:
-        """The same batch cut to some rows."""
-        pick = torch.tensor(list(index), device=self.ids.device)
-
-        def cut(value: torch.Tensor | None) -> torch.Tensor | None:
-            return None if value is None else value.index_select(0, pick.to(value.device))
-
-        jacobian = self.query_jacobian
-        return AttentionBatch(cut(self.ids), cut(self.valid), cut(self.queries), cut(self.keys), self.scale, self.softcap,
-                              self.sliding_window, cut(self.query_inputs), lambda head: cut(jacobian(head)), self.sinks)
+# The layer's arguments, ``(args, kwargs)``, as a tree of tuples, lists and dicts; a leaf's path is its keys from the
+# root.
+Path = tuple[Any, ...]
 
 
 def _is_cache(value: Any) -> bool:
     return any(cls.__name__.endswith("Cache") for cls in type(value).__mro__)
 
 
-def _float64(value: Any) -> Any:
-    """Floating tensors (in tuples too) as float64; caches dropped (the re-run must not extend them)."""
+def _leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
-        return value.double() if value.is_floating_point() else value
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+
+
+def _mapped(value: Any, leaf: Callable[[Path, torch.Tensor], Any], path: Path = ()) -> Any:
+    """The tree with each tensor replaced by ``leaf(path, tensor)``; caches dropped (a re-run must not extend them)."""
+    if isinstance(value, torch.Tensor):
+        return leaf(path, value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_float64(item) for item in value)
+        items = [_mapped(item, leaf, (*path, index)) for index, item in enumerate(value)]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {key: _mapped(item, leaf, (*path, key)) for key, item in value.items()}
     return None if _is_cache(value) else value
+
+
+@dataclass(frozen=True)
+class _Axes:
+    """Which axes of one argument follow the positions and which the batch rows."""
+
+    positions: tuple[int, ...]
+    rows: tuple[int, ...]
+
+
+def _changed(one: dict[Path, torch.Tensor], other: dict[Path, torch.Tensor], path: Path) -> tuple[int, ...]:
+    a, b = one.get(path), other.get(path)
+    if a is None or b is None or a.ndim != b.ndim:
+        return ()
+    return tuple(axis for axis in range(a.ndim) if a.shape[axis] != b.shape[axis])
 
 
 @dataclass
@@ -224,21 +233,190 @@ def _joined_segment(segments: list[_Segment]) -> _Segment | None:
     return _Segment(torch.cat([segment.ids for segment in segments], 1), segments[-1].mask, tuple(args), kwargs)
 
 
+@dataclass
+class AttentionRow:
+    """The first softmax-attention layer over one row of a captured batch (float64; see the module docstring).
+
+    Attributes:
+        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T, p]`` (query head h reads key head
+            h // (H / KV)).
+        inputs: ``[T, m]`` the input projections' outputs u; columns: ``[H or 1, n]`` the columns of u each head's
+            queries read (one set shared by every head: ``1``).
+        query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi) on its
+            columns, computed when asked.
+        chunk: the positions per ``query_jacobian`` call (:func:`~lm_eval_probes.api.jacobian_chunks`).
+        scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
+            sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
+            (``None``: no padding).
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    inputs: torch.Tensor
+    columns: torch.Tensor
+    query_jacobian: Callable[[int, int], torch.Tensor]
+    chunk: int
+    scale: float
+    softcap: float | None
+    sliding_window: int | None
+    sinks: torch.Tensor | None
+    valid: torch.Tensor | None = None
+
+    def query_inputs(self, head: int) -> torch.Tensor:
+        """``[T, n]`` the columns of u head ``head``'s queries read."""
+        return self.inputs[:, self.columns[head if self.columns.shape[0] > 1 else 0]]
+
+
+def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
+    """Rows of consecutive spans of one sequence (re-run alone: calls whose arguments could not be joined) as one."""
+    if len(parts) == 1:
+        return parts[0]
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + part.queries.shape[1])
+
+    def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+        pieces = [part.query_jacobian(max(lo, start) - start, min(hi, stop) - start)
+                  for part, start, stop in zip(parts, starts, starts[1:]) if max(lo, start) < min(hi, stop)]
+        return torch.cat(pieces, 1)
+
+    first = parts[0]
+    return AttentionRow(torch.cat([p.queries for p in parts], 1), torch.cat([p.keys for p in parts], 1),
+                        torch.cat([p.inputs for p in parts]), first.columns, query_jacobian, min(p.chunk for p in parts),
+                        first.scale, first.softcap, first.sliding_window, first.sinks)
+
+
+@dataclass
+class AttentionBatch:
+    """One captured batch of the first softmax-attention layer: its token ids ``[B, T]``, ``valid`` ``[B, T]`` bool
+    (False at padding; ``None``: no padding), and :meth:`row`, each row's :class:`AttentionRow` re-run when asked
+    (one row's float64 re-run held at a time)."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor | None
+    row: Callable[[int], AttentionRow]
+
+    def rows(self) -> Iterator[AttentionRow]:
+        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions."""
+        for index in range(self.ids.shape[0]):
+            row = self.row(index)
+            row.valid = None if self.valid is None else self.valid[index]
+            yield row
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
+
+
 class FirstAttentionCapture:
     """The first softmax-attention layer of ``model`` (:func:`first_softmax_attention`): its arguments captured in the
-    model's own forwards (:meth:`capture`), re-run in float64 to an :class:`AttentionBatch` (:meth:`batch`).
+    model's own forwards (:meth:`capture`), re-run in float64 one row at a time (:meth:`batch`).
 
     Raises:
-        UnsupportedModelError: no module of the model calls transformers' attention interface.
+        UnsupportedModelError: no module of the model calls transformers' attention interface, or its re-run does not
+            reproduce its queries (the load's self-check).
     """
+
+    CHECK_LENGTH = 6
 
     def __init__(self, model: nn.Module) -> None:
         module = first_softmax_attention(model)
+        model_type = getattr(model.config, "model_type", None)
         if module is None:
-            raise UnsupportedModelError(f"model_type {getattr(model.config, 'model_type', None)!r}: no layer calls transformers' "
-                             "attention interface (no softmax attention, or attention written without it)")
+            raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
+                                        "(no softmax attention, or attention written without it)")
         self.model, self.module = model, module
-        self._columns: torch.Tensor | None = None  # the columns of u each head reads (the same for every batch)
+        self._name = f"model_type {model_type!r}: {type(module).__name__}"
+        self._columns: torch.Tensor | None = None
+        try:
+            self._discover()
+        except UnsupportedModelError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+            raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
+                                        f"{type(error).__name__}: {error}") from None
+
+    # -- load: the layer's arguments, its projections, the self-check -------------------------------------------------
+
+    def _discover(self) -> None:
+        """The layer's arguments' axes, its input projections and the parameters its query code reads; the self-check."""
+        module = self.module
+        short, long, wide = (self._arguments(rows, length) for rows, length in
+                             ((1, self.CHECK_LENGTH - 1), (1, self.CHECK_LENGTH), (2, self.CHECK_LENGTH)))
+        shapes = [dict(_leaves((segment.args, segment.kwargs))) for segment in (short, long, wide)]
+        self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
+                      for path in shapes[1]}
+        self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
+        self._projections, own_queries = self._find_projections(long)
+        inside = {sub for projection in self._projections for sub in projection.modules()}
+        reading = [sub for sub in self._called if sub not in inside]
+        names = {sub: name for name, sub in module.named_modules()}
+        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
+                        for sub in reading
+                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
+        self._check(long, own_queries)
+
+    @torch.no_grad()
+    def _arguments(self, rows: int, length: int) -> _Segment:
+        """The layer's arguments in a forward of ``rows × length`` tokens (stopped at its attention call)."""
+        ids = _token_ids(self.model, rows, length)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+        with self.capture() as inputs, attention_calls_recorded(lambda call: None, stop=True):
+            try:  # positions per row, as generate gives them
+                _stopped(lambda: self.model(**kwargs, position_ids=torch.arange(length, device=ids.device).expand_as(ids)))
+            except TypeError:
+                _stopped(lambda: self.model(**kwargs))
+        return inputs.latest()
+
+    @torch.no_grad()
+    def _find_projections(self, segment: _Segment) -> tuple[list[nn.Module], torch.Tensor]:
+        """The submodules that read the layer's input (in call order) and the layer's own queries, from a run of the
+        layer on ``segment``'s arguments; :attr:`_called`: the submodules that ran before the attention call."""
+        x = self._leaf((segment.args, segment.kwargs), self._hidden)
+        projections: list[nn.Module] = []
+        self._called: list[nn.Module] = [self.module]
+        calls: list[AttentionCall] = []
+
+        def entered(module: nn.Module, _inputs: Any) -> None:
+            if module not in self._called:
+                self._called.append(module)
+
+        def seen(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+            if inputs and inputs[0] is x and isinstance(output, torch.Tensor) and output.shape[:2] == x.shape[:2] \
+                    and module not in projections:
+                projections.append(module)
+
+        handles = [hook for sub in self.module.modules() if sub is not self.module
+                   for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen))]
+        try:
+            with attention_calls_recorded(calls.append, stop=True):
+                _stopped(lambda: self.module(*segment.args, **segment.kwargs))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not projections:
+            raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection was "
+                                        "not found)")
+        return projections, self._one_call(calls).queries
+
+    def _check(self, segment: _Segment, own_queries: torch.Tensor) -> None:
+        """The float64 re-run reproduces the layer's own queries, and its chunks repeated per column the whole row's."""
+        try:
+            row = self._row(segment, 0, check_chunk=2)
+            want = own_queries[0].double()
+            error = float((row.queries - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+            if not error <= _tolerance(own_queries.dtype):
+                raise UnsupportedModelError(f"its float64 re-run (input projections replaced by their outputs) is "
+                                            f"{error:.1e} (relative) from its own queries")
+            for lo in range(0, self.CHECK_LENGTH, 2):
+                row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + 2))
+        except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
+            why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
+            raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
+                                        f"{why}") from None
+
+    # -- the harness's forwards ---------------------------------------------------------------------------------------
 
     @contextmanager
     def capture(self, *, join: bool = False) -> Iterator[CapturedInputs]:
@@ -273,124 +451,159 @@ class FirstAttentionCapture:
             for handle in handles:
                 handle.remove()
 
+    def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
+        """One captured forward; its rows re-run when asked (see the module docstring)."""
+        length = segment.ids.shape[1]
+        mask = segment.mask
+        valid = mask[:, -length:].bool() if joined_mask and mask is not None and mask.shape[1] >= length else None
+        return AttentionBatch(segment.ids, valid, lambda row: self._row(segment, row))
+
     def joined(self, inputs: CapturedInputs) -> AttentionBatch:
         """The calls of one ``generate`` (prefill, then one position per step) as one sequence. The query and key maps
         read each position alone, so the calls' arguments are joined along their positions and re-run once
-        (:func:`_joined_segment`); where they cannot be, each call is re-run alone and the results are joined."""
+        (:func:`_joined_segment`); where they cannot be, each call is re-run alone and the rows are joined."""
         segments = [segment for segment in inputs.segments if segment.args is not None]
         if not segments:
             raise RuntimeError("no first-attention inputs were captured: run generate inside capture()")
         one = _joined_segment(segments)
-        parts = [self.batch(segment, joined_mask=False) for segment in ([one] if one is not None else segments)]
+        parts = [one] if one is not None else segments
+        ids = torch.cat([part.ids for part in parts], 1)
         mask = inputs.segments[-1].mask
-        length = sum(part.ids.shape[1] for part in parts)
-        valid = None if mask is None or mask.shape[1] < length else mask[:, -length:].bool()
-        return AttentionBatch(
-            torch.cat([p.ids for p in parts], 1), valid, torch.cat([p.queries for p in parts], 2),
-            torch.cat([p.keys for p in parts], 2), parts[0].scale, parts[0].softcap, parts[0].sliding_window,
-            torch.cat([p.query_inputs for p in parts], 2),
-            lambda head: torch.cat([p.query_jacobian(head) for p in parts], 1), parts[0].sinks)
+        valid = None if mask is None or mask.shape[1] < ids.shape[1] else mask[:, -ids.shape[1]:].bool()
+        return AttentionBatch(ids, valid, lambda row: _joined_rows([self._row(part, row) for part in parts]))
 
-    def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
-        """One captured forward re-run through the layer in float64 (see the module docstring)."""
-        args, kwargs = _float64(segment.args), {k: _float64(v) for k, v in segment.kwargs.items()}
-        hidden_name = "hidden_states" if "hidden_states" in kwargs else None
-        x = kwargs["hidden_states"] if hidden_name else args[0]
-        params = {name: _float64(value.detach()) for name, value in
-                  (*self.module.named_parameters(), *self.module.named_buffers())}
+    # -- one row's float64 re-run -------------------------------------------------------------------------------------
 
-        def run(replace: dict[nn.Module, torch.Tensor] | None = None) -> None:
-            """The layer's forward; the modules of ``replace`` return the tensor given instead of computing (their
-            ``forward`` shadowed on the instance while it runs)."""
-            for module, out in (replace or {}).items():
-                module.forward = lambda *_args, out=out, **_kwargs: out
-            try:
-                torch.func.functional_call(self.module, params, args, kwargs)
-            finally:
-                for module in replace or {}:
-                    del module.forward
+    def _leaf(self, tree: Any, path: Path) -> Any:
+        for key in path:
+            tree = tree[key]
+        return tree
 
-        # the input projections: the submodules called on x itself, and their outputs
-        projections: list[tuple[nn.Module, torch.Tensor]] = []
-        calls: list[AttentionCall] = []
+    def _cut(self, tree: Any, *, rows: int, length: int, row: int | None = None,
+             positions: torch.Tensor | None = None) -> Any:
+        """The arguments of one row (``row``) and some positions (``positions``, with repeats) in float64: each tensor
+        cut along the axes that follow the batch rows and the positions (found at load; an argument not seen then:
+        its axes of the sequence's length, and a first axis of the batch's size); an argument over pairs of positions
+        (an attention mask) is dropped, since the re-run stops before the attention reads it."""
 
-        def seen(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-            if inputs and inputs[0] is x and isinstance(output, torch.Tensor) and output.shape[:2] == x.shape[:2]:
-                projections.append((module, output.detach()))
+        def cut(path: Path, value: torch.Tensor) -> torch.Tensor | None:
+            axes = self._axes.get(path)
+            if axes is None:
+                axes = _Axes(tuple(axis for axis, size in enumerate(value.shape) if size == length), ())
+            if len(axes.positions) > 1:
+                return None
+            if row is not None:  # a first axis of the batch's size counts too (per-row positions, say)
+                first = (0,) if value.ndim and value.shape[0] == rows and 0 not in axes.positions else ()
+                for axis in sorted({*axes.rows, *first}):
+                    if value.shape[axis] == rows and rows > 1:
+                        value = value.narrow(axis, row, 1)
+            if positions is not None:
+                for axis in axes.positions:
+                    if axis < value.ndim and value.shape[axis] == length:
+                        value = value.index_select(axis, positions.to(value.device))
+            return value.double() if value.is_floating_point() else value
 
-        handles = [sub.register_forward_hook(seen) for sub in self.module.modules() if sub is not self.module]
-        try:
-            with torch.no_grad(), attention_calls_recorded(calls.append):
-                run()
-        finally:
-            for handle in handles:
-                handle.remove()
-        call = self._one_call(calls)
-        if not projections:
-            raise UnsupportedModelError(f"{type(self.module).__name__}: no submodule reads the layer's input (its query "
-                             "projection was not found)")
-        widths = [out.shape[-1] for _, out in projections]
-        u = torch.cat([out.reshape(*x.shape[:2], -1) for _, out in projections], -1)  # [B, T, m]
+        return _mapped(tree, cut)
 
-        def queries_of(flat: torch.Tensor) -> torch.Tensor:
-            replace = {module: part.reshape(out.shape) for (module, out), part in
-                       zip(projections, flat.split(widths, -1), strict=True)}
-            found: list[AttentionCall] = []
-            try:
-                with attention_calls_recorded(found.append, stop=True):  # nothing after the queries
-                    run(replace)
-            except _Stop:
-                pass
-            return self._one_call(found).queries
-
-        _, heads, length, dim = call.queries.shape
-        columns = self._columns
-        if columns is None:
-            supports = self._supports(queries_of, u, heads)
-            if all(len(s) == len(supports[0]) for s in supports) and \
-                    len(torch.cat(supports).unique()) == sum(len(s) for s in supports):
-                columns = torch.stack(supports)  # [H, n]: disjoint blocks, one per head
-            else:
-                columns = torch.cat(supports).unique()[None]  # [1, m]: every column any head reads, shared
-            if length > 1:  # one position may hide a column (a rotation by angle 0): found again next time
-                self._columns = columns
-
-        def query_jacobian(head: int) -> torch.Tensor:
-            """``[B, T, p, n]`` D_t of one head: one forward-mode product per column it reads."""
-            read = columns[head if columns.shape[0] > 1 else 0]
-            out = call.queries.new_empty(call.queries.shape[0], length, dim, read.shape[0])
-            with torch.no_grad():
-                for c in range(read.shape[0]):
-                    tangent = torch.zeros_like(u)
-                    tangent[..., read[c]] = 1.0
-                    out[..., c] = torch.func.jvp(queries_of, (u,), (tangent,))[1][:, head]
+    def _project(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One input projection's output in float64: a block of its weight's rows at a time for a linear layer (its
+        float64 copy never whole), else the module re-run with float64 parameters."""
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) and weight is not None and weight.is_floating_point():
+            out = x.new_empty(*x.shape[:-1], weight.shape[0])
+            step = max(1, PRODUCT_ELEMENTS // weight.shape[1])  # 64 MiB of float64 weights at a time
+            for lo in range(0, weight.shape[0], step):
+                hi = min(weight.shape[0], lo + step)
+                bias = None if module.bias is None else module.bias.detach()[lo:hi].double()
+                out[..., lo:hi] = nn.functional.linear(x, weight.detach()[lo:hi].double(), bias)
             return out
-        if columns.shape[0] == 1:
-            query_inputs = u[..., columns[0]].unsqueeze(1)
-        else:
-            query_inputs = u[..., columns].permute(0, 2, 1, 3)  # [B, T, H, n] -> [B, H, T, n]
-        mask = segment.mask
-        valid = None
-        if joined_mask and mask is not None and mask.shape[1] >= length:
-            valid = mask[:, -length:].bool()
-        scale = call.scaling if call.scaling is not None else dim**-0.5
-        return AttentionBatch(segment.ids, valid, call.queries.detach(), call.keys.detach(), float(scale),
-                              None if not call.softcap else float(call.softcap), call.sliding_window,
-                              query_inputs, query_jacobian,
-                              None if call.sinks is None else call.sinks.detach().reshape(-1))
+        params = {name: value.detach().double() if value.is_floating_point() else value
+                  for name, value in (*module.named_parameters(), *module.named_buffers())}
+        return torch.func.functional_call(module, params, (x,))
 
-    def _one_call(self, calls: list[AttentionCall]) -> AttentionCall:
-        mine = [call for call in calls if call.module is self.module]
-        if len(mine) != 1:
-            raise UnsupportedModelError(f"{type(self.module).__name__} called the attention interface {len(mine)} times in one "
-                             "forward (one expected)")
-        return mine[0]
+    def _queries(self, tree: Any, u: torch.Tensor, widths: list[int]) -> AttentionCall:
+        """The layer run on ``tree``'s arguments with its input projections returning the columns of ``u [1, L, m]``
+        instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
+        calls: list[AttentionCall] = []
+        parts = u.split(widths, -1)
+        for module, part in zip(self._projections, parts, strict=True):
+            module.forward = lambda *_args, part=part, **_kwargs: part
+        try:
+            with attention_calls_recorded(calls.append, stop=True):
+                _stopped(lambda: torch.func.functional_call(self.module, self._params, tree[0], tree[1]))
+        finally:
+            for module in self._projections:
+                del module.forward
+        return self._one_call(calls)
 
-    @staticmethod
-    def _supports(queries_of: Callable[[torch.Tensor], torch.Tensor], u: torch.Tensor, heads: int) -> list[torch.Tensor]:
-        """Per query head, the columns of u its queries depend on (one vector-Jacobian product per head, with a fixed
-        random cotangent: a column is read when its gradient is nonzero anywhere)."""
-        queries, pullback = torch.func.vjp(queries_of, u)
+    def _row(self, segment: _Segment, row: int, *, check_chunk: int | None = None) -> AttentionRow:
+        """One row of ``segment`` re-run in float64 (see the module docstring)."""
+        rows, length = segment.ids.shape
+        tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
+        x = self._leaf(tree, self._hidden)
+        with torch.no_grad():
+            outputs = [self._project(module, x) for module in self._projections]
+        widths = [out.shape[-1] for out in outputs]
+        u = torch.cat(outputs, -1)
+        x_shape = x.shape
+        tree = _mapped(tree, lambda path, value: x.new_zeros(()) if path == self._hidden else value)
+        del outputs, x
+
+        def hollow(tree: Any, positions: int) -> Any:
+            """``tree`` with the layer's input as a tensor of its shape that holds one value (only the shadowed
+            projections read it: the load's self-check would see another reader)."""
+            shape = (*x_shape[:-2], positions, x_shape[-1])
+            return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
+
+        with torch.no_grad():
+            call = self._queries(hollow(tree, length), u, widths)
+        queries, keys = call.queries[0], call.keys[0]  # [H, T, p], [KV, T, p]
+        if self._columns is None:
+            self._columns = self._supports(tree, hollow, u, widths, queries.shape[0])
+        columns = self._columns
+        heads, _, dim = queries.shape
+        copies = columns.shape[1]
+        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1])
+        if check_chunk is not None:
+            chunk, group = check_chunk, 1
+
+        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
+            each copy with a tangent on its column (see the module docstring)."""
+            span = hi - lo
+            out = queries.new_empty(heads, span, dim, copies)
+            for first in range(0, copies, group):
+                last = min(copies, first + group)
+                positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
+                part = hollow(self._cut(tree, rows=1, length=length, positions=positions), positions.shape[0])
+                inputs = u[:, positions]
+                tangent = torch.zeros_like(inputs)
+                for copy in range(last - first):
+                    tangent[0, copy * span:(copy + 1) * span, columns[:, first + copy]] = 1.0
+                with torch.no_grad():
+                    primal, derivative = torch.func.jvp(lambda v: self._queries(part, v, widths).queries,
+                                                        (inputs,), (tangent,))
+                want = queries[:, lo:hi]
+                error = (primal[0].unflatten(1, (last - first, span)) - want[:, None]).abs().max()
+                if not float(error) <= 1e-9 * max(float(want.abs().max()), 1e-30):
+                    raise RuntimeError(f"{self._name}: its re-run on positions {lo}..{hi - 1} alone differs from the "
+                                       f"whole row's queries by {float(error):.1e}: its query map does not read each "
+                                       "position alone")
+                out[..., first:last] = derivative[0].unflatten(1, (last - first, span)).permute(0, 2, 3, 1)
+            return out
+
+        return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
+                            float(call.scaling if call.scaling is not None else dim**-0.5),
+                            None if not call.softcap else float(call.softcap), call.sliding_window,
+                            None if call.sinks is None else call.sinks.detach().double().reshape(-1))
+
+    def _supports(self, tree: Any, hollow: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
+                  heads: int) -> torch.Tensor:
+        """The columns of u each query head reads, ``[H, n]`` (disjoint blocks of equal width, one per head) or
+        ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
+        cotangent (a column is read when its gradient is nonzero anywhere)."""
+        length = u.shape[1]
+        queries, pullback = torch.func.vjp(lambda v: self._queries(hollow(tree, length), v, widths).queries, u)
         generator = torch.Generator(device="cpu").manual_seed(0)
         cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
         supports = []
@@ -399,8 +612,17 @@ class FirstAttentionCapture:
             only[:, head] = cotangent[:, head]
             (grad,) = pullback(only)
             supports.append(torch.nonzero(grad.detach().ne(0).flatten(0, -2).any(0)).squeeze(-1))
-        return supports
+        if all(len(s) == len(supports[0]) for s in supports) and \
+                len(torch.cat(supports).unique()) == sum(len(s) for s in supports):
+            return torch.stack(supports)
+        return torch.cat(supports).unique()[None]
 
+    def _one_call(self, calls: list[AttentionCall]) -> AttentionCall:
+        mine = [call for call in calls if call.module is self.module]
+        if len(mine) != 1:
+            raise UnsupportedModelError(f"{self._name} called the attention interface {len(mine)} times in one "
+                                        "forward (one expected)")
+        return mine[0]
 
 
 class AttentionRows:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_probes.api import (UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, TraceField, as_choice,
-                                option)
+                                jacobian_chunks, option)
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -95,13 +95,16 @@ class MarginPositions:
         self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
 
     def values(self, batch: Any) -> Any:
-        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`;
-        one head's query-map Jacobian at a time, one row at a time)."""
+        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`
+        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time)."""
+        import torch
+
         from lm_eval_probes.probes.margin import layer_margins
 
-        return layer_margins(batch.queries, batch.keys, batch.query_inputs, batch.query_jacobian, scale=batch.scale,
-                             softcap=batch.softcap, window=batch.sliding_window, sinks=batch.sinks, valid=batch.valid,
-                             heads=self.options.heads).cpu()
+        rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
+                              softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
+                              heads=self.options.heads, chunk=row.chunk).cpu() for row in batch.rows()]
+        return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
@@ -118,16 +121,23 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes): the captured batch re-run through the first attention layer — its parameters (about
-    4·d·H·p), its inputs and input projections (B·T·4d), each head's queries, keys and query inputs (3·B·H·T·p) — and
-    one head's query-map Jacobian at a time (B·T·p²: heads that read their own p columns; families whose heads share
-    all query inputs, full-width query norms, hold more) with one forward-mode product's queries (B·H·T·p); then one
-    sequence of that head at a time: its attention weights (2·T²: logits, then their softmax), or
-    :func:`~lm_eval_probes.probes.margin.head_margins` with the weights (T²), one block of flattened outer products
-    (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's ``[64, p, p]`` products and their LU (2·64·p²)."""
-    p, d, t, b, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.batch, shapes.heads
-    block = min(t, max(1, (1 << 23) // (p * p))) * p * p
-    return 8 * (4 * d * h * p + b * t * (4 * d + 4 * h * p + p * p) + max(2 * t * t, t * t + block + 2 * 64 * p * p))
+    """Float64 (8 bytes), one sequence at a time (the first attention layer's float64 re-run of one row): held
+    throughout, its input projections' outputs u (T·m, m = (H + 2·KV)·p), queries (T·H·p) and keys (T·KV·p); beside
+    them the larger of two phases — the re-run (the row's inputs T·d, a block of a projection's float64 weight and its
+    output, at most 2²³ values each, and about three ``[H, T, p]`` of the layer's own query code) or one chunk of c
+    positions (:func:`~lm_eval_probes.api.jacobian_chunks`): its query-map Jacobians (H·c·p·n, n = p columns per
+    head) and either one forward-mode product (g·c·(2m + 8·H·p) values) or one head's margins — its weights over the
+    prefix (3·c·T: logits, softmax, the soft cap's), its inputs u (T·p), one block of flattened outer products
+    (min(T, ⌊2²³/p²⌋)·p²), their sum and three ``[c, p, p]`` products."""
+    p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
+    kv = shapes.kv_heads or h
+    m = (h + 2 * kv) * p
+    chunk, group = jacobian_chunks(t, h, p, p, m)
+    held = t * (m + h * p + kv * p)
+    rerun = t * d + 2 * (1 << 23) + 3 * t * h * p
+    product = group * chunk * (2 * m + 8 * h * p)
+    head = 3 * chunk * t + t * p + min(t, max(1, (1 << 23) // (p * p))) * p * p + 4 * chunk * p * p
+    return 8 * (held + max(rerun, h * chunk * p * p + max(product, head)))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def _check_float(name: str, value: Tensor) -> None:
 
 
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
-                             softcap: float | None = None, window: int | None = None, sink: Tensor | None = None) -> Tensor:
+                             softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
+                             positions: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -58,25 +59,32 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         window: a sliding window W: s is attended from t only when t − s < W (transformers' convention); ``None``: none.
         sink: an attention-sink logit (gpt-oss): it takes part in the softmax, has no value, so a row sums to less
             than 1; ``None``: none.
+        positions: int64 ``[n]``: ``queries`` are ``[..., n, p]``, the queries of these positions only (their rows of
+            the weights, ``[..., n, T]``); ``None``: every position's.
 
     Returns:
-        ``[..., T, T]`` row-stochastic over the valid s < t; a row with no valid prefix (the first real
+        ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
         token) is all zeros. The diagonal is excluded: the paper's μ_t averages the *previous* tokens.
     """
     _check_float("queries", queries)
     _check_float("keys", keys)
-    if queries.shape != keys.shape or queries.ndim < 2:
-        raise ValueError(f"queries and keys must both be [..., T, p], got {tuple(queries.shape)} and {tuple(keys.shape)}")
-    length = queries.shape[-2]
+    rows = queries.shape[-2] if positions is None else positions.shape[0]
+    if queries.shape[:-2] != keys.shape[:-2] or queries.shape[-1] != keys.shape[-1] or queries.ndim < 2 or \
+            queries.shape[-2] != rows or positions is None and queries.shape != keys.shape:
+        raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions), got "
+                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
+    length = keys.shape[-2]
     logits = scale * queries @ keys.transpose(-1, -2)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
-    allowed = torch.ones(length, length, dtype=torch.bool, device=queries.device).tril(-1)
+    query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
+    lag = query_at[:, None] - torch.arange(length, device=queries.device)[None, :]  # t − s
+    allowed = lag > 0
     if window is not None:
-        allowed = allowed & torch.ones_like(allowed).triu(1 - window)
+        allowed = allowed & (lag < window)
     if valid is not None:
-        if valid.shape != queries.shape[:-1]:
-            raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
+        if valid.shape != keys.shape[:-1]:
+            raise ValueError(f"valid must be {tuple(keys.shape[:-1])}, got {tuple(valid.shape)}")
         allowed = allowed & valid.bool().unsqueeze(-2)
     logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
     if sink is not None:
@@ -391,53 +399,58 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
 
 
-def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor, query_jacobian: Tensor | Callable[[int], Tensor], *,
-                  scale: float,
-                  softcap: float | None = None, window: int | None = None, sinks: Tensor | None = None,
-                  valid: Tensor | None = None, heads: str = "mean", chunk: int = 64) -> Tensor:
-    """Per-position margins of a pretrained model's attention layer, one sequence at a time, one head at a time.
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], Tensor],
+                  query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
+                  window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
+                  heads: str = "mean", chunk: int = 64) -> Tensor:
+    """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
+    at a time.
 
-    Per head h (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries and keys (soft cap
-    and sliding window as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
-    :func:`head_margins` with the query map's Jacobian D_t on the inputs u it reads; the position's margin is the mean
-    (or ``min``) over heads.
+    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); per head h of the chunk
+    (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap, sliding window
+    and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
+    m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read); the
+    position's margin is the mean (or ``min``) over heads. Only one chunk's weights ``[c, T]`` and Jacobians are held.
 
     Args:
-        queries: ``[B, H, T, p]`` as the logits use them; keys: ``[B, KV, T, p]`` (H a multiple of KV).
-        query_inputs: ``[B, H or 1, T, n]`` u; query_jacobian: ``[B, H, T, p, n]`` D_t = ∂q_t/∂u_t, or
-            ``(head) -> [B, T, p, n]`` that head's (asked once per head, heads in order: one held at a time).
+        queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T, p]`` (H a multiple of KV).
+        query_inputs: ``(head) -> [T, n]`` the inputs u that head's queries read.
+        query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi).
         scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
         sinks: ``[H]`` attention-sink logits (``None``: none).
-        valid: optional bool ``[B, T]`` (False = padding).
+        valid: optional bool ``[T]`` (False = padding).
         heads: ``mean`` or ``min``.
+        chunk: query positions per chunk.
 
     Returns:
-        ``[B, T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
+        ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
     """
     if heads not in ("mean", "min"):
         raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
-    batch, num_heads, length, _ = queries.shape
-    if keys.ndim != 4 or num_heads % keys.shape[1]:
-        raise ValueError(f"keys must be [B, KV, T, p] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
-    groups = num_heads // keys.shape[1]
-    per_row: list[list[Tensor]] = [[] for _ in range(batch)]
-    for head in range(num_heads if batch else 0):
-        jacobian = query_jacobian(head) if callable(query_jacobian) else query_jacobian[:, head]
-        for row in range(batch):
-            mask = None if valid is None else valid[row]
-            q, k = queries[row, head], keys[row, head // groups]
+    num_heads, length, dim = queries.shape
+    if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
+        raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
+    groups = num_heads // keys.shape[0]
+    parts = []
+    for lo in range(0, length, chunk):
+        hi = min(length, lo + chunk)
+        at = torch.arange(lo, hi, device=queries.device)
+        jacobian = query_jacobian(lo, hi)
+        per_head = []
+        for head in range(num_heads):
+            q, k = queries[head, lo:hi], keys[head // groups, :hi]  # no query in the chunk attends past hi
+            mask = None if valid is None else valid[:hi]
             weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window,
-                                               sink=None if sinks is None else sinks[head])
+                                               sink=None if sinks is None else sinks[head], positions=at)
             key_weights = None
             if softcap is not None:
                 key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
-            u = query_inputs[row, head if query_inputs.shape[1] > 1 else 0]
-            per_row[row].append(head_margins(u, k, weights, scale=scale, valid=mask, chunk=chunk,
-                                             query_jacobian=jacobian[row], key_weights=key_weights))
+            margins = _one_head_margins(query_inputs(head)[:hi], k, weights, scale=scale, rotation=None, chunk=chunk,
+                                        query_norm=None, jacobian=jacobian[head], key_weights=key_weights)
+            per_head.append(margins.masked_fill(weights.sum(-1) == 0, math.nan))
             del weights, key_weights
         del jacobian
-    rows = []
-    for per_head in per_row:
         stacked = torch.stack(per_head)
-        rows.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
-    return torch.stack(rows) if rows else queries.new_empty(0, length)
+        parts.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
+    margins = torch.cat(parts) if parts else queries.new_empty(0)
+    return margins if valid is None else margins.masked_fill(~valid.bool(), math.nan)
