@@ -50,3 +50,7 @@ def test_decoder_only_types_and_small_configs():
     config = architectures.small_config("qwen3_next")
     assert config.num_hidden_layers == 3 and set(config.layer_types) == {"linear_attention", "full_attention"}
     assert architectures.small_config("granite").logits_scaling == architectures.TRANSFORMS["logits_scaling"]
+    hybrid = architectures.small_config("granitemoehybrid")  # its pattern, not its default of linear attention only
+    assert hybrid.layer_types == ["linear_attention", "full_attention", "linear_attention"]
+    looped = architectures.small_config("dory")  # one input, one recurrent, one output layer
+    assert (looped.n_input_layers, looped.n_recurrent_layers, looped.n_output_layers) == (1, 1, 1)
