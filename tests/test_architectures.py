@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +40,23 @@ def test_probes_all_runs_and_matches_the_independent_computation(model_type):
     assert all(math.isfinite(outcome.rows[name]) for name in ALWAYS_ROWS), outcome.rows
     for probe in ("omega", "margin"):  # either its row, or a skip with its reason
         assert math.isfinite(outcome.rows[probe]) or outcome.skipped.get(probe), (probe, outcome)
+
+
+REFUSED = {
+    "deepseek_v4": r"the logit lens cannot read its blocks' states \(1, 16, 4, 64\): its final norm reads \(1, 16, 64\)",
+    "dory": r"its forward gives 5 hidden states for 3 blocks, not one per block \(a block runs more than once",
+}
+"""Families whose layers are not one state per block, each with the start of its refusal: DeepSeek-V4 (and HY-V4) carry
+four residual streams that the model merges before its final norm; Dory loops its middle block."""
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type):
+    """Once a raw RuntimeError of Ω's self-check (DeepSeek-V4) or a ValueError in the middle of the run (Dory): now
+    the lens's check at load refuses the model, naming its type and why, before any request runs."""
+    outcome = architectures.outcome_of(model_type, docs=2, check=False)
+    assert outcome.status == "refused", outcome
+    assert re.match(rf"UnsupportedModelError: model_type '{model_type}': {REFUSED[model_type]}", outcome.reason), outcome
 
 
 def test_decoder_only_types_and_small_configs():
