@@ -64,10 +64,14 @@ Gemma's soft-capping are already off it)."""
 LAYER_PATTERNS: dict[str, dict[str, Any]] = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1]},
-    "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba"]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
     "mamba2": {"num_heads": 8},
+    "dory": {"n_input_layers": 1, "n_output_layers": 1},
 }
-"""Families whose mix of layers (or SSM heads) is set by fields of their own: one layer of each kind in 3."""
+"""Families whose mix of layers (or SSM heads) is set by fields of their own: one layer of each kind in 3 (Dory: one
+input, one recurrent and one output layer; its defaults of 8 input and 8 output layers leave -13 recurrent ones).
+A pattern the config refuses fails the build (not small, with the config's reason): it is never dropped silently
+(Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of transformers runs)."""
 
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
 MAX_PARAMETERS = 3_000_000
@@ -114,7 +118,7 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     for key, value in TRANSFORMS.items():
         if getattr(base, key, None) is not None:
             kwargs[key] = value
-    for key in LAYER_LISTS:
+    for key in dict.fromkeys(aliases.get(key, key) for key in LAYER_LISTS):  # one list under its own name, not an alias
         kinds = list(dict.fromkeys(getattr(base, key, None) or ()))
         if kinds:
             layers = max(3, len(kinds))
@@ -128,9 +132,10 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             kwargs[key] = value
     try:
         return cls(**kwargs)
-    except Exception:  # a layer list or head width the family derives itself
+    except Exception:  # a layer list or head width the family derives itself (but not a pattern set for it)
         for key in (*LAYER_LISTS, "head_dim"):
-            kwargs.pop(key, None)
+            if key not in LAYER_PATTERNS.get(model_type, {}):
+                kwargs.pop(key, None)
         return cls(**kwargs)
 
 
@@ -158,8 +163,9 @@ def build(model_type: str, folder: Path, *, seed: int = 0) -> str:
     torch.manual_seed(seed)
     try:
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():
+        with torch.no_grad():  # without a cache, and as HFLM's loglikelihood calls it (the config's use_cache)
             model(torch.arange(2, 14).unsqueeze(0), use_cache=False)
+            model(torch.arange(2, 14).unsqueeze(0))
     except Exception as error:
         raise NotSmall(f"forward: {type(error).__name__}: {_line(error)}") from None
     model.save_pretrained(folder)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 _spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_architectures", BENCHMARKS / "architectures.py")
@@ -41,6 +43,53 @@ def test_probes_all_runs_and_matches_the_independent_computation(model_type):
         assert math.isfinite(outcome.rows[probe]) or outcome.skipped.get(probe), (probe, outcome)
 
 
+OMEGA_FAMILIES = {"qwen3_moe": "MoE blocks", "qwen3_next": "linear and full attention, MoE",
+                  "jamba": "Mamba and attention, MoE"}
+"""The families whose per-document Ω is checked against the model's own blocks (beside the dense ones of
+``test_omega_capture.py``), each with the blocks it re-runs."""
+
+
+@pytest.mark.parametrize("depth", [2, 3])  # 2: decoded during the forward; 3 = L: every block re-run, after it
+@pytest.mark.parametrize("model_type", sorted(OMEGA_FAMILIES))
+def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_path):
+    """hf-probes' Ω of each request of a right-padded batch: its trajectory (every source layer) and Ω equal the model's
+    own forward on the request alone with the input of block L − m + 1 replaced by each source layer's states
+    (``test_omega_capture.focal_reference``), within float32 rounding (measured: 5e-6 relative at most). The head is
+    scaled 50-fold so that the top-1 masses spread over 0.6–0.9 (at the builder's 0.02 initialisation every one is
+    about 1/V, and a wrong re-run moves them little): a focal depth one off moves them by 1e-2 to 1e-1."""
+    import transformers
+    from test_capture import ll_instances
+    from test_omega_capture import assert_omega_matches_the_reference
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = architectures.build(model_type, tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega",
+                   probe_omega_depth=depth)
+    assert lm.focal_decoder is not None and len(lm.focal_decoder.blocks) == depth
+    assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
+
+
+REFUSED = {
+    "deepseek_v4": r"the logit lens cannot read its blocks' states \(1, 16, 4, 64\): its final norm reads \(1, 16, 64\)",
+    "dory": r"its forward gives 5 hidden states for 3 blocks, not one per block \(a block runs more than once",
+}
+"""Families whose layers are not one state per block, each with the start of its refusal: DeepSeek-V4 (and HY-V4) carry
+four residual streams that the model merges before its final norm; Dory loops its middle block."""
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type):
+    """Once a raw RuntimeError of Ω's self-check (DeepSeek-V4) or a ValueError in the middle of the run (Dory): now
+    the lens's check at load refuses the model, naming its type and why, before any request runs."""
+    outcome = architectures.outcome_of(model_type, docs=2, check=False)
+    assert outcome.status == "refused", outcome
+    assert re.match(rf"UnsupportedModelError: model_type '{model_type}': {REFUSED[model_type]}", outcome.reason), outcome
+
+
 def test_decoder_only_types_and_small_configs():
     """The mapping's decoder-only types include the families people run and leave out encoders and multimodal
     configs; a small config has 3 layers, one of each kind its family mixes."""
@@ -50,3 +99,7 @@ def test_decoder_only_types_and_small_configs():
     config = architectures.small_config("qwen3_next")
     assert config.num_hidden_layers == 3 and set(config.layer_types) == {"linear_attention", "full_attention"}
     assert architectures.small_config("granite").logits_scaling == architectures.TRANSFORMS["logits_scaling"]
+    hybrid = architectures.small_config("granitemoehybrid")  # its pattern, not its default of linear attention only
+    assert hybrid.layer_types == ["linear_attention", "full_attention", "linear_attention"]
+    looped = architectures.small_config("dory")  # one input, one recurrent, one output layer
+    assert (looped.n_input_layers, looped.n_recurrent_layers, looped.n_output_layers) == (1, 1, 1)

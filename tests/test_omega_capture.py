@@ -1,20 +1,21 @@
 """Ω captured in the harness's own passes equals an independent focal-depth recomputation.
 
-The reference runs a deep copy of the model whose list of blocks is cut to the last m, fed the source
-layer's states as ``inputs_embeds`` of the unpadded sequence: the model's own forward computes the masks,
-positions, rotary embeddings, final norm, unembedding and soft-capping. The decoder under test instead
-re-runs the blocks with the kwargs its hooks recorded from a (padded) batch.
+The reference runs the model's own forward on the unpadded sequence with the input of its block L − m + 1 (of its
+final norm for m = 0) replaced by the source layer's states: the model's own forward computes the masks, positions,
+rotary embeddings, router choices, linear-attention and SSM states, final norm, unembedding and logit transform, for
+any family. The decoder under test instead re-runs the blocks with the kwargs its hooks recorded from a (padded)
+batch.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 from torch import nn
 
+from lm_eval_probes.capture.parts import architecture_of, get_path
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout
 from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
 from lm_eval_probes.declarations import PROBE_NAMES
@@ -37,38 +38,39 @@ def reference_top_k_mass(logits: torch.Tensor, k: int) -> torch.Tensor:
     return probs.sort(-1, descending=True).values[..., :k].sum(-1)
 
 
-def truncated_model(model: nn.Module, depth: int) -> nn.Module:
-    """A deep copy whose blocks are only the last ``depth`` of ``model`` (and whose config says so)."""
-    cut = copy.deepcopy(model)
-    num_layers = model.config.num_hidden_layers
-    cut.model.layers = nn.ModuleList(list(cut.model.layers)[num_layers - depth :])
-    cut.config.num_hidden_layers = depth
-    if getattr(cut.config, "layer_types", None) is not None:
-        cut.config.layer_types = list(cut.config.layer_types)[num_layers - depth :]
-    return cut
+def _replacing_input(module: nn.Module, state: torch.Tensor) -> torch.utils.hooks.RemovableHandle:
+    """A pre-hook that gives ``module`` ``state`` as its hidden-state argument (its first positional one, else the
+    keyword ``hidden_states``)."""
+    def replace(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return ((state, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": state})
+
+    return module.register_forward_pre_hook(replace, with_kwargs=True)
 
 
 @torch.no_grad()
 def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, start: int, stop: int) -> torch.Tensor:
-    """``[L+1, stop − start]`` top-k masses of D_m(H_i), i = 0..L, on one unpadded sequence, written independently."""
-    last_block_output: list[torch.Tensor] = []
-    handle = model.model.layers[-1].register_forward_hook(lambda _m, _a, out: last_block_output.append(out))
+    """``[L+1, stop − start]`` top-k masses of D_m(H_i), i = 0..L, on one unpadded sequence: per source layer one
+    forward of the model itself, the input of its block L − m + 1 (of its final norm, m = 0) replaced by H_i (layer L:
+    the final norm's input, the last block's pre-norm output). The final norm is called once per forward."""
+    spec = architecture_of(model)
+    blocks, norm = list(get_path(model, spec.blocks)), get_path(model, spec.final_norm)
+    ids = torch.tensor([token_ids])
+    norm_input: list[torch.Tensor] = []
+    handle = norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))
     try:
-        out = model(torch.tensor([token_ids]), output_hidden_states=True, use_cache=False)
+        out = model(ids, output_hidden_states=True, use_cache=False)
     finally:
         handle.remove()
-    block_output = last_block_output[0][0] if isinstance(last_block_output[0], tuple) else last_block_output[0]
-    sources = [*out.hidden_states[:-1], block_output]  # layer L: the pre-norm output of the last block
-    if depth == 0:
-        cap = getattr(model.config, "final_logit_softcapping", None)
-        rows = []
-        for state in sources:
-            logits = model.lm_head(model.model.norm(state[0, start:stop]))
-            rows.append(reference_top_k_mass(cap * torch.tanh(logits / cap) if cap else logits, k))
-        return torch.stack(rows)
-    cut = truncated_model(model, depth)
-    return torch.stack([reference_top_k_mass(cut(inputs_embeds=state, use_cache=False).logits[0, start:stop], k)
-                        for state in sources])
+    entry = [*blocks, norm][len(blocks) - depth]
+    rows = []
+    for state in [*out.hidden_states[:-1], norm_input[-1]]:
+        handle = _replacing_input(entry, state)
+        try:
+            logits = model(ids, use_cache=False).logits[0, start:stop]
+        finally:
+            handle.remove()
+        rows.append(reference_top_k_mass(logits, k))
+    return torch.stack(rows)
 
 
 def padded_batch(pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
@@ -94,7 +96,7 @@ def _load(tiny_model_dir, arch: str) -> nn.Module:
 
 @pytest.mark.parametrize("arch", FOCAL_ARCHS)
 @pytest.mark.parametrize("padding", ["left", "right"])
-def test_focal_depth_equals_the_truncated_model(tiny_model_dir, arch, padding):
+def test_focal_depth_equals_the_models_own_forward_from_that_block(tiny_model_dir, arch, padding):
     model = _load(tiny_model_dir, arch)
     readout = LensReadout(model)
     num_layers = readout.num_layers
@@ -344,6 +346,17 @@ def _reference_omega(lm: ProbeHFLM, token_ids: list[int], start: int, stop: int)
     return tuple(float(v) for v in masses[lo:hi].mean(-1))
 
 
+def assert_omega_matches_the_reference(lm: ProbeHFLM, answers: list, *, rel: float = 2e-5, abs: float = 2e-6) -> None:
+    """Each answer of ``lm.loglikelihood(ll_instances())``: its Ω trajectory (every source layer) and Ω equal
+    :func:`focal_reference`'s on its request alone, unpadded, within float32 rounding (``rel``, ``abs``)."""
+    for (context, continuation), answer in zip(LL_REQUESTS, answers, strict=True):
+        ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+        want = _reference_omega(lm, ctx_ids + cont_ids, len(ctx_ids) - 1, len(ctx_ids) + len(cont_ids) - 1)
+        assert len(answer.probe.get("omega_trajectory")) == lm.readout.num_layers + 1
+        assert answer.probe.get("omega_trajectory") == pytest.approx(want, rel=rel, abs=abs)
+        assert answer.probe.get("omega") == pytest.approx(sum(1 - c for c in want), rel=rel, abs=abs)
+
+
 @pytest.mark.parametrize("arch", FOCAL_ARCHS)
 def test_loglikelihood_omega_matches_the_reference_at_any_batch_size(tiny_model_dir, arch):
     per_batch = {}
@@ -353,14 +366,9 @@ def test_loglikelihood_omega_matches_the_reference_at_any_batch_size(tiny_model_
         per_batch[(batch_size, chunk)] = answers = lm.loglikelihood(ll_instances())
         if batch_size != 3:
             continue
-        for (context, continuation), answer in zip(LL_REQUESTS, answers):
-            ctx_ids, cont_ids = lm._encode_pair(context, continuation)
-            want = _reference_omega(lm, ctx_ids + cont_ids, len(ctx_ids) - 1, len(ctx_ids) + len(cont_ids) - 1)
-            probe = answer.probe
-            assert len(probe.get("omega_trajectory")) == lm.readout.num_layers + 1
-            assert probe.get("omega_trajectory") == pytest.approx(want, rel=2e-5, abs=2e-6)
-            assert probe.get("omega") == pytest.approx(sum(1 - c for c in want), rel=2e-5, abs=2e-6)
-            assert probe.get("bte_energy") is None and probe.get("tcb_log10_mean") is None  # only omega was asked for
+        assert_omega_matches_the_reference(lm, answers)
+        for answer in answers:  # only omega was asked for
+            assert answer.probe.get("bte_energy") is None and answer.probe.get("tcb_log10_mean") is None
     reference = per_batch[(3, 16384)]
     for answers in per_batch.values():
         for got, want in zip(answers, reference):

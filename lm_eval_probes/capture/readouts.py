@@ -126,12 +126,31 @@ CHECK_FLOOR = -50.0
 model rules out (a logit of -1e4 set after its head, which the lens does not see) is compared no further."""
 
 
+def _check_one_state_per_block(
+    hidden_states: Sequence[torch.Tensor], norm_input: torch.Tensor, num_layers: int, where: str
+) -> None:
+    """What every probe assumes of the forward's ``hidden_states``: L + 1 of them (the embeddings, then one per block)
+    and each of the shape the final norm reads, so that the lens reads any layer as it reads the last. A looped model
+    (a block run more than once) or one whose blocks carry other states than the final norm reads (several residual
+    streams merged before it) is refused in one line."""
+    if len(hidden_states) != num_layers + 1:
+        raise UnsupportedModelError(
+            f"{where}: its forward gives {len(hidden_states)} hidden states for {num_layers} blocks, not one per block "
+            "(a block runs more than once: a looped model), so a layer's state is not one block's output")
+    shapes = {tuple(state.shape) for state in hidden_states[:-1]} - {tuple(norm_input.shape)}
+    if shapes:
+        raise UnsupportedModelError(
+            f"{where}: the logit lens cannot read its blocks' states {sorted(shapes)[0]}: its final norm reads "
+            f"{tuple(norm_input.shape)} (the model first merges them by a part of its own, e.g. residual streams)")
+
+
 @torch.no_grad()
 def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TOKENS) -> float:
     """Check at load that the :class:`LensReadout` found for ``model`` is the model's own readout: one forward of
     ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
     ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
-    :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype.
+    :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype; the forward must give one hidden
+    state per block, each of the shape the final norm reads (:func:`_check_one_state_per_block`).
 
     Returns the largest difference ``max |Δ log p|``; raises :class:`UnsupportedModelError` in one line naming the
     model type and the size of the mismatch otherwise."""
@@ -151,6 +170,7 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     where = f"model_type {readout.model_type!r}"
     if not taken:
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
+    _check_one_state_per_block(out.hidden_states, taken[-1], readout.num_layers, where)
     # the final norm's last call is the model's (a model may call the same norm on its embeddings first)
     want = torch.log_softmax(out.logits[0].float(), dim=-1).to(readout.device)
     compared = want > CHECK_FLOOR  # a token the model rules out (log p of -1e4) is out of every probe's reach
@@ -421,6 +441,9 @@ class FocalDepthDecoder:
             raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
                                         f"{(str(error).splitlines() or [''])[0][:160]}") from None
         want = inputs.final_norm_input[1:2]
+        if states.shape != want.shape:
+            raise UnsupportedModelError(f"{where}: its last block gives {tuple(states.shape)} states where its final "
+                                        f"norm reads {tuple(want.shape)}")
         if tolerance is None:
             tolerance = 1e-4 if want.dtype in (torch.float32, torch.float64) else 5e-2
         difference = float((states.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
