@@ -521,11 +521,10 @@ class FirstAttentionCapture:
                   for name, value in (*module.named_parameters(), *module.named_buffers())}
         return torch.func.functional_call(module, params, (x,))
 
-    def _queries(self, tree: Any, u: torch.Tensor, widths: list[int]) -> AttentionCall:
-        """The layer run on ``tree``'s arguments with its input projections returning the columns of ``u [1, L, m]``
+    def _queries(self, tree: Any, parts: Sequence[torch.Tensor]) -> AttentionCall:
+        """The layer run on ``tree``'s arguments with its input projections returning ``parts`` (one ``[1, L, w]`` each)
         instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
         calls: list[AttentionCall] = []
-        parts = u.split(widths, -1)
         for module, part in zip(self._projections, parts, strict=True):
             module.forward = lambda *_args, part=part, **_kwargs: part
         try:
@@ -556,7 +555,7 @@ class FirstAttentionCapture:
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
         with torch.no_grad():
-            call = self._queries(hollow(tree, length), u, widths)
+            call = self._queries(hollow(tree, length), u.split(widths, -1))
         queries, keys = call.queries[0], call.keys[0]  # [H, T, p], [KV, T, p]
         if self._columns is None:
             self._columns = self._supports(tree, hollow, u, widths, queries.shape[0])
@@ -567,30 +566,43 @@ class FirstAttentionCapture:
         if check_chunk is not None:
             chunk, group = check_chunk, 1
 
+        starts = [sum(widths[:index]) for index in range(len(widths))]
+        read = [bool(((columns >= start) & (columns < start + width)).any()) for start, width in zip(starts, widths)]
+
         def query_jacobian(lo: int, hi: int) -> torch.Tensor:
             """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
-            each copy with a tangent on its column (see the module docstring)."""
+            each copy with a tangent on its column (see the module docstring); the projections no query reads (keys,
+            values) carry none."""
             span = hi - lo
-            out = queries.new_empty(heads, span, dim, copies)
+            out = queries.new_empty(heads, span, copies, dim)  # Dᵀ, filled a column (here: a row) of D per copy
             for first in range(0, copies, group):
                 last = min(copies, first + group)
                 positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
                 part = hollow(self._cut(tree, rows=1, length=length, positions=positions), positions.shape[0])
-                inputs = u[:, positions]
-                tangent = torch.zeros_like(inputs)
+                gathered = u[:, positions]
+                inputs = gathered.split(widths, -1)
+                tangent = torch.zeros_like(gathered)
                 for copy in range(last - first):
                     tangent[0, copy * span:(copy + 1) * span, columns[:, first + copy]] = 1.0
+                tangents = tangent.split(widths, -1)
+
+                def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
+                    given = iter(dual)
+                    return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)]).queries
+
                 with torch.no_grad():
-                    primal, derivative = torch.func.jvp(lambda v: self._queries(part, v, widths).queries,
-                                                        (inputs,), (tangent,))
-                want = queries[:, lo:hi]
-                error = (primal[0].unflatten(1, (last - first, span)) - want[:, None]).abs().max()
-                if not float(error) <= 1e-9 * max(float(want.abs().max()), 1e-30):
-                    raise RuntimeError(f"{self._name}: its re-run on positions {lo}..{hi - 1} alone differs from the "
-                                       f"whole row's queries by {float(error):.1e}: its query map does not read each "
-                                       "position alone")
-                out[..., first:last] = derivative[0].unflatten(1, (last - first, span)).permute(0, 2, 3, 1)
-            return out
+                    primal, derivative = torch.func.jvp(
+                        of_read, tuple(v for v, r in zip(inputs, read) if r), tuple(t for t, r in zip(tangents, read) if r))
+                del tangent, tangents
+                if first == 0:  # every product's primal is the same
+                    want = queries[:, lo:hi]
+                    error = float((primal[0, :, :span] - want).abs().max())
+                    if not error <= 1e-9 * max(float(want.abs().max()), 1e-30):
+                        raise RuntimeError(f"{self._name}: its re-run on positions {lo}..{hi - 1} alone differs from "
+                                           f"the whole row's queries by {error:.1e}: its query map does not read each "
+                                           "position alone")
+                out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return out.transpose(-2, -1)
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
@@ -603,7 +615,7 @@ class FirstAttentionCapture:
         ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
         cotangent (a column is read when its gradient is nonzero anywhere)."""
         length = u.shape[1]
-        queries, pullback = torch.func.vjp(lambda v: self._queries(hollow(tree, length), v, widths).queries, u)
+        queries, pullback = torch.func.vjp(lambda v: self._queries(hollow(tree, length), v.split(widths, -1)).queries, u)
         generator = torch.Generator(device="cpu").manual_seed(0)
         cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
         supports = []

@@ -445,8 +445,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], T
             key_weights = None
             if softcap is not None:
                 key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
-            margins = _one_head_margins(query_inputs(head)[:hi], k, weights, scale=scale, rotation=None, chunk=chunk,
-                                        query_norm=None, jacobian=jacobian[head], key_weights=key_weights)
+            margins = _chunk_margins(query_inputs(head)[:hi], k, weights, key_weights, jacobian[head], scale)
             per_head.append(margins.masked_fill(weights.sum(-1) == 0, math.nan))
             del weights, key_weights
         del jacobian
@@ -454,3 +453,26 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], T
         parts.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
     margins = torch.cat(parts) if parts else queries.new_empty(0)
     return margins if valid is None else margins.masked_fill(~valid.bool(), math.nan)
+
+
+def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor | None, jacobian: Tensor, scale: float) -> Tensor:
+    """log|det(I_p − scale · D_t C_t)| of one head at a chunk of c query positions (no autograd): u ``[S, n]``, keys
+    ``[S, p]``, weights α (and β, ``None``: α) ``[c, S]``, D ``[c, p, n]``. C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
+    is summed over the prefix the chunk attends to, a block of positions at a time as ``[c, n, S'] @ [S', p]`` (the
+    weighted inputs of a block: at most :data:`WORK_ELEMENTS` values; no outer products built)."""
+    beta = alpha if beta is None else beta
+    attended = torch.nonzero(alpha.ne(0).any(0))
+    span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
+    rows, width = alpha.shape[0], u.shape[-1]
+    block = max(1, WORK_ELEMENTS // max(1, rows * width))
+    cross = None  # Σ_s β_ts u_s k_sᵀ, [c, n, p]
+    for start in range(0, span, block):
+        stop = min(span, start + block)
+        part = (beta[:, start:stop, None] * u[None, start:stop]).transpose(1, 2) @ keys[start:stop]
+        cross = part if cross is None else cross.add_(part)
+        del part
+    mean_u, mean_k = alpha[:, :span] @ u[:span], beta[:, :span] @ keys[:span]  # ū_t (Σ_s α_ts < 1 with a sink), Σ β k
+    cross.baddbmm_(mean_u[:, :, None], mean_k[:, None, :], alpha=-1)
+    matrix = torch.bmm(jacobian, cross).mul_(-scale)  # I − scale · D_t C_t
+    matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    return torch.linalg.slogdet(matrix).logabsdet
