@@ -215,6 +215,9 @@ def _family_configs():
         "gpt_oss": lambda: tf.GptOssConfig(**common, head_dim=8, num_local_experts=4,
                                            num_experts_per_tok=2),  # attention sinks
         "stablelm": lambda: tf.StableLmConfig(**common, qk_layernorm=True, partial_rotary_factor=0.5),  # LayerNorm q/k
+        "falcon_h1": lambda: tf.FalconH1Config(  # hybrid: attention beside an SSM in every layer
+            **common, head_dim=8, mamba_d_ssm=16, mamba_n_heads=4, mamba_d_head=4, mamba_n_groups=1, mamba_d_state=4,
+            mamba_chunk_size=4),
     }
 
 
@@ -338,6 +341,7 @@ def test_models_without_softmax_attention_are_refused_in_one_line():
                                 layer_types=["linear_attention"])
     assert "no softmax-attention layer" in margin_unavailable(linear)
     assert margin_unavailable(tf.LlamaConfig()) is None
+    assert margin_unavailable(tf.FalconH1Config()) is None  # its "hybrid" layers run attention beside an SSM
 
 
 def test_margin_options_are_validated():

@@ -321,8 +321,12 @@ class FirstAttentionCapture:
     CHECK_LENGTH = 6
 
     def __init__(self, model: nn.Module) -> None:
-        module = first_softmax_attention(model)
         model_type = getattr(model.config, "model_type", None)
+        try:
+            module = first_softmax_attention(model)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+            raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
+                                        f"layer failed: {type(error).__name__}: {error}") from None
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
                                         "(no softmax attention, or attention written without it)")
@@ -554,9 +558,17 @@ class FirstAttentionCapture:
             shape = (*x_shape[:-2], positions, x_shape[-1])
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
+        step = max(1, PRODUCT_ELEMENTS // (10 * u.shape[-1]))  # positions per run: its queries' code within ~64 MiB
+        calls = []
         with torch.no_grad():
-            call = self._queries(hollow(tree, length), u.split(widths, -1))
-        queries, keys = call.queries[0], call.keys[0]  # [H, T, p], [KV, T, p]
+            for lo in range(0, length, step):
+                at = torch.arange(lo, min(length, lo + step), device=u.device)
+                cut = tree if step >= length else self._cut(tree, rows=1, length=length, positions=at)
+                calls.append(self._queries(hollow(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
+        call = calls[0]
+        queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
+        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
+        del calls
         if self._columns is None:
             self._columns = self._supports(tree, hollow, u, widths, queries.shape[0])
         columns = self._columns

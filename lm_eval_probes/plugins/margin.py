@@ -37,13 +37,15 @@ class MarginOptions(ProbeOptions):
 def margin_unavailable(config: Any) -> str | None:
     """Why ``probes=margin`` cannot run on a model of this (transformers) config, or ``None`` when the config does not
     tell (the load then finds the first layer that calls transformers' attention interface, or refuses in one line):
-    no attention heads, or ``layer_types`` without any softmax-attention layer."""
+    no attention heads, or ``layer_types`` whose every kind is neither an attention other than linear attention nor a
+    hybrid (attention beside an SSM)."""
     text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     model_type = getattr(text, "model_type", None)
     if not getattr(text, "num_attention_heads", None):
         return f"model_type {model_type!r} has no attention heads (no softmax attention)"
     layer_types = getattr(text, "layer_types", None)
-    if layer_types and not any("attention" in str(kind) and "linear" not in str(kind) for kind in layer_types):
+    softmax = ("attention" in str(kind) and "linear" not in str(kind) or "hybrid" in str(kind) for kind in layer_types or ())
+    if layer_types and not any(softmax):  # a hybrid layer (Falcon-H1) runs attention beside its SSM
         return f"model_type {model_type!r} has no softmax-attention layer (layer_types {sorted(set(layer_types))})"
     return None
 
@@ -124,19 +126,19 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     """Float64 (8 bytes), one sequence at a time (the first attention layer's float64 re-run of one row): held
     throughout, its input projections' outputs u (T·m, m = (H + 2·KV)·p), queries (T·H·p) and keys (T·KV·p); beside
     them the larger of two phases — the re-run (the row's inputs T·d, a block of a projection's float64 weight and its
-    output, at most 2²³ values each, and about three ``[H, T, p]`` of the layer's own query code) or one chunk of c
+    output, and the layer's own query code a block of positions at a time: about 2²³ values each) or one chunk of c
     positions (:func:`~lm_eval_probes.api.jacobian_chunks`): its query-map Jacobians (H·c·p·n, n = p columns per
     head) and either one forward-mode product (g·c·(2m + 8·H·p) values) or one head's margins — its weights over the
-    prefix (3·c·T: logits, softmax, the soft cap's), its inputs u (T·p), one block of flattened outer products
-    (min(T, ⌊2²³/p²⌋)·p²), their sum and three ``[c, p, p]`` products."""
+    prefix (3·c·T: logits, softmax, the soft cap's), its inputs u (T·p), one block of weighted inputs (at most 2²³),
+    its sum and three ``[c, p, p]`` products."""
     p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
     kv = shapes.kv_heads or h
     m = (h + 2 * kv) * p
     chunk, group = jacobian_chunks(t, h, p, p, m)
     held = t * (m + h * p + kv * p)
-    rerun = t * d + 2 * (1 << 23) + 3 * t * h * p
+    rerun = t * d + 3 * (1 << 23)
     product = group * chunk * (2 * m + 8 * h * p)
-    head = 3 * chunk * t + t * p + min(t, max(1, (1 << 23) // (p * p))) * p * p + 4 * chunk * p * p
+    head = 3 * chunk * t + t * p + min(chunk * t * p, 1 << 23) + 4 * chunk * p * p
     return 8 * (held + max(rerun, h * chunk * p * p + max(product, head)))
 
 
