@@ -61,7 +61,7 @@ def predicted_extra(probe: str, shape: Shape, *, layers: int, batch: int, tokens
     layer_types = tuple(getattr(model_config(shape, layers, pad=0, eos=0), "layer_types", None) or ())
     shapes = Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=shape.hidden,
                     vocab=shape.vocab, heads=shape.heads, head_dim=shape.head_dim, dtype_bytes=dtype_bytes,
-                    chunk_positions=chunk_positions, ffn=shape.ffn, layer_types=layer_types)
+                    chunk_positions=chunk_positions, ffn=shape.ffn, layer_types=layer_types, kv_heads=shape.kv_heads)
     return float(expected_peak(config, shapes))
 
 
@@ -214,7 +214,7 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
     import torch
 
     from lm_eval_probes import registry
-    from lm_eval_probes.capture.margins import FirstLayerMargins
+    from lm_eval_probes.capture.attention import FirstAttentionCapture
     from lm_eval_probes.capture.memory import model_shapes, token_logprob_memory
     from lm_eval_probes.capture.positions import position_probes
     from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout
@@ -260,12 +260,12 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
         held = len(decoder.source_layers) * batch * tokens * width * dtype.itemsize
         row("omega", measured, declaration("omega", shapes) - held, shapes)
 
-    margins = FirstLayerMargins(model)
-    hidden = torch.randn(1, tokens, width, generator=generator).to(dtype)
-    rotary, positions = model.model.rotary_emb, torch.arange(tokens)[None]
-    local = ("sliding_attention",) if shape.family == "gemma3_text" else ()  # Gemma-3's first layer is a local one
-    cos, sin = rotary(hidden, positions, *local)
-    _, measured = peak_allocated(lambda: margins.margins(hidden, cos, sin))
+    capture = FirstAttentionCapture(model)
+    margins = registry.probe("margin").position_probe(config_of("margin").options_of("margin"), num_layers)
+    input_ids = torch.randint(0, len(tokenizer), (1, tokens), generator=generator)
+    with capture.capture() as inputs, torch.no_grad():
+        model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    _, measured = peak_allocated(lambda: margins.first_attention.values(capture.batch(inputs.latest())))
     row("margin", measured, declaration("margin", model_shapes(model, batch=1, tokens=tokens, vocab=readout.vocab_size,
                                                                 chunk_positions=chunk)), shapes)
     return rows

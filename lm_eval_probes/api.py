@@ -37,10 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "CORRELATION", "FAMILIES", "NON_NEGATIVE", "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS",
-    "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe",
+    "CORRELATION", "FAMILIES", "JACOBIAN_ELEMENTS", "NON_NEGATIVE", "PRODUCT_ELEMENTS", "TRACE_REDUCTIONS", "UNBOUNDED",
+    "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe",
     "ProbeOptions", "Row", "Shapes", "TraceField", "as_choice",
-    "as_flag", "as_float", "as_int", "as_int_list", "as_range", "option", "unknown_message",
+    "as_flag", "as_float", "as_int", "as_int_list", "as_range", "jacobian_chunks", "option", "unknown_message",
 ]
 
 VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support",
@@ -429,6 +429,7 @@ class Shapes:
         chunk_positions: positions read out through the lens at once (``probe_chunk_positions``).
         ffn: the width of a block's feed-forward layer (0: unknown, read as 4·d).
         layer_types: each block's attention type (``config.layer_types``: sliding or full; empty: all alike).
+        kv_heads: key/value heads of a block (0: unknown, read as :attr:`heads`).
     """
 
     batch: int
@@ -443,6 +444,7 @@ class Shapes:
     chunk_positions: int = 64
     ffn: int = 0
     layer_types: tuple[str, ...] = ()
+    kv_heads: int = 0
 
     @property
     def lens_positions(self) -> int:
@@ -496,8 +498,8 @@ class PositionProbe(Protocol):
     capture with an optional attribute (``None`` or absent: not asked): ``prompt_means`` (:class:`PromptMeans`: the
     mean states over the prompt, set as a record field), ``focal_depth`` (:class:`FocalDepth`: top-K masses of the
     model's last blocks re-run on every source layer, given to :meth:`reduce` as the value ``mass [S, n]``),
-    ``first_attention`` (:class:`FirstAttention`: the stability margins of the first attention layer over every
-    position the model saw, set as record fields) and ``states_folder`` (a folder where the wrappers write the
+    ``first_attention`` (:class:`FirstAttention`: the first softmax-attention layer's queries, keys and query-map
+    Jacobian over every position the model saw, turned by the probe into record fields) and ``states_folder`` (a folder where the wrappers write the
     prompt-means probe's states of every answered request). At most one enabled probe asks for each.
 
     A probe that declares :attr:`Probe.traces` over the response also has ``per_position(values) -> {trace name:
@@ -585,19 +587,44 @@ class FocalDepth:
 
 @dataclass(frozen=True)
 class FirstAttention:
-    """A request for the stability margins of the first attention layer
-    (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`) over every position the model saw.
+    """A request for the first softmax-attention layer over every position the model saw, in the same forwards: each
+    captured batch as a :class:`~lm_eval_probes.capture.attention.AttentionBatch` (its token ids, queries and keys as
+    the attention uses them, logit scale, soft cap and sliding window, and the Jacobian of its query map), which the
+    probe turns into per-position values; a response's share of them becomes its record fields.
 
     Attributes:
-        heads: how the per-head margins combine per position (``mean`` or ``min``).
-        support: k, the support tokens (smallest margins) kept.
-        prefix: the record fields set: ``<prefix>_mean``, ``<prefix>_min``, ``<prefix>_support_positions``,
-            ``<prefix>_support_tokens``, ``<prefix>_support_values``.
+        values: ``(batch) -> [B, T]`` per-position values of one captured batch (``nan`` = none), on the CPU.
+        fields: ``(values [n], token_ids [n], decode) -> record fields`` of one response's sequence: the n positions
+            the model saw (its context or prompt, then all but the last response token), their token ids, and
+            ``decode(token id) -> str``.
+        trace: the name of the values' array in a document's trace (``probe_traces=true``: every position the model
+            saw, beside ``sequence_tokens``), or ``None`` for none; a :class:`TraceField` with ``over="sequence"``
+            reduces it.
     """
 
-    heads: str
-    support: int
-    prefix: str
+    values: Callable[[Any], Any]
+    fields: Callable[[Any, Any, Callable[[int], str]], dict[str, Any]]
+    trace: str | None = None
+
+
+JACOBIAN_ELEMENTS = 1 << 24
+"""The most float64 values of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (128 MiB):
+it sets the chunk c of positions (:func:`jacobian_chunks`)."""
+
+PRODUCT_ELEMENTS = 1 << 23
+"""About the most float64 values one forward-mode product of the first attention layer's query map moves (64 MiB):
+its repeated inputs and tangents ``[g·c, m]`` and about eight ``[H, g·c, p]`` (queries, tangents and the layer's own
+rotations and norms), g the columns of u one product covers (:func:`jacobian_chunks`)."""
+
+
+def jacobian_chunks(tokens: int, heads: int, head_dim: int, columns: int, inputs: int) -> tuple[int, int]:
+    """``(c, g)``: the positions of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (at
+    most :data:`JACOBIAN_ELEMENTS` values) and the columns one forward-mode product covers (about
+    :data:`PRODUCT_ELEMENTS` values moved), for a sequence of ``tokens``, ``heads`` query heads of width ``head_dim``,
+    n = ``columns`` read per head and m = ``inputs`` input-projection outputs."""
+    chunk = max(1, min(tokens, JACOBIAN_ELEMENTS // max(1, heads * head_dim * columns)))
+    group = max(1, min(columns, PRODUCT_ELEMENTS // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))
+    return chunk, group
 
 
 GENERATED_RECORD = "__lm_eval_probes_generated__"

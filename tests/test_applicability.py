@@ -13,8 +13,16 @@ from lm_eval_probes.config import ProbeConfig, UnsupportedProbeError
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 
 
-def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, caplog):
-    """GPT-2's first attention layer is not one the margins read: probes=all runs the rest and records why."""
+def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, caplog, monkeypatch):
+    """A first attention layer the capture cannot read (here: a refusal put in its place): probes=all runs the rest
+    and records why."""
+    from lm_eval_probes.capture.readouts import UnsupportedModelError
+    from lm_eval_probes.models import autoregressive
+
+    def refused(model):
+        raise UnsupportedModelError(f"model_type {model.config.model_type!r}: no layer calls the attention interface")
+
+    monkeypatch.setattr(autoregressive, "FirstAttentionCapture", refused)
     with caplog.at_level(logging.WARNING, logger="lm_eval.lm_eval_probes"):
         lm = ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="all")
     assert "margin" not in lm.probe_config.probes and "omega" in lm.probe_config.probes
@@ -22,7 +30,21 @@ def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, c
     assert lm.get_model_info()["probes_skipped"] == lm.probes_skipped
     assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
         f"probes=all: probe margin skipped: {lm.probes_skipped['margin']}"]
-    assert lm.first_layer is None and lm.whole.first_attention is None
+    assert lm.first_attention is None and lm.whole.first_attention is None
+
+
+def test_the_margins_run_on_gpt2_and_their_config_check_skips_a_model_without_softmax_attention(tiny_model_dir):
+    """GPT-2 calls transformers' attention interface: probes=all keeps the margins; a config without attention heads
+    (or whose layer_types hold no softmax attention) is skipped by the margins' ``applies``."""
+    import transformers
+
+    lm = ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="all")
+    assert "margin" in lm.probe_config.probes and not lm.probes_skipped and lm.first_attention is not None
+    applies = registry.probe("margin").applies
+    assert applies(transformers.LlamaConfig(num_attention_heads=2, hidden_size=16)) is None
+    assert "no attention heads" in applies(transformers.MambaConfig())
+    linear = transformers.Qwen3NextConfig(layer_types=["linear_attention"], num_hidden_layers=1)
+    assert "no softmax-attention layer" in applies(linear)
 
 
 def test_a_probes_config_check_skips_or_refuses_before_any_weight_loads(monkeypatch, tmp_path):

@@ -199,11 +199,12 @@ def test_the_built_in_probes_use_only_the_public_api():
 
 
 NO_PROBE_NAMES = ("config.py", "rows.py", "records.py", "declarations.py", "estimators.py", "capture/positions.py",
-                  "capture/readouts.py", "capture/loglikelihood.py", "capture/reader.py", "harness/registry.py",
-                  "harness/hflm.py", "models/autoregressive.py", "models/diffusion.py")
+                  "capture/readouts.py", "capture/loglikelihood.py", "capture/reader.py", "capture/attention.py",
+                  "harness/registry.py", "harness/hflm.py", "models/autoregressive.py", "models/replay.py",
+                  "models/diffusion.py")
 """Modules of the host that name no probe and no probe's record field in code (docstrings and row family names
 aside): what they do for a probe comes from the registry and the probes' whole-forward requests. ``registry.py``
-lists the built-ins; ``capture/margins.py`` and ``capture/saved_states.py`` are the margins' and the reader's own."""
+lists the built-ins; ``capture/saved_states.py`` is the reader's own."""
 
 
 def _code_names(path: Path) -> set[str]:

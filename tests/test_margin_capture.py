@@ -1,20 +1,26 @@
-"""``probes=margin``: the first attention layer's margins captured in the harness's own passes equal a hand
-computation from the layer's weights (rotary, grouped KV heads, biases), at any batch size and padding."""
+"""``probes=margin``: the first softmax-attention layer's margins captured in the harness's own passes equal a hand
+computation from the layer's weights (rotary, grouped KV heads, biases, sliding window), at any batch size and
+padding; on other families (fused qkv, query/key norms of every form, soft-capped logits, partial or interleaved
+rotary, absolute positions, MoE, MLA, hybrids) they equal an autograd Jacobian through the layer's own eager
+attention weights."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
+from lm_eval_probes.capture.attention import FirstAttentionCapture
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
-from lm_eval_probes.capture.margins import FirstLayerMargins, summarize_margins
 from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.plugins.margin import MarginSummary, margin_unavailable
+from lm_eval_probes.registry import probe
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
 
-MARGIN_ARCHS = ("llama", "qwen2", "gemma3_text")  # qwen2: query/key biases; gemma3_text: query/key RMS norms
+MARGIN_ARCHS = ("llama", "qwen2", "gemma3_text")  # qwen2: query/key biases; gemma3_text: query/key RMS norms, window 16
 
 
 def head_dim(config) -> int:
@@ -70,6 +76,8 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
         return (1.0 + module.weight.double()) * v / torch.sqrt(v.pow(2).mean() + module.eps)
 
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    local = getattr(config, "layer_types", None) and config.layer_types[0] == "sliding_attention"
+    window = config.sliding_window if local else len(ids)  # s is attended from t when t − s < window
     x = first_layer_inputs(model, ids)
     cos, sin = rope_tables(config, len(ids))
     wq, wk = attn.q_proj.weight.double(), attn.k_proj.weight.double()
@@ -81,12 +89,13 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
         for h in range(heads):
             g = h // (heads // kv_heads)
             q_rows, k_rows = slice(h * p, (h + 1) * p), slice(g * p, (g + 1) * p)
-            keys = [rotate(norm(wk[k_rows] @ x[s] + bk[k_rows], k_norm), cos[s], sin[s]) for s in range(t)]
+            first = max(0, t - window + 1)
+            keys = [rotate(norm(wk[k_rows] @ x[s] + bk[k_rows], k_norm), cos[s], sin[s]) for s in range(first, t)]
 
-            def residual(xt, t=t, q_rows=q_rows, keys=keys):
+            def residual(xt, t=t, q_rows=q_rows, keys=keys, first=first):
                 query = rotate(norm(wq[q_rows] @ xt + bq[q_rows], q_norm), cos[t], sin[t])
                 alpha = torch.softmax(torch.stack([query @ k for k in keys]) * scale, 0)
-                return xt - (alpha[:, None] * x[:t]).sum(0)
+                return xt - (alpha[:, None] * x[first:t]).sum(0)
 
             jac = torch.autograd.functional.jacobian(residual, x[t])
             per_head.append(torch.linalg.slogdet(jac).logabsdet)
@@ -94,21 +103,180 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
     return out
 
 
+def margin_probe(heads: str = "mean"):
+    """The margins' position probe with options ``heads``."""
+    config = ProbeConfig.from_model_args({"probes": "margin", "probe_margin_heads": heads})
+    return probe("margin").position_probe(config.options_of("margin"), 1)
+
+
+def captured_margins(model, ids: list[int], *, heads: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """``[1, T]`` margins and ids of one sequence through the capture and the margins' position probe."""
+    capture = FirstAttentionCapture(model)
+    with capture.capture() as inputs, torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    batch = capture.batch(inputs.latest())
+    return margin_probe(heads).first_attention.values(batch), batch.ids
+
+
 @pytest.mark.parametrize("arch", MARGIN_ARCHS)
 def test_reader_equals_the_hand_computation(tiny_model_dir, arch):
     lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=1, probes="margin")
-    reader = FirstLayerMargins(lm.model)
     ids = _prompt_ids(lm, PROMPTS[2])
-    with reader.capture() as inputs, torch.no_grad():
-        lm.model(torch.tensor([ids]))
-    margins, got_ids = reader.of_segment(inputs.latest())
+    margins, got_ids = captured_margins(lm.model, ids)
     assert got_ids[0].tolist() == ids
     # the model's rotary tables are float32, the reference's float64: agreement to ~1e-6 relative
     torch.testing.assert_close(margins[0], reference_margins(lm.model, ids), rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
+def eager_margins(model, ids: list[int]) -> torch.Tensor:
+    """The margins from the model's own first attention module (the first ``*Attention`` module), copied to float64
+    with eager attention: per head, e_t(x_t) = x_t − Σ_{s<t} α_ts x_s with α the module's own attention
+    probabilities P at row t without s = t, P_ts / (1 − P_tt) (renormalised over s < t, and an attention sink if any;
+    x_t substituted in the module's input, the other rows fixed),
+    m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0."""
+    module = next(sub for sub in model.modules() if type(sub).__name__.endswith("Attention"))
+    seen = {}
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.update(args=args, kwargs=kwargs),
+                                              with_kwargs=True)
+    with torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    handle.remove()
+    eager = copy.deepcopy(module).double()
+    eager.config = copy.deepcopy(module.config)
+    eager.config._attn_implementation = "eager"
+
+    def wide(value):
+        if isinstance(value, torch.Tensor):
+            return value.double() if value.is_floating_point() else value
+        if isinstance(value, tuple):
+            return tuple(wide(item) for item in value)
+        return None if type(value).__name__.endswith("Cache") else value
+
+    def first(value, n):
+        """``value`` cut to the first n positions on every axis of length T (the module then sees positions ≤ t only:
+        causal whatever mask it was given)."""
+        if isinstance(value, torch.Tensor):
+            for axis, size in enumerate(value.shape):
+                if size == len(ids):
+                    value = value.narrow(axis, 0, n)
+            return value
+        return tuple(first(item, n) for item in value) if isinstance(value, tuple) else value
+
+    all_args, all_kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
+    named = "hidden_states" in all_kwargs
+    x = (all_kwargs["hidden_states"] if named else all_args[0])[0]
+    out = torch.full((len(ids),), math.nan, dtype=torch.float64)
+    for t in range(1, len(ids)):
+        args, kwargs = [first(a, t + 1) for a in all_args], {k: first(v, t + 1) for k, v in all_kwargs.items()}
+
+        def residual(xt, t=t, args=args, kwargs=kwargs):
+            rows = torch.cat([x[:t], xt[None]])[None]
+            if named:
+                kwargs["hidden_states"] = rows
+            else:
+                args[0] = rows
+            weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1]: the module's own probabilities
+            return xt[None] - (weights[:, :t] / (1 - weights[:, t:t + 1])) @ x[:t]
+
+        jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
+        out[t] = torch.linalg.slogdet(jacobian).logabsdet.mean()
+    return out
+
+
+def _family_configs():
+    import transformers as tf
+
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.25)
+    return {
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=8),  # per-head query/key norms
+        "phi3": lambda: tf.Phi3Config(**common, pad_token_id=0),  # fused qkv
+        "olmo2": lambda: tf.Olmo2Config(**common),  # full-width query/key norms
+        "gemma2": lambda: tf.Gemma2Config(**common, head_dim=8, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+                                          sliding_window=6),  # query scalar, soft-capped logits, sliding window
+        "gpt2": lambda: tf.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                      initializer_range=0.25),  # absolute positions, Conv1D qkv
+        "gpt_neox": lambda: tf.GPTNeoXConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, rotary_pct=0.5,
+                                             initializer_range=0.25),  # partial rotary, per-head interleaved qkv
+        "opt": lambda: tf.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                    num_attention_heads=4, word_embed_proj_dim=32, init_std=0.25),  # scaled q_proj
+        "gptj": lambda: tf.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                      initializer_range=0.25),  # interleaved partial rotary
+        "mixtral": lambda: tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),  # MoE
+        "qwen3_next": lambda: tf.Qwen3NextConfig(  # hybrid: a linear-attention layer first
+            **common, head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+            linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"]),
+        "deepseek_v3": lambda: tf.DeepseekV3Config(  # multi-head latent attention
+            **{**common, "num_key_value_heads": 4}, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            first_k_dense_replace=1, n_group=1, topk_group=1),
+        "gpt_oss": lambda: tf.GptOssConfig(**common, head_dim=8, num_local_experts=4,
+                                           num_experts_per_tok=2),  # attention sinks
+        "stablelm": lambda: tf.StableLmConfig(**common, qk_layernorm=True, partial_rotary_factor=0.5),  # LayerNorm q/k
+        "falcon_h1": lambda: tf.FalconH1Config(  # hybrid: attention beside an SSM in every layer
+            **common, head_dim=8, mamba_d_ssm=16, mamba_n_heads=4, mamba_d_head=4, mamba_n_groups=1, mamba_d_state=4,
+            mamba_chunk_size=4),
+    }
+
+
+@pytest.mark.parametrize("family", sorted(_family_configs()))
+def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attention(family):
+    model, ids = family_model(family), list(range(3, 15))
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    # the harness's forward runs in float32 (its rotary tables, positions, norms' inputs): ~1e-6 relative
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def family_model(family: str):
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(_family_configs()[family]()).eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "olmo2", "phi3"])
+def test_chunks_of_positions_and_groups_of_columns_give_the_whole_rows_margins(family, monkeypatch):
+    """The query map's Jacobians a few positions and columns per product (at real widths: 128 MiB and 64 MiB at a
+    time) give the margins of one product over the whole row (soft cap and window; shared columns; fused qkv)."""
+    from lm_eval_probes.capture import attention
+
+    model, ids = family_model(family), list(range(3, 15))
+    whole, _ = captured_margins(model, ids)
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args: (5, 3))
+    chunked, _ = captured_margins(model, ids)
+    torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12, equal_nan=True)
+
+
+def test_a_layer_that_reads_its_input_beside_its_projections_is_refused_at_load():
+    """The load's self-check: a layer whose queries read its input other than through the submodules that take it
+    (here: added to the queries' projection) is not re-run with the wrong queries; the margins refuse in one line."""
+    model = family_model("qwen3")
+    attention = model.model.layers[0].self_attn
+
+    class ReadsItsInput(type(attention)):
+        def forward(self, hidden_states, *args, **kwargs):
+            self.seen = hidden_states
+            return super().forward(hidden_states, *args, **kwargs)
+
+    class PlusInput(torch.nn.Module):  # the query norm, plus the layer's mean input
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, v):
+            return self.norm(v) + attention.seen.mean()
+
+    attention.q_norm = PlusInput(attention.q_norm)
+    attention.__class__ = ReadsItsInput
+    with pytest.raises(UnsupportedModelError, match="qwen3.*ReadsItsInput.*from its own queries"):
+        FirstAttentionCapture(model)
+
+
 def expected_summary(lm: ProbeHFLM, ids: list[int]):
-    return summarize_margins(reference_margins(lm.model, ids), torch.tensor(ids), lm.probe_config.options_of("margin").support)
+    return MarginSummary.of(reference_margins(lm.model, ids), torch.tensor(ids), lm.probe_config.options_of("margin").support)
 
 
 def assert_same_margins(probe, want, lm: ProbeHFLM) -> None:
@@ -149,34 +317,31 @@ def test_generation_margins_cover_the_prompt_and_the_kept_tokens_at_any_padding(
 
 def test_margins_and_rows_only_with_probes_margin(tiny_model_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
-    assert lm.first_layer is None
+    assert lm.first_attention is None
     answer = lm.loglikelihood(ll_instances()[:1])[0]
     assert answer.probe.get("margin_mean") is None and answer.probe.get("margin_support_positions") is None
 
 
 def test_heads_min_reduction(tiny_model_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1, probes="margin")
-    mean_reader, min_reader = FirstLayerMargins(lm.model), FirstLayerMargins(lm.model, heads="min")
     ids = _prompt_ids(lm, PROMPTS[0])
-    with mean_reader.capture() as inputs, torch.no_grad():
-        lm.model(torch.tensor([ids]))
-    mean, _ = mean_reader.of_segment(inputs.latest())
-    minimum, _ = min_reader.of_segment(inputs.latest())
+    mean, _ = captured_margins(lm.model, ids)
+    minimum, _ = captured_margins(lm.model, ids, heads="min")
     assert torch.all(minimum[0, 1:] <= mean[0, 1:] + 1e-12) and torch.isnan(minimum[0, 0])
 
 
-def test_unsupported_first_layers_fail_clearly(tiny_model_dir):
-    with pytest.raises(UnsupportedModelError, match="probes=margin"):
-        ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="margin")
+def test_models_without_softmax_attention_are_refused_in_one_line():
+    import transformers as tf
 
-
-def test_query_key_norms_of_another_form_fail_clearly():
-    import transformers
-
-    config = transformers.Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    with pytest.raises(UnsupportedModelError, match="qwen3"):
-        FirstLayerMargins(transformers.Qwen3ForCausalLM(config))
+    mamba = tf.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
+    assert "no attention heads" in margin_unavailable(mamba)
+    with pytest.raises(UnsupportedModelError, match="no layer calls transformers' attention interface"):
+        FirstAttentionCapture(tf.MambaForCausalLM(mamba))
+    linear = tf.Qwen3NextConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                layer_types=["linear_attention"])
+    assert "no softmax-attention layer" in margin_unavailable(linear)
+    assert margin_unavailable(tf.LlamaConfig()) is None
+    assert margin_unavailable(tf.FalconH1Config()) is None  # its "hybrid" layers run attention beside an SSM
 
 
 def test_margin_options_are_validated():

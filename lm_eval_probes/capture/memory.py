@@ -37,9 +37,10 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
     dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
     ffn = int(getattr(text, "intermediate_size", 0) or 0)
     layer_types = tuple(getattr(text, "layer_types", None) or ())
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
                   heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions, ffn=ffn,
-                  layer_types=layer_types)
+                  layer_types=layer_types, kv_heads=kv_heads)
 
 
 def token_logprob_memory(shapes: Shapes) -> int:

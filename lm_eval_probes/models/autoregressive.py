@@ -19,9 +19,10 @@ ids and states exist) — and keeps what one call needs in one object, reachable
   forward runs anyway;
 * Ω (``probes=omega``) — the :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` re-runs the last
   m blocks on every source layer's states of the same forward (loglikelihood: the harness's own);
-* stability margins (``probes=margin``) — :class:`~lm_eval_probes.capture.margins.FirstLayerMargins` hooks the
-  first attention layer's inputs in the same forwards (loglikelihood: the harness's own; generation:
-  ``generate``'s own calls, joined into the whole sequence) and reduces each response's sequence at once;
+* the first softmax-attention layer (a probe's :class:`~lm_eval_probes.api.FirstAttention` request) —
+  :class:`~lm_eval_probes.capture.attention.FirstAttentionCapture` keeps that layer's arguments
+  in the same forwards (loglikelihood: the harness's own; generation: ``generate``'s own calls, joined into the whole
+  sequence), and the probe turns each response's sequence into its record fields;
 * returns :class:`~lm_eval_probes.records.ProbeLL` / :class:`~lm_eval_probes.records.ProbeStr`
   responses that carry the per-response :class:`~lm_eval_probes.records.ResponseProbe`.
 
@@ -57,7 +58,7 @@ from lm_eval_probes.capture.loglikelihood import (
     logits_read_only,
     loglikelihood_rows,
 )
-from lm_eval_probes.capture.margins import FirstLayerMargins, GenerationMargins, MarginRows, MarginSummary, generation_margins
+from lm_eval_probes.capture.attention import AttentionRows, AttentionSpan, FirstAttentionCapture, attention_spans
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
 from lm_eval_probes.capture.positions import (
     PositionProbes,
@@ -90,7 +91,7 @@ from lm_eval_probes.harness.applicability import (
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.harness.supported_versions import check_supported_versions
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, trace_values, with_generation_probes
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
 register_rows()  # before any task is built: the model is looked up first
 
@@ -103,10 +104,10 @@ _CALL: CallScope[RequestRows | LoglikelihoodRows | _GenerationCall] = CallScope(
 class _GenerationCall:
     """What one ``generate_until`` call collects from its ``_model_generate`` calls, per generated row in order:
     ``(generated ids, position probes, prompt tokens, reader prompt states, (expected text, kept tokens))``, and
-    (``probes=margin``) each row's margins."""
+    (a first-attention request) each row's span of the probe's per-position values."""
 
     rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]]
-    margins: deque[GenerationMargins] | None
+    attention: deque[AttentionSpan] | None
 
 
 @register_model(MODEL_NAME)
@@ -141,10 +142,10 @@ class ProbeHFLM(SkippedProbes, HFLM):
         self.focal_decoder: FocalDepthDecoder | None = None
         if self.whole.focal_depth is not None:
             self.focal_decoder = built_or_skipped(self.probe_config, self.whole.focal_depth[0], self._focal_decoder, refused)
-        self.first_layer: FirstLayerMargins | None = None
+        self.first_attention: FirstAttentionCapture | None = None
         if self.whole.first_attention is not None:
-            self.first_layer = built_or_skipped(self.probe_config, self.whole.first_attention[0], lambda: FirstLayerMargins(
-                self.model, heads=self.whole.first_attention[1].heads), refused)
+            self.first_attention = built_or_skipped(self.probe_config, self.whole.first_attention[0],
+                                                    lambda: FirstAttentionCapture(self.model), refused)
         if refused:
             self.probe_config = without_skipped(self.probe_config, refused, self.probes_skipped)
             self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
@@ -191,23 +192,23 @@ class ProbeHFLM(SkippedProbes, HFLM):
         plan = LensPlan() if self._responses_cached else lens_plan(requests)
         with self._reserved(), loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
                                 plan, keep_logits_argument=keep_logits) as rows, \
-                self._margin_capture() as first_layer:
-            margin_rows = None if first_layer is None else MarginRows(
-                self.first_layer, first_layer, support=self.whole.first_attention[1].support, locate=rows.locate,
-                whole=self.probe_config.traces)
+                self._attention_capture() as first_attention:
+            attention_rows = None if first_attention is None else AttentionRows(
+                self.first_attention, first_attention, self.whole.first_attention[1], locate=rows.locate,
+                decode=self._decode_one, traces=self.probe_config.traces)
 
             def on_answer(attr: str, req: Any, answer: Any) -> None:
                 rows.on_answer(attr, req, answer)
-                if margin_rows is not None:
-                    margin_rows.on_answer(attr, req, answer)
+                if attention_rows is not None:
+                    attention_rows.on_answer(attr, req, answer)
 
             with _CALL.running(self, rows), answers_tapped(self, on_answer, forward_partials=False):
                 answers = super().loglikelihood(requests, disable_tqdm)
         out = []
         for req, answer in zip(requests, answers, strict=True):
             probe = rows.probes.get(tuple(req.args))
-            if margin_rows is not None and probe is not None:
-                probe = self._with_margins(probe, margin_rows.summaries.get(tuple(req.args)))
+            if attention_rows is not None and probe is not None:
+                probe = self._with_attention(probe, attention_rows.fields.get(tuple(req.args), {}))
             out.append(ProbeLL(answer, self._with_trace_tokens(probe)))
         if self.states_writer is not None:
             self.states_writer.write(requests, out)
@@ -228,24 +229,25 @@ class ProbeHFLM(SkippedProbes, HFLM):
         return reserved_during_forwards(self.model, self.probe_config, vocab=self.readout.vocab_size, enabled=auto)
 
     @contextmanager
-    def _margin_capture(self, *, join: bool = False) -> Iterator[Any]:
-        """The first-layer hooks of a first-attention request (``None`` without one)."""
-        if self.first_layer is None:
+    def _attention_capture(self, *, join: bool = False) -> Iterator[Any]:
+        """The first-attention hooks of a first-attention request (``None`` without one)."""
+        if self.first_attention is None:
             yield None
             return
-        with self.first_layer.capture(join=join) as inputs:
+        with self.first_attention.capture(join=join) as inputs:
             yield inputs
 
-    def _with_margins(self, probe: ResponseProbe, summary: MarginSummary | None) -> ResponseProbe:
-        """``probe`` with the first-attention record fields of ``summary`` (support tokens decoded one by one)."""
-        if summary is None:
-            return probe
-        prefix = self.whole.first_attention[1].prefix
-        fields = summary.record_fields(lambda token: self.tok_decode([token]), prefix)
-        if probe.trace is not None and summary.sequence is not None:  # the margins over every position the model saw
-            ids, margins = summary.sequence
-            fields["trace"] = {**probe.trace, prefix: trace_values(margins),
-                               "sequence_tokens": [self.tok_decode([token]) for token in ids]}
+    def _decode_one(self, token: int) -> str:
+        return self.tok_decode([token])
+
+    @staticmethod
+    def _with_attention(probe: ResponseProbe, fields: dict[str, Any]) -> ResponseProbe:
+        """``probe`` with a first-attention request's record fields; the request's arrays over every position the
+        model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
+        fields = dict(fields)
+        arrays = fields.pop("trace", None)
+        if probe.trace is not None and arrays:
+            fields["trace"] = {**probe.trace, **arrays}
         return dataclasses.replace(probe, **fields)
 
     def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
@@ -263,7 +265,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
             return super().generate_until(requests, disable_tqdm)
         note_unprobed_requests(requests)
         probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        call = _GenerationCall(deque(), None if self.first_layer is None else deque())
+        call = _GenerationCall(deque(), None if self.first_attention is None else deque())
 
         def on_answer(attr: str, req: Any, text: str) -> None:
             if attr == "generate_until":
@@ -283,10 +285,10 @@ class ProbeHFLM(SkippedProbes, HFLM):
                     token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
                     trace_ids=generated[:probed] if self.probe_config.traces else None,
                 )
-                if call.margins is not None:
-                    margins = call.margins.popleft().summary(kept, self.whole.first_attention[1].support,
-                                                             whole=self.probe_config.traces)
-                    probe = self._with_margins(probe, margins)
+                if call.attention is not None:
+                    fields = call.attention.popleft().fields(self.whole.first_attention[1], kept, self._decode_one,
+                                                             traces=self.probe_config.traces)
+                    probe = self._with_attention(probe, fields)
                 probes[(req[0], text)].append(self._with_trace_tokens(probe))
 
         with self._reserved(), _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
@@ -304,7 +306,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
         during = self.probe_config.gen_capture == "generate"
         tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.whole.prompt_layers,
                                   layers=self.kept_layers)
-        with tapped if during else _nothing() as tap, self._margin_capture(join=True) as first_layer:
+        with tapped if during else _nothing() as tap, self._attention_capture(join=True) as first_attention:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
@@ -315,8 +317,9 @@ class ProbeHFLM(SkippedProbes, HFLM):
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
-        if first_layer is not None and call.margins is not None:
-            call.margins.extend(generation_margins(self.first_layer, first_layer, prompt_len, bounds))
+        if first_attention is not None and call.attention is not None:
+            call.attention.extend(attention_spans(self.first_attention, first_attention, self.whole.first_attention[1],
+                                                  prompt_len, bounds))
         teacher_forced = block_inputs = None
         # Ω: the response positions of the teacher-forced forward, decoded while it runs
         focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]

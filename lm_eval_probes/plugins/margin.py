@@ -1,19 +1,22 @@
 """Stability margins and support tokens (``probes=margin``): log|det(I − Σ_t A)| of the first attention layer at every
 position the model saw (the math: :mod:`lm_eval_probes.probes.margin`).
 
-Its values need the first attention layer's inputs over whole sequences: the wrappers' whole-forward capture
-``first_attention`` (:class:`~lm_eval_probes.capture.margins.FirstLayerMargins`, built from :class:`MarginOptions`)
-hooks that layer in the same forwards and fills the record fields.
+Its values need the first softmax-attention layer over whole sequences: it asks for the wrappers' whole-forward
+capture ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`), which gives it each captured batch's queries,
+keys and query-map Jacobian (:class:`~lm_eval_probes.capture.attention.AttentionBatch`, any family);
+:func:`~lm_eval_probes.probes.margin.layer_margins` makes them margins, :meth:`MarginPositions.fields` a response's
+record fields. :func:`margin_unavailable` says, from a model's config, why the margins cannot run on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_probes.api import (UNBOUNDED, FirstAttention, Probe, ProbeOptions, Row, Shapes, TraceField, as_choice,
-                                option)
+                                jacobian_chunks, option)
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
@@ -31,6 +34,57 @@ class MarginOptions(ProbeOptions):
             raise ValueError(f"probe_margin_support must be an integer k >= 0, got {self.support}")
 
 
+def margin_unavailable(config: Any) -> str | None:
+    """Why ``probes=margin`` cannot run on a model of this (transformers) config, or ``None`` when the config does not
+    tell (the load then finds the first layer that calls transformers' attention interface, or refuses in one line):
+    no attention heads, or ``layer_types`` whose every kind is neither an attention other than linear attention nor a
+    hybrid (attention beside an SSM)."""
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    model_type = getattr(text, "model_type", None)
+    if not getattr(text, "num_attention_heads", None):
+        return f"model_type {model_type!r} has no attention heads (no softmax attention)"
+    layer_types = getattr(text, "layer_types", None)
+    softmax = ("attention" in str(kind) and "linear" not in str(kind) or "hybrid" in str(kind) for kind in layer_types or ())
+    if layer_types and not any(softmax):  # a hybrid layer (Falcon-H1) runs attention beside its SSM
+        return f"model_type {model_type!r} has no softmax-attention layer (layer_types {sorted(set(layer_types))})"
+    return None
+
+
+@dataclass(frozen=True)
+class MarginSummary:
+    """One sequence's margins reduced: mean and minimum over positions with a margin, and the support tokens
+    (positions in the sequence the model saw, their token ids and margins, smallest margin first)."""
+
+    mean: float
+    minimum: float
+    positions: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, margins: Any, token_ids: Any, k: int) -> MarginSummary:
+        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none)."""
+        import torch
+
+        from lm_eval_probes.probes.margin import support_tokens
+
+        defined = margins[~torch.isnan(margins)]
+        support = support_tokens(margins, k)
+        return cls(
+            mean=float(defined.mean()) if defined.numel() else math.nan,
+            minimum=float(defined.min()) if defined.numel() else math.nan,
+            positions=tuple(int(i) for i in support),
+            token_ids=tuple(int(token_ids[i]) for i in support),
+            values=tuple(float(margins[i]) for i in support),
+        )
+
+    def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
+        """The record fields (:class:`MarginRecord`); support tokens decoded one by one with ``decode``."""
+        return {"margin_mean": self.mean, "margin_min": self.minimum, "margin_support_positions": self.positions,
+                "margin_support_tokens": tuple(decode(token) for token in self.token_ids),
+                "margin_support_values": self.values}
+
+
 class MarginPositions:
     """The margins' :class:`~lm_eval_probes.api.PositionProbe`: nothing at a response's positions; its record fields come
     from the wrappers' first-attention capture (:attr:`first_attention`)."""
@@ -39,7 +93,24 @@ class MarginPositions:
     position_axis = 0
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
-        self.first_attention = FirstAttention(heads=options.heads, support=options.support, prefix="margin")
+        self.options = options
+        self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
+
+    def values(self, batch: Any) -> Any:
+        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`
+        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time)."""
+        import torch
+
+        from lm_eval_probes.probes.margin import layer_margins
+
+        rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
+                              softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
+                              heads=self.options.heads, chunk=row.chunk).cpu() for row in batch.rows()]
+        return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+
+    def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
+        """A response's record fields from the margins of the positions the model saw."""
+        return MarginSummary.of(margins, token_ids, self.options.support).record_fields(decode)
 
     def layers(self) -> frozenset[int]:
         return frozenset()
@@ -52,21 +123,29 @@ class MarginPositions:
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes) of one sequence and one head at a time: the layer's inputs (T·d), that head's rows of W_Q
-    and W_K (2·p·d), its inputs, queries, keys and rotations (6·T·p), then the larger of two phases — its attention
-    weights (2·T²: logits, then their softmax), or :func:`~lm_eval_probes.probes.margin.head_margins` with the weights
-    (T²), one block of flattened outer products (min(T, ⌊2²³/p²⌋)·p² values: at most 64 MiB) and a chunk's
-    ``[64, p, p]`` products and their LU (2·64·p²) — the memory model measured at real widths in
-    ``docs/performance.md``."""
-    p, d, t = shapes.head_dim, shapes.width, shapes.tokens
-    block = min(t, max(1, (1 << 23) // (p * p))) * p * p
-    return 8 * (2 * p * d + t * d + 6 * t * p + max(2 * t * t, t * t + block + 2 * 64 * p * p))
+    """Float64 (8 bytes), one sequence at a time (the first attention layer's float64 re-run of one row): held
+    throughout, its input projections' outputs u (T·m, m = (H + 2·KV)·p), queries (T·H·p) and keys (T·KV·p); beside
+    them the larger of two phases — the re-run (the row's inputs T·d, a block of a projection's float64 weight and its
+    output, and the layer's own query code a block of positions at a time: about 2²³ values each) or one chunk of c
+    positions (:func:`~lm_eval_probes.api.jacobian_chunks`): its query-map Jacobians (H·c·p·n, n = p columns per
+    head) and either one forward-mode product (g·c·(2m + 8·H·p) values) or one head's margins — its weights over the
+    prefix (3·c·T: logits, softmax, the soft cap's), its inputs u (T·p), one block of weighted inputs (at most 2²³),
+    its sum and three ``[c, p, p]`` products."""
+    p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
+    kv = shapes.kv_heads or h
+    m = (h + 2 * kv) * p
+    chunk, group = jacobian_chunks(t, h, p, p, m)
+    held = t * (m + h * p + kv * p)
+    rerun = t * d + 3 * (1 << 23)
+    product = group * chunk * (2 * m + 8 * h * p)
+    head = 3 * chunk * t + t * p + min(chunk * t * p, 1 << 23) + 4 * chunk * p * p
+    return 8 * (held + max(rerun, h * chunk * p * p + max(product, head)))
 
 
 @dataclass(frozen=True)
 class MarginRecord:
-    """The stability margins of one response's sequence (the wrappers' first-attention capture,
-    :meth:`~lm_eval_probes.capture.margins.MarginSummary.record_fields`; ``None``: not computed)."""
+    """The stability margins of one response's sequence (:meth:`MarginSummary.record_fields`; ``None``: not
+    computed)."""
 
     margin_mean: float | None = None
     margin_min: float | None = None
@@ -81,9 +160,10 @@ PROBE = Probe(
     paper="Stability margins: \"Support Tokens, Stability Margins, and a New Foundation for Robust LLMs\" "
           "(arXiv 2602.22271)",
     formula="m_t = log|det(I − Σ_t A)|, A = W_Kᵀ W_Q / √p, Σ_t the attention-weighted covariance of the inputs, "
-            "per head of the first attention layer (mean over heads); per document the mean and the minimum; "
+            "per head of the first softmax-attention layer (its own query map's Jacobian in place of W_Q; mean over "
+            "heads); per document the mean and the minimum; "
             "support tokens: the k smallest",
-    reads="the first attention layer's inputs at every position the model saw",
+    reads="the first softmax-attention layer's queries, keys and query-map Jacobian at every position the model saw",
     record=MarginRecord,
     position_probe=MarginPositions,
     traces=(TraceField("margin", "margin_mean", over="sequence"), TraceField("margin", "margin_min", "min", over="sequence")),
@@ -100,6 +180,7 @@ PROBE = Probe(
             "probes=margin: mean over documents of the mean margin of the k support tokens; per document their "
             "positions, tokens and margins are in --log_samples", "margin_support", bounds=UNBOUNDED),
     ),
+    applies=margin_unavailable,
     ranked="margin_mean",
     ranked_text="the document's mean margin",
     label="mean stability margin",

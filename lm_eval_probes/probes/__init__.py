@@ -53,6 +53,7 @@ _SOURCES: dict[str, str] = {
     "RowBlocks": "row_blocks",
     "attention_covariance": "margin",
     "head_margins": "margin",
+    "layer_margins": "margin",
     "prefix_attention_weights": "margin",
     "prior_jacobian": "margin",
     "prior_margins": "margin",

@@ -21,6 +21,7 @@ Everything here is differentiable (the training penalty of :mod:`lm_eval_probes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -28,6 +29,7 @@ from torch import Tensor
 __all__ = [
     "attention_covariance",
     "head_margins",
+    "layer_margins",
     "prefix_attention_weights",
     "prior_jacobian",
     "prior_margins",
@@ -43,7 +45,9 @@ def _check_float(name: str, value: Tensor) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got {getattr(value, 'dtype', type(value))}")
 
 
-def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None) -> Tensor:
+def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
+                             softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
+                             positions: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -51,23 +55,43 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         keys: ``[..., T, p]``.
         scale: the logit scale (1/√p in the paper).
         valid: optional bool ``[..., T]``: False marks padding, never attended to.
+        softcap: c of soft-capped logits c·tanh(scale · q_t·k_s / c) (Gemma-2); ``None``: none.
+        window: a sliding window W: s is attended from t only when t − s < W (transformers' convention); ``None``: none.
+        sink: an attention-sink logit (gpt-oss): it takes part in the softmax, has no value, so a row sums to less
+            than 1; ``None``: none.
+        positions: int64 ``[n]``: ``queries`` are ``[..., n, p]``, the queries of these positions only (their rows of
+            the weights, ``[..., n, T]``); ``None``: every position's.
 
     Returns:
-        ``[..., T, T]`` row-stochastic over the valid s < t; a row with no valid prefix (the first real
+        ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
         token) is all zeros. The diagonal is excluded: the paper's μ_t averages the *previous* tokens.
     """
     _check_float("queries", queries)
     _check_float("keys", keys)
-    if queries.shape != keys.shape or queries.ndim < 2:
-        raise ValueError(f"queries and keys must both be [..., T, p], got {tuple(queries.shape)} and {tuple(keys.shape)}")
-    length = queries.shape[-2]
+    rows = queries.shape[-2] if positions is None else positions.shape[0]
+    if queries.shape[:-2] != keys.shape[:-2] or queries.shape[-1] != keys.shape[-1] or queries.ndim < 2 or \
+            queries.shape[-2] != rows or positions is None and queries.shape != keys.shape:
+        raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions), got "
+                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
+    length = keys.shape[-2]
     logits = scale * queries @ keys.transpose(-1, -2)
-    allowed = torch.ones(length, length, dtype=torch.bool, device=queries.device).tril(-1)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
+    lag = query_at[:, None] - torch.arange(length, device=queries.device)[None, :]  # t − s
+    allowed = lag > 0
+    if window is not None:
+        allowed = allowed & (lag < window)
     if valid is not None:
-        if valid.shape != queries.shape[:-1]:
-            raise ValueError(f"valid must be {tuple(queries.shape[:-1])}, got {tuple(valid.shape)}")
+        if valid.shape != keys.shape[:-1]:
+            raise ValueError(f"valid must be {tuple(keys.shape[:-1])}, got {tuple(valid.shape)}")
         allowed = allowed & valid.bool().unsqueeze(-2)
     logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
+    if sink is not None:
+        column = sink.to(logits.dtype).expand(*logits.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([logits, column], -1), dim=-1)[..., :-1]
+        del logits
+        return weights  # a row without any allowed s: all weight on the sink, zeros here
     weights = torch.softmax(logits, dim=-1)
     del logits  # [..., T, T]: at most two of them alive at once
     if weights.requires_grad and torch.is_grad_enabled():  # softmax's backward reads its output
@@ -147,11 +171,14 @@ def head_margins(
     positions: Tensor | None = None,
     chunk: int = 64,
     query_norm: tuple[Tensor, Tensor, float] | None = None,
+    query_jacobian: Tensor | None = None,
+    key_weights: Tensor | None = None,
 ) -> Tensor:
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
 
     C_t = Σ_s α_ts (u_s − ū_t)(k_s − k̄_t)ᵀ is the attention-weighted cross-covariance of the
-    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use; R_t is the rotation applied to
+    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use (computed as Σ_s α_ts u_s k_sᵀ − ū_t k̄_tᵀ, which
+    stays the Jacobian's when an attention sink makes Σ_s α_ts < 1); R_t is the rotation applied to
     the query at position t (rotary embeddings; identity without). Derivation: with
     q_t = R_t W_Q x_t (+ bias), ∂μ_t/∂x_t = Σ_s α_ts (x_s − x̄_t)(k_s − k̄_t)ᵀ R_t W_Q · scale, and
     Sylvester's identity turns det(I_d − ·) into this p×p determinant. Biases cancel in u_s − ū_t.
@@ -173,6 +200,12 @@ def head_margins(
             effective weight and ``eps``, so q_t = R_t (g ⊙ v_t / r_t), r_t = (mean(v_t²) + eps)^½. The
             norm's Jacobian J_t = diag(g) (I − v_t v_tᵀ / (p r_t²)) / r_t then sits between the rotation and
             W_Q: m_t = log|det(I_p − scale · R_t J_t C_t)| (the keys' norm only changes the keys given).
+        query_jacobian: ``[..., T, p, n]`` the whole query map's Jacobian D_t = ∂q_t/∂u_t on the n inputs u
+            (``query_inputs [..., T, n]``) it reads, in place of ``rotation`` and ``query_norm`` (any family:
+            :class:`~lm_eval_probes.capture.attention.AttentionBatch`): m_t = log|det(I_p − scale · D_t C_t)|.
+        key_weights: ``[..., T, T]`` β_ts = α_ts g_ts for soft-capped logits (g_ts = 1 − tanh²(scale · q_t·k_s / c),
+            the cap's derivative): the keys' side of C_t reads β, C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
+            (∂α_ts/∂q_t = α_ts · scale · (g_ts k_s − Σ_r α_tr g_tr k_r)); ``None``: β = α.
 
     Returns:
         ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
@@ -182,7 +215,15 @@ def head_margins(
         _check_float(name, value)
     length, dim = keys.shape[-2:]
     rows = length if positions is None else positions.shape[0]
-    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-2], rows, length):
+    inputs = query_inputs.shape[-1] if query_jacobian is not None else dim
+    if query_jacobian is not None and (rotation is not None or query_norm is not None):
+        raise ValueError("give query_jacobian or rotation/query_norm, not both")
+    if query_jacobian is not None and query_jacobian.shape[-3:] != (rows, dim, inputs):
+        raise ValueError(f"query_jacobian must be [..., {rows}, {dim}, {inputs}], got {tuple(query_jacobian.shape)}")
+    if key_weights is not None and key_weights.shape != weights.shape:
+        raise ValueError(f"key_weights must be {tuple(weights.shape)}, got {tuple(key_weights.shape)}")
+    if query_inputs.shape[:-1] != keys.shape[:-1] or query_inputs.shape[-1] != inputs or \
+            weights.shape != (*keys.shape[:-2], rows, length):
         raise ValueError(
             f"expected query_inputs and keys [..., T, p] and weights [..., T (or n positions), T], got "
             f"{tuple(query_inputs.shape)}, {tuple(keys.shape)} and {tuple(weights.shape)}"
@@ -196,6 +237,8 @@ def head_margins(
             valid = valid[..., positions]
         if query_norm is not None:
             query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
+        if query_jacobian is not None:
+            query_jacobian = query_jacobian[..., positions, :, :]
     lead = keys.shape[:-2]
     per_head = []
     for index in _indices(lead):  # one head (and batch row) at a time
@@ -203,7 +246,10 @@ def head_margins(
         per_head.append(_one_head_margins(
             _pick(query_inputs, index, lead), _pick(keys, index, lead), _pick(weights, index, lead), scale=scale,
             rotation=None if rotation is None else (_pick(rotation[0], index, lead), _pick(rotation[1], index, lead)),
-            chunk=chunk, query_norm=norm))
+            chunk=chunk, query_norm=norm,
+            jacobian=None if query_jacobian is None else
+            torch.broadcast_to(query_jacobian, (*lead, *query_jacobian.shape[-3:]))[index],
+            key_weights=None if key_weights is None else _pick(key_weights, index, lead)))
     margins = torch.stack(per_head).reshape(*lead, rows) if per_head else keys.new_empty((*lead, rows))
     undefined = weights.sum(-1) == 0
     if valid is not None:
@@ -230,7 +276,8 @@ def _pick(value: Tensor, index: tuple[int, ...], lead: torch.Size) -> Tensor:
 
 
 def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float, rotation: tuple[Tensor, Tensor] | None,
-                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None) -> Tensor:
+                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None, jacobian: Tensor | None = None,
+                      key_weights: Tensor | None = None) -> Tensor:
     """:func:`head_margins` of one head: u, keys ``[T, p]``, weights ``[n, T]``, rotation and the norm's inputs
     ``[n, p]`` (already cut to the rows' positions) → ``[n]`` log|det| (no nan masking).
 
@@ -240,10 +287,10 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
     fit in :data:`WORK_ELEMENTS`, else per block). Without autograd the corrections (means, query norm, rotation,
     I − scale·X) run in place on the ``[c, p, p]`` products. Transient memory: :data:`WORK_ELEMENTS` plus about three
     ``[c, p, p]`` per chunk, whatever T and the number of heads."""
-    rows, length, dim = weights.shape[0], keys.shape[0], keys.shape[-1]
+    rows, length, dim, width = weights.shape[0], keys.shape[0], keys.shape[-1], u.shape[-1]
     in_place = not (torch.is_grad_enabled() and (u.requires_grad or keys.requires_grad or weights.requires_grad
                                                  or (query_norm is not None and query_norm[0].requires_grad)))
-    block = max(1, WORK_ELEMENTS // (dim * dim))
+    block = max(1, WORK_ELEMENTS // (width * dim))
     outer_all = _outer(u, keys) if length <= block else None  # [T, p²], reused by every chunk
     parts = []
     for lo in range(0, rows, chunk):
@@ -251,20 +298,21 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         attended = torch.nonzero(weights[lo:hi].detach().ne(0).any(0))
         span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
         alpha = weights[lo:hi, :span]  # [c, S]
-        second = None  # Σ_s α_ts u_s k_sᵀ, [c, p²]
+        beta = alpha if key_weights is None else key_weights[lo:hi, :span]
+        second = None  # Σ_s β_ts u_s k_sᵀ, [c, n·p]
         for start in range(0, span, block):
             stop = min(span, start + block)
             outer = outer_all[start:stop] if outer_all is not None else _outer(u[start:stop], keys[start:stop])
             if second is None:
-                second = alpha[:, start:stop] @ outer
+                second = beta[:, start:stop] @ outer
             elif in_place:
-                second.addmm_(alpha[:, start:stop], outer)
+                second.addmm_(beta[:, start:stop], outer)
             else:
-                second = second + alpha[:, start:stop] @ outer
+                second = second + beta[:, start:stop] @ outer
             del outer  # freed before the next block is built: one block alive at a time
-        cross = second.unflatten(-1, (dim, dim))
-        mean_u, mean_k = alpha @ u[:span], alpha @ keys[:span]  # [c, p]
-        correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]
+        cross = second.unflatten(-1, (width, dim))
+        mean_u, mean_k = alpha @ u[:span], beta @ keys[:span]  # [c, n], [c, p]
+        correction = mean_u[:, :, None]  # ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with an attention sink), [c, n, 1]
         cross = cross.baddbmm_(correction, mean_k[:, None, :], alpha=-1) if in_place else \
             cross - correction * mean_k[:, None, :]
         if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
@@ -281,6 +329,8 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         if rotation is not None:  # R_t X: rows (v₁; v₂) → (v₁ cos₁ − v₂ sin₁; v₂ cos₂ + v₁ sin₂)
             cos, sin = (r[lo:hi, :, None] for r in rotation)
             cross = _rotate_rows(cross, cos, sin) if in_place else cross * cos + rotate_half(cross, dim=-2) * sin
+        if jacobian is not None:  # D_t C_t: [c, p, n] @ [c, n, p]
+            cross = torch.bmm(jacobian[lo:hi], cross)
         if in_place:  # I − scale · X
             matrix = cross.mul_(-scale)
             matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
@@ -347,3 +397,82 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     if w_q.ndim != 2 or w_q.shape != w_k.shape or x.shape[-1] != w_q.shape[1]:
         raise ValueError(f"expected x [..., T, d] and w_q, w_k [p, d], got {tuple(x.shape)}, {tuple(w_q.shape)}, {tuple(w_k.shape)}")
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
+
+
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], Tensor],
+                  query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
+                  window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
+                  heads: str = "mean", chunk: int = 64) -> Tensor:
+    """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
+    at a time.
+
+    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); per head h of the chunk
+    (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap, sliding window
+    and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
+    m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read); the
+    position's margin is the mean (or ``min``) over heads. Only one chunk's weights ``[c, T]`` and Jacobians are held.
+
+    Args:
+        queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T, p]`` (H a multiple of KV).
+        query_inputs: ``(head) -> [T, n]`` the inputs u that head's queries read.
+        query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi).
+        scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
+        sinks: ``[H]`` attention-sink logits (``None``: none).
+        valid: optional bool ``[T]`` (False = padding).
+        heads: ``mean`` or ``min``.
+        chunk: query positions per chunk.
+
+    Returns:
+        ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
+    """
+    if heads not in ("mean", "min"):
+        raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
+    num_heads, length, dim = queries.shape
+    if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
+        raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
+    groups = num_heads // keys.shape[0]
+    parts = []
+    for lo in range(0, length, chunk):
+        hi = min(length, lo + chunk)
+        at = torch.arange(lo, hi, device=queries.device)
+        jacobian = query_jacobian(lo, hi)
+        per_head = []
+        for head in range(num_heads):
+            q, k = queries[head, lo:hi], keys[head // groups, :hi]  # no query in the chunk attends past hi
+            mask = None if valid is None else valid[:hi]
+            weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window,
+                                               sink=None if sinks is None else sinks[head], positions=at)
+            key_weights = None
+            if softcap is not None:
+                key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
+            margins = _chunk_margins(query_inputs(head)[:hi], k, weights, key_weights, jacobian[head], scale)
+            per_head.append(margins.masked_fill(weights.sum(-1) == 0, math.nan))
+            del weights, key_weights
+        del jacobian
+        stacked = torch.stack(per_head)
+        parts.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
+    margins = torch.cat(parts) if parts else queries.new_empty(0)
+    return margins if valid is None else margins.masked_fill(~valid.bool(), math.nan)
+
+
+def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor | None, jacobian: Tensor, scale: float) -> Tensor:
+    """log|det(I_p − scale · D_t C_t)| of one head at a chunk of c query positions (no autograd): u ``[S, n]``, keys
+    ``[S, p]``, weights α (and β, ``None``: α) ``[c, S]``, D ``[c, p, n]``. C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
+    is summed over the prefix the chunk attends to, a block of positions at a time as ``[c, n, S'] @ [S', p]`` (the
+    weighted inputs of a block: at most :data:`WORK_ELEMENTS` values; no outer products built)."""
+    beta = alpha if beta is None else beta
+    attended = torch.nonzero(alpha.ne(0).any(0))
+    span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
+    rows, width = alpha.shape[0], u.shape[-1]
+    block = max(1, WORK_ELEMENTS // max(1, rows * width))
+    cross = None  # Σ_s β_ts u_s k_sᵀ, [c, n, p]
+    for start in range(0, span, block):
+        stop = min(span, start + block)
+        part = (beta[:, start:stop, None] * u[None, start:stop]).transpose(1, 2) @ keys[start:stop]
+        cross = part if cross is None else cross.add_(part)
+        del part
+    mean_u, mean_k = alpha[:, :span] @ u[:span], beta[:, :span] @ keys[:span]  # ū_t (Σ_s α_ts < 1 with a sink), Σ β k
+    cross.baddbmm_(mean_u[:, :, None], mean_k[:, None, :], alpha=-1)
+    matrix = torch.bmm(jacobian, cross).mul_(-scale)  # I − scale · D_t C_t
+    matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    return torch.linalg.slogdet(matrix).logabsdet

@@ -1,0 +1,725 @@
+"""The first softmax-attention layer of any decoder-only model: its queries, keys and logit settings as the attention
+uses them, and the Jacobian of its query map, over every position the model saw (a whole-forward capture any probe
+can ask for: :class:`~lm_eval_probes.api.FirstAttention`).
+
+Found and read through transformers' attention interface (``AttentionInterface``, its public extension point): every
+attention module of a current transformers model hands its queries, keys and values to the function registered under
+its ``config._attn_implementation`` (``eager`` falls back to the module's own). For a short while — a few forwards of
+a handful of tokens at load, each stopped at that call (:func:`first_softmax_attention`: the first module that calls
+it is the first softmax-attention layer; linear-attention and SSM layers of a hybrid do not), and each re-run below —
+:func:`attention_calls_recorded` registers a recording function under every name, then restores the originals. The
+harness's own forwards run untouched: a pre-hook on the layer (:meth:`FirstAttentionCapture.capture`) only keeps its
+arguments.
+
+Each captured batch is then re-run through that layer, one row at a time, in float64 and stopped at the attention
+call (:func:`torch.func.functional_call`), so that the queries and keys are those of its own code — fused qkv,
+per-head or full-width query/key norms, full, partial or interleaved rotary, query scalars — whatever the family. The
+query map q_t = ψ_t(u_t) is split at its input projections u_t (the submodules that read the layer's input x_t:
+``q_proj``, ``qkv_proj``, ``c_attn``, ``query_key_value``, …; u_t = W x_t + b, computed in float64 a block of the
+weight at a time), and ψ's Jacobian D_t = ∂q_t/∂u_t is computed by forward-mode autograd (:func:`torch.func.jvp`)
+over the layer's own code, a chunk of positions at a time: the chunk's arguments are repeated once per column of u a
+head reads (along their position axes, found at load by comparing the layer's arguments in forwards of two lengths
+and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
+those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
+product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
+D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads.
+
+Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
+model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
+capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.UnsupportedModelError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_eval_probes.api import PRODUCT_ELEMENTS, FirstAttention, jacobian_chunks
+from lm_eval_probes.capture.readouts import UnsupportedModelError
+from lm_eval_probes.records import trace_values
+
+__all__ = ["AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
+           "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
+
+@dataclass
+class AttentionCall:
+    """What the attention interface was handed: ``queries [B, H, T, p]``, ``keys [B, KV, T, p]``, the logit
+    ``scaling`` (``None``: p^-½), ``softcap`` (logits c·tanh(z/c); ``None``: none), ``sliding_window`` (s attended
+    from t only when t − s < W; ``None``: none) and its attention sinks (``s_aux``: one logit per head that takes part
+    in the softmax and has no value, gpt-oss; ``None``: none)."""
+
+    module: nn.Module
+    queries: torch.Tensor
+    keys: torch.Tensor
+    scaling: float | None
+    softcap: float | None
+    sliding_window: int | None
+    sinks: torch.Tensor | None
+
+
+class _Stop(Exception):
+    """Ends a forward at its first attention call."""
+
+
+@contextmanager
+def attention_calls_recorded(record: Callable[[AttentionCall], None], *, stop: bool = False) -> Iterator[None]:
+    """While the block runs, every attention implementation registered with transformers' ``AttentionInterface``
+    (and ``eager``) records its call with ``record`` and returns zeros (``stop``: ends the forward instead).
+    The originals are restored when the block ends."""
+    from transformers.modeling_utils import AttentionInterface
+
+    mapping = AttentionInterface._global_mapping
+    saved = dict(mapping)
+
+    def recording(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                  **kwargs: Any) -> tuple[torch.Tensor, None]:
+        record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
+                             kwargs.get("s_aux")))
+        if stop:
+            raise _Stop
+        batch, _, length, _ = query.shape
+        return query.new_zeros(batch, length, query.shape[1], value.shape[-1]), None
+
+    try:
+        for name in (*saved, "eager"):
+            AttentionInterface.register(name, recording)
+        yield
+    finally:
+        mapping.clear()
+        mapping.update(saved)
+
+
+def _stopped(run: Callable[[], Any]) -> None:
+    """``run()`` inside :func:`attention_calls_recorded` with ``stop``: ends at the attention call."""
+    try:
+        run()
+    except _Stop:
+        pass
+
+
+def _token_ids(model: nn.Module, rows: int, length: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    return (torch.arange(1, length + 1, device=device) % (vocab - 1) + 1).expand(rows, length).contiguous()
+
+
+@torch.no_grad()
+def first_softmax_attention(model: nn.Module) -> nn.Module | None:
+    """The first module of ``model`` that calls the attention interface in a two-token forward (``None``: none
+    does — no softmax attention, or attention written without the interface)."""
+    found: list[nn.Module] = []
+    with attention_calls_recorded(lambda call: found.append(call.module), stop=True):
+        _stopped(lambda: model(input_ids=_token_ids(model, 1, 2), use_cache=False))
+    return found[0] if found else None
+
+
+# The layer's arguments, ``(args, kwargs)``, as a tree of tuples, lists and dicts; a leaf's path is its keys from the
+# root.
+Path = tuple[Any, ...]
+
+
+def _is_cache(value: Any) -> bool:
+    return any(cls.__name__.endswith("Cache") for cls in type(value).__mro__)
+
+
+def _leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+
+
+def _mapped(value: Any, leaf: Callable[[Path, torch.Tensor], Any], path: Path = ()) -> Any:
+    """The tree with each tensor replaced by ``leaf(path, tensor)``; caches dropped (a re-run must not extend them)."""
+    if isinstance(value, torch.Tensor):
+        return leaf(path, value)
+    if isinstance(value, (tuple, list)):
+        items = [_mapped(item, leaf, (*path, index)) for index, item in enumerate(value)]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {key: _mapped(item, leaf, (*path, key)) for key, item in value.items()}
+    return None if _is_cache(value) else value
+
+
+@dataclass(frozen=True)
+class _Axes:
+    """Which axes of one argument follow the positions and which the batch rows."""
+
+    positions: tuple[int, ...]
+    rows: tuple[int, ...]
+
+
+def _changed(one: dict[Path, torch.Tensor], other: dict[Path, torch.Tensor], path: Path) -> tuple[int, ...]:
+    a, b = one.get(path), other.get(path)
+    if a is None or b is None or a.ndim != b.ndim:
+        return ()
+    return tuple(axis for axis in range(a.ndim) if a.shape[axis] != b.shape[axis])
+
+
+@dataclass
+class _Segment:
+    ids: torch.Tensor | None
+    mask: torch.Tensor | None
+    args: tuple[Any, ...] | None = None
+    kwargs: dict[str, Any] | None = None
+
+
+@dataclass
+class CapturedInputs:
+    """The layer's arguments of each forward of the model inside :meth:`FirstAttentionCapture.capture`: one segment per
+    forward (without ``join``: only the latest)."""
+
+    segments: list[_Segment] = field(default_factory=list)
+
+    def latest(self) -> _Segment:
+        if not self.segments or self.segments[-1].args is None:
+            raise RuntimeError("no first-attention inputs were captured: run the forward inside capture()")
+        return self.segments[-1]
+
+
+def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
+    """One argument of several calls joined along its positions: tensors along the one axis whose size is each call's
+    length (the same tensor in every call: kept); attention masks dropped (the re-run reads no mask); other values
+    must be equal. ``(False, None)`` when they cannot be joined."""
+    first = values[0]
+    if all(value is first for value in values) or first is None and all(value is None for value in values):
+        return True, first
+    if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.ndim == first.ndim for v in values):
+        axes = [axis for axis in range(first.ndim) if all(v.shape[axis] == n for v, n in zip(values, lengths))
+                and all(v.shape[:axis] + v.shape[axis + 1:] == first.shape[:axis] + first.shape[axis + 1:] for v in values)]
+        return (True, torch.cat(values, axes[0])) if len(axes) == 1 else (False, None)
+    if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
+        joined = [_joined(list(items), lengths) for items in zip(*values)]
+        return (all(ok for ok, _ in joined), tuple(value for _, value in joined))
+    if _is_cache(first) or all(type(v) is type(first) and v == first for v in values):
+        return True, first
+    return False, None
+
+
+def _joined_segment(segments: list[_Segment]) -> _Segment | None:
+    """The layer's arguments of several calls (one ``generate``) as those of one call over all their positions, or
+    ``None`` when an argument cannot be joined (:func:`_joined`)."""
+    lengths = [segment.ids.shape[1] for segment in segments]
+    if len(segments) == 1:
+        return segments[0]
+    if any(len(segment.args) != len(segments[0].args) or segment.kwargs.keys() != segments[0].kwargs.keys()
+           for segment in segments):
+        return None
+    args = []
+    for values in zip(*(segment.args for segment in segments)):
+        ok, value = _joined(list(values), lengths)
+        if not ok:
+            return None
+        args.append(value)
+    kwargs = {}
+    for name in segments[0].kwargs:
+        if name == "attention_mask":
+            kwargs[name] = None
+            continue
+        ok, value = _joined([segment.kwargs[name] for segment in segments], lengths)
+        if not ok:
+            return None
+        kwargs[name] = value
+    return _Segment(torch.cat([segment.ids for segment in segments], 1), segments[-1].mask, tuple(args), kwargs)
+
+
+@dataclass
+class AttentionRow:
+    """The first softmax-attention layer over one row of a captured batch (float64; see the module docstring).
+
+    Attributes:
+        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T, p]`` (query head h reads key head
+            h // (H / KV)).
+        inputs: ``[T, m]`` the input projections' outputs u; columns: ``[H or 1, n]`` the columns of u each head's
+            queries read (one set shared by every head: ``1``).
+        query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi) on its
+            columns, computed when asked.
+        chunk: the positions per ``query_jacobian`` call (:func:`~lm_eval_probes.api.jacobian_chunks`).
+        scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
+            sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
+            (``None``: no padding).
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    inputs: torch.Tensor
+    columns: torch.Tensor
+    query_jacobian: Callable[[int, int], torch.Tensor]
+    chunk: int
+    scale: float
+    softcap: float | None
+    sliding_window: int | None
+    sinks: torch.Tensor | None
+    valid: torch.Tensor | None = None
+
+    def query_inputs(self, head: int) -> torch.Tensor:
+        """``[T, n]`` the columns of u head ``head``'s queries read."""
+        return self.inputs[:, self.columns[head if self.columns.shape[0] > 1 else 0]]
+
+
+def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
+    """Rows of consecutive spans of one sequence (re-run alone: calls whose arguments could not be joined) as one."""
+    if len(parts) == 1:
+        return parts[0]
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + part.queries.shape[1])
+
+    def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+        pieces = [part.query_jacobian(max(lo, start) - start, min(hi, stop) - start)
+                  for part, start, stop in zip(parts, starts, starts[1:]) if max(lo, start) < min(hi, stop)]
+        return torch.cat(pieces, 1)
+
+    first = parts[0]
+    return AttentionRow(torch.cat([p.queries for p in parts], 1), torch.cat([p.keys for p in parts], 1),
+                        torch.cat([p.inputs for p in parts]), first.columns, query_jacobian, min(p.chunk for p in parts),
+                        first.scale, first.softcap, first.sliding_window, first.sinks)
+
+
+@dataclass
+class AttentionBatch:
+    """One captured batch of the first softmax-attention layer: its token ids ``[B, T]``, ``valid`` ``[B, T]`` bool
+    (False at padding; ``None``: no padding), and :meth:`row`, each row's :class:`AttentionRow` re-run when asked
+    (one row's float64 re-run held at a time)."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor | None
+    row: Callable[[int], AttentionRow]
+
+    def rows(self) -> Iterator[AttentionRow]:
+        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions."""
+        for index in range(self.ids.shape[0]):
+            row = self.row(index)
+            row.valid = None if self.valid is None else self.valid[index]
+            yield row
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
+
+
+class FirstAttentionCapture:
+    """The first softmax-attention layer of ``model`` (:func:`first_softmax_attention`): its arguments captured in the
+    model's own forwards (:meth:`capture`), re-run in float64 one row at a time (:meth:`batch`).
+
+    Raises:
+        UnsupportedModelError: no module of the model calls transformers' attention interface, or its re-run does not
+            reproduce its queries (the load's self-check).
+    """
+
+    CHECK_LENGTH = 6
+
+    def __init__(self, model: nn.Module) -> None:
+        model_type = getattr(model.config, "model_type", None)
+        try:
+            module = first_softmax_attention(model)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+            raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
+                                        f"layer failed: {type(error).__name__}: {error}") from None
+        if module is None:
+            raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
+                                        "(no softmax attention, or attention written without it)")
+        self.model, self.module = model, module
+        self._name = f"model_type {model_type!r}: {type(module).__name__}"
+        self._columns: torch.Tensor | None = None
+        try:
+            self._discover()
+        except UnsupportedModelError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+            raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
+                                        f"{type(error).__name__}: {error}") from None
+
+    # -- load: the layer's arguments, its projections, the self-check -------------------------------------------------
+
+    def _discover(self) -> None:
+        """The layer's arguments' axes, its input projections and the parameters its query code reads; the self-check."""
+        module = self.module
+        short, long, wide = (self._arguments(rows, length) for rows, length in
+                             ((1, self.CHECK_LENGTH - 1), (1, self.CHECK_LENGTH), (2, self.CHECK_LENGTH)))
+        shapes = [dict(_leaves((segment.args, segment.kwargs))) for segment in (short, long, wide)]
+        self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
+                      for path in shapes[1]}
+        self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
+        self._projections, own_queries = self._find_projections(long)
+        inside = {sub for projection in self._projections for sub in projection.modules()}
+        reading = [sub for sub in self._called if sub not in inside]
+        names = {sub: name for name, sub in module.named_modules()}
+        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
+                        for sub in reading
+                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
+        self._check(long, own_queries)
+
+    @torch.no_grad()
+    def _arguments(self, rows: int, length: int) -> _Segment:
+        """The layer's arguments in a forward of ``rows × length`` tokens (stopped at its attention call)."""
+        ids = _token_ids(self.model, rows, length)
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+        with self.capture() as inputs, attention_calls_recorded(lambda call: None, stop=True):
+            try:  # positions per row, as generate gives them
+                _stopped(lambda: self.model(**kwargs, position_ids=torch.arange(length, device=ids.device).expand_as(ids)))
+            except TypeError:
+                _stopped(lambda: self.model(**kwargs))
+        return inputs.latest()
+
+    @torch.no_grad()
+    def _find_projections(self, segment: _Segment) -> tuple[list[nn.Module], torch.Tensor]:
+        """The submodules that read the layer's input (in call order) and the layer's own queries, from a run of the
+        layer on ``segment``'s arguments; :attr:`_called`: the submodules that ran before the attention call."""
+        x = self._leaf((segment.args, segment.kwargs), self._hidden)
+        projections: list[nn.Module] = []
+        self._called: list[nn.Module] = [self.module]
+        calls: list[AttentionCall] = []
+
+        def entered(module: nn.Module, _inputs: Any) -> None:
+            if module not in self._called:
+                self._called.append(module)
+
+        def seen(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+            if inputs and inputs[0] is x and isinstance(output, torch.Tensor) and output.shape[:2] == x.shape[:2] \
+                    and module not in projections:
+                projections.append(module)
+
+        handles = [hook for sub in self.module.modules() if sub is not self.module
+                   for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen))]
+        try:
+            with attention_calls_recorded(calls.append, stop=True):
+                _stopped(lambda: self.module(*segment.args, **segment.kwargs))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not projections:
+            raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection was "
+                                        "not found)")
+        return projections, self._one_call(calls).queries
+
+    def _check(self, segment: _Segment, own_queries: torch.Tensor) -> None:
+        """The float64 re-run reproduces the layer's own queries, and its chunks repeated per column the whole row's."""
+        try:
+            row = self._row(segment, 0, check_chunk=2)
+            want = own_queries[0].double()
+            error = float((row.queries - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+            if not error <= _tolerance(own_queries.dtype):
+                raise UnsupportedModelError(f"its float64 re-run (input projections replaced by their outputs) is "
+                                            f"{error:.1e} (relative) from its own queries")
+            for lo in range(0, self.CHECK_LENGTH, 2):
+                row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + 2))
+        except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
+            why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
+            raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
+                                        f"{why}") from None
+
+    # -- the harness's forwards ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def capture(self, *, join: bool = False) -> Iterator[CapturedInputs]:
+        """Hooks on the model and its first attention layer, removed when the block ends. Without ``join`` only the
+        latest forward's arguments are kept; with it every call's (one ``generate``: :meth:`joined`)."""
+        inputs = CapturedInputs()
+
+        def enter(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            mask = kwargs.get("attention_mask")
+            if not join:
+                inputs.segments.clear()
+            inputs.segments.append(_Segment(None if ids is None else ids.detach(),
+                                            mask.detach() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None))
+
+        def layer_inputs(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not inputs.segments or inputs.segments[-1].args is not None:
+                return  # a call outside the model's forward, or a second call within one
+            segment = inputs.segments[-1]
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            if segment.ids is None or hidden is None or segment.ids.shape != hidden.shape[:2]:
+                raise ValueError("the first attention layer's capture needs input_ids matching its positions")
+            segment.args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            segment.kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+        handles = []
+        try:
+            handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
+            handles.append(self.module.register_forward_pre_hook(layer_inputs, with_kwargs=True))
+            yield inputs
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
+        """One captured forward; its rows re-run when asked (see the module docstring)."""
+        length = segment.ids.shape[1]
+        mask = segment.mask
+        valid = mask[:, -length:].bool() if joined_mask and mask is not None and mask.shape[1] >= length else None
+        return AttentionBatch(segment.ids, valid, lambda row: self._row(segment, row))
+
+    def joined(self, inputs: CapturedInputs) -> AttentionBatch:
+        """The calls of one ``generate`` (prefill, then one position per step) as one sequence. The query and key maps
+        read each position alone, so the calls' arguments are joined along their positions and re-run once
+        (:func:`_joined_segment`); where they cannot be, each call is re-run alone and the rows are joined."""
+        segments = [segment for segment in inputs.segments if segment.args is not None]
+        if not segments:
+            raise RuntimeError("no first-attention inputs were captured: run generate inside capture()")
+        one = _joined_segment(segments)
+        parts = [one] if one is not None else segments
+        ids = torch.cat([part.ids for part in parts], 1)
+        mask = inputs.segments[-1].mask
+        valid = None if mask is None or mask.shape[1] < ids.shape[1] else mask[:, -ids.shape[1]:].bool()
+        return AttentionBatch(ids, valid, lambda row: _joined_rows([self._row(part, row) for part in parts]))
+
+    # -- one row's float64 re-run -------------------------------------------------------------------------------------
+
+    def _leaf(self, tree: Any, path: Path) -> Any:
+        for key in path:
+            tree = tree[key]
+        return tree
+
+    def _cut(self, tree: Any, *, rows: int, length: int, row: int | None = None,
+             positions: torch.Tensor | None = None) -> Any:
+        """The arguments of one row (``row``) and some positions (``positions``, with repeats) in float64: each tensor
+        cut along the axes that follow the batch rows and the positions (found at load; an argument not seen then:
+        its axes of the sequence's length, and a first axis of the batch's size); an argument over pairs of positions
+        (an attention mask) is dropped, since the re-run stops before the attention reads it."""
+
+        def cut(path: Path, value: torch.Tensor) -> torch.Tensor | None:
+            axes = self._axes.get(path)
+            if axes is None:
+                axes = _Axes(tuple(axis for axis, size in enumerate(value.shape) if size == length), ())
+            if len(axes.positions) > 1:
+                return None
+            if row is not None:  # a first axis of the batch's size counts too (per-row positions, say)
+                first = (0,) if value.ndim and value.shape[0] == rows and 0 not in axes.positions else ()
+                for axis in sorted({*axes.rows, *first}):
+                    if value.shape[axis] == rows and rows > 1:
+                        value = value.narrow(axis, row, 1)
+            if positions is not None:
+                for axis in axes.positions:
+                    if axis < value.ndim and value.shape[axis] == length:
+                        value = value.index_select(axis, positions.to(value.device))
+            return value.double() if value.is_floating_point() else value
+
+        return _mapped(tree, cut)
+
+    def _project(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One input projection's output in float64: a block of its weight's rows at a time for a linear layer (its
+        float64 copy never whole), else the module re-run with float64 parameters."""
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) and weight is not None and weight.is_floating_point():
+            out = x.new_empty(*x.shape[:-1], weight.shape[0])
+            step = max(1, PRODUCT_ELEMENTS // weight.shape[1])  # 64 MiB of float64 weights at a time
+            for lo in range(0, weight.shape[0], step):
+                hi = min(weight.shape[0], lo + step)
+                bias = None if module.bias is None else module.bias.detach()[lo:hi].double()
+                out[..., lo:hi] = nn.functional.linear(x, weight.detach()[lo:hi].double(), bias)
+            return out
+        params = {name: value.detach().double() if value.is_floating_point() else value
+                  for name, value in (*module.named_parameters(), *module.named_buffers())}
+        return torch.func.functional_call(module, params, (x,))
+
+    def _queries(self, tree: Any, parts: Sequence[torch.Tensor]) -> AttentionCall:
+        """The layer run on ``tree``'s arguments with its input projections returning ``parts`` (one ``[1, L, w]`` each)
+        instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
+        calls: list[AttentionCall] = []
+        for module, part in zip(self._projections, parts, strict=True):
+            module.forward = lambda *_args, part=part, **_kwargs: part
+        try:
+            with attention_calls_recorded(calls.append, stop=True):
+                _stopped(lambda: torch.func.functional_call(self.module, self._params, tree[0], tree[1]))
+        finally:
+            for module in self._projections:
+                del module.forward
+        return self._one_call(calls)
+
+    def _row(self, segment: _Segment, row: int, *, check_chunk: int | None = None) -> AttentionRow:
+        """One row of ``segment`` re-run in float64 (see the module docstring)."""
+        rows, length = segment.ids.shape
+        tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
+        x = self._leaf(tree, self._hidden)
+        with torch.no_grad():
+            outputs = [self._project(module, x) for module in self._projections]
+        widths = [out.shape[-1] for out in outputs]
+        u = torch.cat(outputs, -1)
+        x_shape = x.shape
+        tree = _mapped(tree, lambda path, value: x.new_zeros(()) if path == self._hidden else value)
+        del outputs, x
+
+        def hollow(tree: Any, positions: int) -> Any:
+            """``tree`` with the layer's input as a tensor of its shape that holds one value (only the shadowed
+            projections read it: the load's self-check would see another reader)."""
+            shape = (*x_shape[:-2], positions, x_shape[-1])
+            return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
+
+        step = max(1, PRODUCT_ELEMENTS // (10 * u.shape[-1]))  # positions per run: its queries' code within ~64 MiB
+        calls = []
+        with torch.no_grad():
+            for lo in range(0, length, step):
+                at = torch.arange(lo, min(length, lo + step), device=u.device)
+                cut = tree if step >= length else self._cut(tree, rows=1, length=length, positions=at)
+                calls.append(self._queries(hollow(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
+        call = calls[0]
+        queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
+        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
+        del calls
+        if self._columns is None:
+            self._columns = self._supports(tree, hollow, u, widths, queries.shape[0])
+        columns = self._columns
+        heads, _, dim = queries.shape
+        copies = columns.shape[1]
+        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1])
+        if check_chunk is not None:
+            chunk, group = check_chunk, 1
+
+        starts = [sum(widths[:index]) for index in range(len(widths))]
+        read = [bool(((columns >= start) & (columns < start + width)).any()) for start, width in zip(starts, widths)]
+
+        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
+            each copy with a tangent on its column (see the module docstring); the projections no query reads (keys,
+            values) carry none."""
+            span = hi - lo
+            out = queries.new_empty(heads, span, copies, dim)  # Dᵀ, filled a column (here: a row) of D per copy
+            for first in range(0, copies, group):
+                last = min(copies, first + group)
+                positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
+                part = hollow(self._cut(tree, rows=1, length=length, positions=positions), positions.shape[0])
+                gathered = u[:, positions]
+                inputs = gathered.split(widths, -1)
+                tangent = torch.zeros_like(gathered)
+                for copy in range(last - first):
+                    tangent[0, copy * span:(copy + 1) * span, columns[:, first + copy]] = 1.0
+                tangents = tangent.split(widths, -1)
+
+                def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
+                    given = iter(dual)
+                    return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)]).queries
+
+                with torch.no_grad():
+                    primal, derivative = torch.func.jvp(
+                        of_read, tuple(v for v, r in zip(inputs, read) if r), tuple(t for t, r in zip(tangents, read) if r))
+                del tangent, tangents
+                if first == 0:  # every product's primal is the same
+                    want = queries[:, lo:hi]
+                    error = float((primal[0, :, :span] - want).abs().max())
+                    if not error <= 1e-9 * max(float(want.abs().max()), 1e-30):
+                        raise RuntimeError(f"{self._name}: its re-run on positions {lo}..{hi - 1} alone differs from "
+                                           f"the whole row's queries by {error:.1e}: its query map does not read each "
+                                           "position alone")
+                out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return out.transpose(-2, -1)
+
+        return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
+                            float(call.scaling if call.scaling is not None else dim**-0.5),
+                            None if not call.softcap else float(call.softcap), call.sliding_window,
+                            None if call.sinks is None else call.sinks.detach().double().reshape(-1))
+
+    def _supports(self, tree: Any, hollow: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
+                  heads: int) -> torch.Tensor:
+        """The columns of u each query head reads, ``[H, n]`` (disjoint blocks of equal width, one per head) or
+        ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
+        cotangent (a column is read when its gradient is nonzero anywhere)."""
+        length = u.shape[1]
+        queries, pullback = torch.func.vjp(lambda v: self._queries(hollow(tree, length), v.split(widths, -1)).queries, u)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
+        supports = []
+        for head in range(heads):
+            only = torch.zeros_like(cotangent)
+            only[:, head] = cotangent[:, head]
+            (grad,) = pullback(only)
+            supports.append(torch.nonzero(grad.detach().ne(0).flatten(0, -2).any(0)).squeeze(-1))
+        if all(len(s) == len(supports[0]) for s in supports) and \
+                len(torch.cat(supports).unique()) == sum(len(s) for s in supports):
+            return torch.stack(supports)
+        return torch.cat(supports).unique()[None]
+
+    def _one_call(self, calls: list[AttentionCall]) -> AttentionCall:
+        mine = [call for call in calls if call.module is self.module]
+        if len(mine) != 1:
+            raise UnsupportedModelError(f"{self._name} called the attention interface {len(mine)} times in one "
+                                        "forward (one expected)")
+        return mine[0]
+
+
+class AttentionRows:
+    """Bookkeeping of one ``loglikelihood`` call for a :class:`~lm_eval_probes.api.FirstAttention` request, beside
+    HFLM's own batching.
+
+    HFLM answers each row's requests (:meth:`on_answer`, from ``cache_hook.add_partial``) after the row's forward;
+    ``locate`` (:meth:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows.locate`) names the request's row in
+    that batch and its input length. The probe's per-position values of the batch are computed once, at its first
+    answer; a request's record fields are those of the row's input positions ``[0, input length)``: its context and
+    all but its last continuation token (what the model saw). Only the current batch's values are held.
+    """
+
+    def __init__(self, capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, *,
+                 locate: Callable[[Any], tuple[int, int, int] | None], decode: Callable[[int], str],
+                 traces: bool = False) -> None:
+        self.capture, self.inputs, self.request, self.locate, self.decode = capture, inputs, request, locate, decode
+        self.traces = traces
+        self.fields: dict[Any, dict[str, Any]] = {}
+        self._segment: _Segment | None = None
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def on_answer(self, attr: str, request_key: Any, _answer: Any) -> None:
+        located = self.locate(request_key) if attr == "loglikelihood" else None
+        if located is None:
+            return
+        segment = self.inputs.latest()
+        if segment is not self._segment:  # the first answer of a new batch
+            self._segment = segment
+            self._batch = (self.request.values(self.capture.batch(segment)), segment.ids.cpu())
+        values, ids = self._batch
+        row, input_length, _ = located
+        self.fields[request_key] = response_fields(self.request, values[row, :input_length], ids[row, :input_length],
+                                                   self.decode, traces=self.traces)
+
+
+def response_fields(request: FirstAttention, values: torch.Tensor, token_ids: torch.Tensor, decode: Callable[[int], str],
+                    *, traces: bool = False) -> dict[str, Any]:
+    """One response's record fields from the per-position ``values`` of the n positions the model saw; with ``traces``
+    (``probe_traces=true``) and a request that names :attr:`~lm_eval_probes.api.FirstAttention.trace`, also
+    ``trace``: the values over every position (``nan``: none, ``null``) and ``sequence_tokens`` (the ids decoded one
+    by one), for the wrapper to join into the response's trace."""
+    fields = request.fields(values, token_ids, decode)
+    if traces and request.trace is not None:
+        fields["trace"] = {request.trace: trace_values(values.tolist()),
+                           "sequence_tokens": [decode(int(token)) for token in token_ids.tolist()]}
+    return fields
+
+
+@dataclass(frozen=True)
+class AttentionSpan:
+    """One generation's per-position values over the positions the model saw: its (unpadded) prompt, then the
+    generated tokens fed back (all but the last); :meth:`fields` cuts them to the kept tokens."""
+
+    values: torch.Tensor
+    token_ids: torch.Tensor
+    prompt_tokens: int
+
+    def fields(self, request: FirstAttention, kept: int, decode: Callable[[int], str], *,
+               traces: bool = False) -> dict[str, Any]:
+        """The record fields of the prompt and the first ``kept − 1`` kept tokens (the inputs of the kept span)."""
+        stop = self.prompt_tokens + max(kept, 1) - 1
+        return response_fields(request, self.values[:stop], self.token_ids[:stop], decode, traces=traces)
+
+
+def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,
+                    bounds: Sequence[int]) -> list[AttentionSpan]:
+    """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound."""
+    batch = capture.joined(inputs)
+    values, ids = request.values(batch), batch.ids.cpu()
+    mask = inputs.segments[-1].mask
+    first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
+    return [
+        AttentionSpan(values[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
+        for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
+    ]
