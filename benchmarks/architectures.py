@@ -51,27 +51,38 @@ SIZES: dict[str, Any] = {
     "mamba_d_ssm": 128, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1, "time_step_rank": 8,
     "sliding_window": 8, "attention_chunk_size": 8, "adapter_rank": 8, "block_multiple_of": 16,
     "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 360, "laurel_rank": 8, "rotary_dim": 8,
+    "num_kv_shared_layers": 1,
 }
 """Config field → its small value (set where the family's config has the field; a field it leaves unset, ``None``,
 stays unset but for the few listed in :data:`SET_EVEN_IF_UNSET`)."""
 
-SET_EVEN_IF_UNSET = ("q_lora_rank", "sliding_window", "head_dim", "num_key_value_heads")
+SET_EVEN_IF_UNSET = ("q_lora_rank", "sliding_window", "head_dim", "num_key_value_heads", "num_experts_per_tok",
+                     "n_routed_experts")
+"""Fields set even where the family's default leaves them unset (DeepSeek-V2 and dots1 have routed experts but no
+default count or top-k)."""
 
 TRANSFORMS: dict[str, float] = {"logits_scaling": 4.0, "lm_head_multiplier": 0.5}
 """Logit transforms set off their identity default, so that the lens must read them (Cohere's ``logit_scale`` and
 Gemma's soft-capping are already off it)."""
 
-LAYER_PATTERNS: dict[str, dict[str, Any]] = {
+FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
     "mamba2": {"num_heads": 8},
     "dory": {"n_input_layers": 1, "n_output_layers": 1},
+    "dots1": {"n_shared_experts": 1},
+    "dots3_note_text": {"per_layer_config": {layer: {"num_attention_heads": 2, "num_key_value_heads": 2,
+                                                     "kv_lora_rank": 32, "qk_nope_head_dim": 12, "head_dim": 20}
+                                             for layer in (1, 2)}},
 }
-"""Families whose mix of layers (or SSM heads) is set by fields of their own: one layer of each kind in 3 (Dory: one
-input, one recurrent and one output layer; its defaults of 8 input and 8 output layers leave -13 recurrent ones).
-A pattern the config refuses fails the build (not small, with the config's reason): it is never dropped silently
-(Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of transformers runs)."""
+"""The few families that need fields of their own. Their mix of layers (or SSM heads), set by fields of their own: one
+layer of each kind in 3 (Dory: one input, one recurrent and one output layer; its defaults of 8 input and 8 output
+layers leave -13 recurrent ones). A pattern the config refuses fails the build (not small, with the config's reason):
+it is never dropped silently (Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of
+transformers runs). dots1: no default count of shared experts. dots3's sliding layers (1 and 2 of its small
+``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
+qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep."""
 
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
 MAX_PARAMETERS = 3_000_000
@@ -80,13 +91,16 @@ CHECK_TOLERANCE = 1e-3
 
 def decoder_only_types() -> list[str]:
     """Model types of the installed transformers' causal-LM mapping that are decoder-only text models (not an
-    encoder-decoder, not a masked LM used as a decoder, no sub-configs: vision or audio towers)."""
+    encoder-decoder, not a masked LM used as a decoder, no sub-configs: vision or audio towers, or the target's text
+    config of a drafter such as Gemma-4's assistant, whose forward reads the target model's embeddings and KV states)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     out = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+            continue
+        if getattr(CONFIG_MAPPING[model_type], "sub_configs", None):  # declared, even where its defaults fail
             continue
         try:
             config = CONFIG_MAPPING[model_type]()
@@ -99,13 +113,18 @@ def decoder_only_types() -> list[str]:
 
 
 def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: int = 0) -> Any:
-    """``model_type``'s config at :data:`SIZES`, with one layer of each kind its default mixes."""
+    """``model_type``'s config at :data:`SIZES`, with one layer of each kind its default mixes (and, where the family
+    sets fields per layer, each small layer given the overrides of the family's first layer of its kind, at the same
+    ratio to the small width as the family's to its own: :func:`_small_per_layer_config`)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
     base = cls()
+    if getattr(base, "is_heterogeneous", False):  # per-layer fields: their global values, read knowingly
+        base.allow_global_per_layer_attribute_access = True
     aliases = getattr(cls, "attribute_map", {}) or {}
     kwargs: dict[str, Any] = {}
+    per_layer: list[str] = []
     for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size}.items():
         name = aliases.get(key, key)
         if not hasattr(base, name):
@@ -115,18 +134,26 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             continue
         if current is None or (isinstance(current, int) and not isinstance(current, bool)):
             kwargs[name] = value
+        elif _per_layer_ints(base, current):  # one value per layer (Gemma-3n's intermediate_size): set below
+            per_layer.append(name)
+            kwargs[name] = value
     for key, value in TRANSFORMS.items():
         if getattr(base, key, None) is not None:
             kwargs[key] = value
     for key in dict.fromkeys(aliases.get(key, key) for key in LAYER_LISTS):  # one list under its own name, not an alias
         kinds = list(dict.fromkeys(getattr(base, key, None) or ()))
-        if kinds:
+        if kinds and not _read_only(cls, key):  # a list the family derives from other fields (Mamba-2) is left to it
             layers = max(3, len(kinds))
             kwargs[key] = (kinds + [kinds[-1]] * layers)[:layers]
             kwargs["num_hidden_layers"] = layers
-    if getattr(base, "qk_rope_head_dim", None):  # multi-head latent attention: the rotary part is the head_dim
-        kwargs["head_dim"] = SIZES["qk_rope_head_dim"]
-    kwargs.update(LAYER_PATTERNS.get(model_type, {}))
+    if getattr(base, "qk_rope_head_dim", None):  # multi-head latent attention: the rotary part is the head_dim, and
+        kwargs["head_dim"] = SIZES["qk_rope_head_dim"]  # the latent is expanded to every head (no grouped keys)
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", SIZES["num_attention_heads"])
+    for name in per_layer:
+        kwargs[name] = [kwargs[name]] * kwargs.get("num_hidden_layers", SIZES["num_hidden_layers"])
+    kwargs.update(FAMILY_FIELDS.get(model_type, {}))
+    if getattr(base, "is_heterogeneous", False) and "per_layer_config" not in kwargs:
+        kwargs["per_layer_config"] = _small_per_layer_config(base, kwargs)
     for key, value in (("pad_token_id", pad), ("bos_token_id", eos), ("eos_token_id", eos)):
         if hasattr(base, key):
             kwargs[key] = value
@@ -134,9 +161,46 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
         return cls(**kwargs)
     except Exception:  # a layer list or head width the family derives itself (but not a pattern set for it)
         for key in (*LAYER_LISTS, "head_dim"):
-            if key not in LAYER_PATTERNS.get(model_type, {}):
+            if key not in FAMILY_FIELDS.get(model_type, {}):
                 kwargs.pop(key, None)
         return cls(**kwargs)
+
+
+def _per_layer_ints(base: Any, value: Any) -> bool:
+    """Whether ``value`` is a list of one integer per layer of ``base``."""
+    layers = getattr(base, "num_hidden_layers", None)
+    return isinstance(value, list) and len(value) == layers and all(type(v) is int for v in value)
+
+
+def _read_only(cls: type, name: str) -> bool:
+    """Whether the config class computes ``name`` (a property without a setter)."""
+    attribute = getattr(cls, name, None)
+    return isinstance(attribute, property) and attribute.fset is None
+
+
+def _small_per_layer_config(base: Any, kwargs: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The ``per_layer_config`` of the small config ``kwargs`` (transformers' heterogeneous configs: Gemma-4's
+    full-attention layers have twice the head width, dots3's sliding ones fewer heads): small layer ``i`` takes the
+    overrides of ``base``'s first layer of its kind (in ``layer_types``, else the first layer list it has; layer ``i``
+    where the family has no list), an integer field that the small config sets scaled by the family's own ratio
+    (override / global) where that gives a whole number, else the small global value (no override)."""
+    overrides = {int(layer): fields for layer, fields in (base.to_dict().get("per_layer_config") or {}).items()}
+    key = next((key for key in LAYER_LISTS if key in kwargs), None)
+    out: dict[int, dict[str, Any]] = {}
+    for i in range(kwargs.get("num_hidden_layers", SIZES["num_hidden_layers"])):
+        kinds = list(getattr(base, key)) if key else []
+        source = kinds.index(kwargs[key][i]) if key else i
+        fields = {}
+        for name, value in overrides.get(source, {}).items():
+            if name in kwargs and isinstance(value, int) and not isinstance(value, bool):
+                scaled = kwargs[name] * value / getattr(base, name)
+                if scaled == int(scaled) and scaled >= 1 and int(scaled) != kwargs[name]:
+                    fields[name] = int(scaled)
+            else:
+                fields[name] = value
+        if fields:
+            out[i] = fields
+    return out
 
 
 class NotSmall(Exception):

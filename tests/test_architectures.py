@@ -27,6 +27,7 @@ FAMILIES = {
     "mixtral": "MoE", "qwen3_moe": "MoE", "deepseek_v3": "MLA and MoE",
     "qwen3_next": "hybrid: linear and full attention, MoE", "falcon_h1": "hybrid: SSM and attention, logit multiplier",
     "jamba": "hybrid: Mamba and attention, MoE",
+    "gemma4_text": "per-layer config: full-attention layers twice as wide per head; KV shared; per-layer inputs",
 }
 """The families ``make test`` runs (≥ 12), each with what it covers."""
 
@@ -103,3 +104,20 @@ def test_decoder_only_types_and_small_configs():
     assert hybrid.layer_types == ["linear_attention", "full_attention", "linear_attention"]
     looped = architectures.small_config("dory")  # one input, one recurrent, one output layer
     assert (looped.n_input_layers, looped.n_recurrent_layers, looped.n_output_layers) == (1, 1, 1)
+    assert "gemma4_assistant" not in types  # a drafter: its forward reads a target model's embeddings and KV states
+    gemma4 = architectures.small_config("gemma4_text")  # the family's ratio of per-layer widths, at small widths
+    assert gemma4.layer_types == ["sliding_attention", "full_attention", "full_attention"]
+    assert [layer.head_dim for layer in gemma4.per_layer_config] == [16, 32, 32]
+
+
+def test_model_shapes_of_a_per_layer_config_are_its_largest_layers():
+    """Gemma-4's global ``head_dim`` raises (it is set per layer): the memory figure of ``batch_size=auto`` reads the
+    widest layer's (its full-attention layers', twice the sliding ones')."""
+    import transformers
+
+    from lm_eval_probes.capture.memory import model_shapes
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(architectures.small_config("gemma4_text"))
+    shapes = model_shapes(model, batch=1, tokens=4, vocab=360, chunk_positions=4)
+    assert (shapes.heads, shapes.head_dim, shapes.width) == (4, 32, 64)

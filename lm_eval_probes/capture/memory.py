@@ -30,17 +30,30 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
     ``*ForCausalLM``; every position counted as a response position: the most a forward can ask of the probes)."""
     config = getattr(model, "config", None)
     text = getattr(config, "text_config", None) or config
-    width = int(getattr(text, "hidden_size", 0) or 0)
-    heads = int(getattr(text, "num_attention_heads", 1) or 1)
-    head_dim = int(getattr(text, "head_dim", None) or (width // heads if heads else 0))
+    width = int(_largest(text, "hidden_size") or 0)
+    heads = int(_largest(text, "num_attention_heads") or 1)
+    head_dim = int(_largest(text, "head_dim") or (width // heads if heads else 0))
     layers = int(getattr(text, "num_hidden_layers", 0) or 0)
     dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
-    ffn = int(getattr(text, "intermediate_size", 0) or 0)
+    ffn = int(_largest(text, "intermediate_size") or 0)
     layer_types = tuple(getattr(text, "layer_types", None) or ())
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
                   heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions, ffn=ffn,
                   layer_types=layer_types, kv_heads=kv_heads)
+
+
+def _largest(config: Any, name: str) -> Any:
+    """``config.name``, or, where the config sets it per layer (transformers' heterogeneous configs, whose global
+    value raises: Gemma-4's ``head_dim``, dots3's ``num_attention_heads``), its largest value over the layers (the
+    most a forward can ask); ``None`` where absent. A list of one value per layer (Gemma-3n's ``intermediate_size``)
+    gives its largest too."""
+    if name in (getattr(config, "per_layer_attributes", None) or ()):
+        values = [getattr(layer, name, None) for layer in config.per_layer_config]
+    else:
+        value = getattr(config, name, None)
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+    return max((v for v in values if v is not None), default=None)
 
 
 def token_logprob_memory(shapes: Shapes) -> int:
