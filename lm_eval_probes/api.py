@@ -37,10 +37,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "CORRELATION", "FAMILIES", "JACOBIAN_ELEMENTS", "NON_NEGATIVE", "PRODUCT_ELEMENTS", "TRACE_REDUCTIONS", "UNBOUNDED",
-    "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates", "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe",
-    "ProbeOptions", "Row", "Shapes", "TraceField", "as_choice",
-    "as_flag", "as_float", "as_int", "as_int_list", "as_range", "jacobian_chunks", "option", "unknown_message",
+    "CORRELATION", "FAMILIES", "JACOBIAN_ELEMENTS", "NON_NEGATIVE", "PRODUCT_ELEMENTS", "PRODUCT_POSITIONS",
+    "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates",
+    "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "TraceField",
+    "as_choice", "as_flag", "as_float", "as_int", "as_int_list", "as_range", "jacobian_chunks", "option",
+    "unknown_message",
 ]
 
 VALUE_KINDS = ("float", "flag", "ranked", "partial", "confidence", "confidence_keyed", "reader", "vector", "support",
@@ -617,13 +618,20 @@ its repeated inputs and tangents ``[g·c, m]`` and about eight ``[H, g·c, p]`` 
 rotations and norms), g the columns of u one product covers (:func:`jacobian_chunks`)."""
 
 
+PRODUCT_POSITIONS = 1024
+"""The most positions one forward-mode product runs the query code on (g·c): code that compares positions with each
+other before the attention call (DeepSeek-V3.2's indexer) costs their square."""
+
+
 def jacobian_chunks(tokens: int, heads: int, head_dim: int, columns: int, inputs: int) -> tuple[int, int]:
     """``(c, g)``: the positions of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (at
-    most :data:`JACOBIAN_ELEMENTS` values) and the columns one forward-mode product covers (about
-    :data:`PRODUCT_ELEMENTS` values moved), for a sequence of ``tokens``, ``heads`` query heads of width ``head_dim``,
-    n = ``columns`` read per head and m = ``inputs`` input-projection outputs."""
-    chunk = max(1, min(tokens, JACOBIAN_ELEMENTS // max(1, heads * head_dim * columns)))
-    group = max(1, min(columns, PRODUCT_ELEMENTS // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))
+    most 256, and :data:`JACOBIAN_ELEMENTS` values) and the columns one forward-mode product covers (about
+    :data:`PRODUCT_ELEMENTS` values moved, on at most :data:`PRODUCT_POSITIONS` positions), for a sequence of
+    ``tokens``, ``heads`` query heads of width ``head_dim``, n = ``columns`` read per head and m = ``inputs``
+    input-projection outputs."""
+    chunk = max(1, min(tokens, 256, JACOBIAN_ELEMENTS // max(1, heads * head_dim * columns)))
+    group = max(1, min(columns, PRODUCT_POSITIONS // chunk,
+                       PRODUCT_ELEMENTS // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))
     return chunk, group
 
 

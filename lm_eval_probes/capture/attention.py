@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.api import PRODUCT_ELEMENTS, FirstAttention, jacobian_chunks
+from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, FirstAttention, jacobian_chunks
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.records import trace_values
 
@@ -386,13 +386,13 @@ class FirstAttentionCapture:
             if module not in self._called:
                 self._called.append(module)
 
-        def seen(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-            if inputs and inputs[0] is x and isinstance(output, torch.Tensor) and output.shape[:2] == x.shape[:2] \
-                    and module not in projections:
-                projections.append(module)
+        def seen(module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if len(inputs) == 1 and not kwargs and inputs[0] is x and isinstance(output, torch.Tensor) \
+                    and output.is_floating_point() and output.shape[:2] == x.shape[:2] and module not in projections:
+                projections.append(module)  # a map of x alone (not an indexer reading x among other arguments)
 
         handles = [hook for sub in self.module.modules() if sub is not self.module
-                   for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen))]
+                   for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen, with_kwargs=True))]
         try:
             with attention_calls_recorded(calls.append, stop=True):
                 _stopped(lambda: self.module(*segment.args, **segment.kwargs))
@@ -488,14 +488,12 @@ class FirstAttentionCapture:
         """The arguments of one row (``row``) and some positions (``positions``, with repeats) in float64: each tensor
         cut along the axes that follow the batch rows and the positions (found at load; an argument not seen then:
         its axes of the sequence's length, and a first axis of the batch's size); an argument over pairs of positions
-        (an attention mask) is dropped, since the re-run stops before the attention reads it."""
+        (an attention mask) keeps its dtype (the re-run stops before the attention reads it; an indexer may)."""
 
         def cut(path: Path, value: torch.Tensor) -> torch.Tensor | None:
             axes = self._axes.get(path)
             if axes is None:
                 axes = _Axes(tuple(axis for axis, size in enumerate(value.shape) if size == length), ())
-            if len(axes.positions) > 1:
-                return None
             if row is not None:  # a first axis of the batch's size counts too (per-row positions, say)
                 first = (0,) if value.ndim and value.shape[0] == rows and 0 not in axes.positions else ()
                 for axis in sorted({*axes.rows, *first}):
@@ -505,6 +503,8 @@ class FirstAttentionCapture:
                 for axis in axes.positions:
                     if axis < value.ndim and value.shape[axis] == length:
                         value = value.index_select(axis, positions.to(value.device))
+            if len(axes.positions) > 1:  # over pairs of positions (a mask): as it is, the re-run's attention never reads it
+                return value
             return value.double() if value.is_floating_point() else value
 
         return _mapped(tree, cut)
@@ -558,7 +558,7 @@ class FirstAttentionCapture:
             shape = (*x_shape[:-2], positions, x_shape[-1])
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
-        step = max(1, PRODUCT_ELEMENTS // (10 * u.shape[-1]))  # positions per run: its queries' code within ~64 MiB
+        step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):

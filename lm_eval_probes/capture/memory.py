@@ -37,7 +37,7 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
     dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
     ffn = int(_largest(text, "intermediate_size") or 0)
     layer_types = tuple(getattr(text, "layer_types", None) or ())
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    kv_heads = int(_largest(text, "num_key_value_heads") or heads)
     return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
                   heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions, ffn=ffn,
                   layer_types=layer_types, kv_heads=kv_heads)

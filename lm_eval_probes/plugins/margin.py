@@ -41,7 +41,11 @@ def margin_unavailable(config: Any) -> str | None:
     hybrid (attention beside an SSM)."""
     text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     model_type = getattr(text, "model_type", None)
-    if not getattr(text, "num_attention_heads", None):
+    if "num_attention_heads" in (getattr(text, "per_layer_attributes", None) or ()):  # set per layer (dots3)
+        heads = max((getattr(layer, "num_attention_heads", None) or 0 for layer in text.per_layer_config), default=0)
+    else:
+        heads = getattr(text, "num_attention_heads", None)
+    if not heads:
         return f"model_type {model_type!r} has no attention heads (no softmax attention)"
     layer_types = getattr(text, "layer_types", None)
     softmax = ("attention" in str(kind) and "linear" not in str(kind) or "hybrid" in str(kind) for kind in layer_types or ())
