@@ -589,9 +589,10 @@ class FocalDepth:
 @dataclass(frozen=True)
 class FirstAttention:
     """A request for the first softmax-attention layer over every position the model saw, in the same forwards: each
-    captured batch as a :class:`~lm_eval_probes.capture.attention.AttentionBatch` (its token ids, queries and keys as
-    the attention uses them, logit scale, soft cap and sliding window, and the Jacobian of its query map), which the
-    probe turns into per-position values; a response's share of them becomes its record fields.
+    captured batch as a :class:`~lm_eval_probes.capture.attention.AttentionBatch` (its token ids, and per row, re-run
+    when asked, an :class:`~lm_eval_probes.capture.attention.AttentionRow`: queries and keys as the attention uses
+    them, logit scale, soft cap, sliding window, attention sinks, and the Jacobian of its query map a chunk of positions
+    at a time), which the probe turns into per-position values; a response's share of them becomes its record fields.
 
     Attributes:
         values: ``(batch) -> [B, T]`` per-position values of one captured batch (``nan`` = none), on the CPU.

@@ -2,8 +2,8 @@
 position the model saw (the math: :mod:`lm_eval_probes.probes.margin`).
 
 Its values need the first softmax-attention layer over whole sequences: it asks for the wrappers' whole-forward
-capture ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`), which gives it each captured batch's queries,
-keys and query-map Jacobian (:class:`~lm_eval_probes.capture.attention.AttentionBatch`, any family);
+capture ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`), which gives it each captured row's queries,
+keys and query-map Jacobians (:class:`~lm_eval_probes.capture.attention.AttentionRow`, any family);
 :func:`~lm_eval_probes.probes.margin.layer_margins` makes them margins, :meth:`MarginPositions.fields` a response's
 record fields. :func:`margin_unavailable` says, from a model's config, why the margins cannot run on it.
 """

@@ -202,7 +202,7 @@ def head_margins(
             W_Q: m_t = log|det(I_p − scale · R_t J_t C_t)| (the keys' norm only changes the keys given).
         query_jacobian: ``[..., T, p, n]`` the whole query map's Jacobian D_t = ∂q_t/∂u_t on the n inputs u
             (``query_inputs [..., T, n]``) it reads, in place of ``rotation`` and ``query_norm`` (any family:
-            :class:`~lm_eval_probes.capture.attention.AttentionBatch`): m_t = log|det(I_p − scale · D_t C_t)|.
+            :class:`~lm_eval_probes.capture.attention.AttentionRow`): m_t = log|det(I_p − scale · D_t C_t)|.
         key_weights: ``[..., T, T]`` β_ts = α_ts g_ts for soft-capped logits (g_ts = 1 − tanh²(scale · q_t·k_s / c),
             the cap's derivative): the keys' side of C_t reads β, C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
             (∂α_ts/∂q_t = α_ts · scale · (g_ts k_s − Σ_r α_tr g_tr k_r)); ``None``: β = α.
