@@ -90,7 +90,8 @@ def _warn_unprobed(task: str) -> None:
         "hf-probes computes probes for task %r, but the task has no probe rows, so none will be shown. Run it "
         "with the `lm-eval-probes` command (it gives every task the rows), load it with "
         "lm_eval_probes.ProbeTaskManager, or give its YAML `class: !function "
-        "lm_eval_probes.tasks.probe_task.ProbeTask`.", task)
+        "lm_eval_probes.tasks.probe_task.ProbeTask` (lm-eval >= 0.4.12; on 0.4.10 and 0.4.11 a `!function` reads a "
+        "file beside the YAML: docs/tasks.md).", task)
 
 
 class CacheHookTap:
