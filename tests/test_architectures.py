@@ -121,3 +121,34 @@ def test_model_shapes_of_a_per_layer_config_are_its_largest_layers():
         model = transformers.AutoModelForCausalLM.from_config(architectures.small_config("gemma4_text"))
     shapes = model_shapes(model, batch=1, tokens=4, vocab=360, chunk_positions=4)
     assert (shapes.heads, shapes.head_dim, shapes.width) == (4, 32, 64)
+
+
+def test_a_layer_that_reads_the_mask_before_its_attention_gives_nan_generation_margins_not_a_crash(tmp_path):
+    """DeepSeek-V3.2's indexer reads the attention mask before the attention call, so the calls of one ``generate``
+    cannot be re-run as one: a generation's margins are nan (said once in the log), a loglikelihood request's are
+    computed."""
+    from test_capture import gen_instances, ll_instances
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    lm = ProbeHFLM(pretrained=architectures.build("deepseek_v32", tmp_path), device="cpu", batch_size=2,
+                   probes="margin")
+    assert lm.first_attention.reads_mask
+    assert all(math.isnan(text.probe.get("margin_mean")) for text in lm.generate_until(gen_instances(["\n\n"], 4)))
+    assert all(math.isfinite(answer.probe.get("margin_mean")) for answer in lm.loglikelihood(ll_instances()))
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "qwen3_next"])
+def test_generation_margins_equal_one_pass_over_the_sequence(model_type, tmp_path):
+    """``generate``'s calls joined (Gemma-4 hands its first layer a dict of shared states; Qwen3-Next's first softmax
+    layer follows a linear-attention one) give the margins of one forward over the prompt and the kept tokens."""
+    from test_capture import PROMPTS, _free_generation, _prompt_ids, gen_instances
+    from test_margin_capture import captured_margins
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    lm = ProbeHFLM(pretrained=architectures.build(model_type, tmp_path), device="cpu", batch_size=3, probes="margin")
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(["\n\n\n\n"], 6)), strict=True):
+        seen = _prompt_ids(lm, prompt) + _free_generation(lm, prompt, 6)[: max(text.probe.n_tokens, 1) - 1]
+        margins, _ = captured_margins(lm.model, seen)
+        assert text.probe.get("margin_mean") == pytest.approx(float(margins[0, 1:].mean()), rel=1e-5)

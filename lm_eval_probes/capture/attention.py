@@ -31,6 +31,8 @@ capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.Unsupporte
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ from torch import nn
 from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, FirstAttention, jacobian_chunks
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.records import trace_values
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
            "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
@@ -189,8 +193,8 @@ class CapturedInputs:
 
 def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
     """One argument of several calls joined along its positions: tensors along the one axis whose size is each call's
-    length (the same tensor in every call: kept); attention masks dropped (the re-run reads no mask); other values
-    must be equal. ``(False, None)`` when they cannot be joined."""
+    length (the same tensor in every call: kept), tuples, lists and dicts item by item; other values must be equal.
+    ``(False, None)`` when they cannot be joined (then each call is re-run alone)."""
     first = values[0]
     if all(value is first for value in values) or first is None and all(value is None for value in values):
         return True, first
@@ -198,12 +202,18 @@ def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
         axes = [axis for axis in range(first.ndim) if all(v.shape[axis] == n for v, n in zip(values, lengths))
                 and all(v.shape[:axis] + v.shape[axis + 1:] == first.shape[:axis] + first.shape[axis + 1:] for v in values)]
         return (True, torch.cat(values, axes[0])) if len(axes) == 1 else (False, None)
-    if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
+    if isinstance(first, (tuple, list)) and all(type(v) is type(first) and len(v) == len(first) for v in values):
         joined = [_joined(list(items), lengths) for items in zip(*values)]
-        return (all(ok for ok, _ in joined), tuple(value for _, value in joined))
-    if _is_cache(first) or all(type(v) is type(first) and v == first for v in values):
-        return True, first
-    return False, None
+        return (all(ok for ok, _ in joined), type(first)(value for _, value in joined))
+    if isinstance(first, dict) and all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
+        joined = {key: _joined([v[key] for v in values], lengths) for key in first}
+        return (all(ok for ok, _ in joined.values()), {key: value for key, (_, value) in joined.items()})
+    if _is_cache(first) or any(isinstance(v, torch.Tensor) for v in values):
+        return _is_cache(first), first if _is_cache(first) else None
+    try:
+        return (True, first) if all(type(v) is type(first) and v == first for v in values) else (False, None)
+    except (RuntimeError, ValueError, TypeError):  # values that hold tensors of other lengths
+        return False, None
 
 
 def _joined_segment(segments: list[_Segment]) -> _Segment | None:
@@ -360,6 +370,18 @@ class FirstAttentionCapture:
                         for sub in reading
                         for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
         self._check(long, own_queries)
+        self.reads_mask = self._reads_mask(long)
+
+    def _reads_mask(self, segment: _Segment) -> bool:
+        """Whether the layer's code before the attention call reads the attention mask (DeepSeek-V3.2's indexer): its
+        re-run fails without it. Then the calls of one ``generate`` cannot be re-run as one (their masks do not join)."""
+        if not isinstance(segment.kwargs.get("attention_mask"), torch.Tensor):
+            return False
+        try:
+            self._row(_Segment(segment.ids, segment.mask, segment.args, {**segment.kwargs, "attention_mask": None}), 0)
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return True
+        return False
 
     @torch.no_grad()
     def _arguments(self, rows: int, length: int) -> _Segment:
@@ -714,12 +736,26 @@ class AttentionSpan:
 
 def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,
                     bounds: Sequence[int]) -> list[AttentionSpan]:
-    """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound."""
+    """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound (``nan`` where
+    the layer reads the attention mask before its attention call: :func:`_generate_unread`)."""
     batch = capture.joined(inputs)
-    values, ids = request.values(batch), batch.ids.cpu()
+    ids = batch.ids.cpu()
+    if capture.reads_mask:
+        _generate_unread(capture._name)
+        values = torch.full(ids.shape, float("nan"), dtype=torch.float64)
+    else:
+        values = request.values(batch)
     mask = inputs.segments[-1].mask
     first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
     return [
         AttentionSpan(values[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
         for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
     ]
+
+
+@functools.cache
+def _generate_unread(name: str) -> None:
+    """Say once per layer why a generation's first-attention values are ``nan``."""
+    logger.warning("%s reads the attention mask before its attention call (an indexer), so the calls of one generate "
+                   "cannot be re-run as one: the first-attention values of generated text are nan (those of "
+                   "loglikelihood requests are computed)", name)
