@@ -275,6 +275,21 @@ def test_a_layer_that_reads_its_input_beside_its_projections_is_refused_at_load(
         FirstAttentionCapture(model)
 
 
+def test_a_window_only_in_the_mask_the_model_builds_is_read_from_that_mask():
+    """PhiMoE builds a sliding-window mask but hands its attention no ``sliding_window``: the margins read the mask
+    the layer hands its attention (eager: additive), and equal the layer's own eager probabilities' Jacobian."""
+    import transformers as tf
+
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.25)
+    torch.manual_seed(0)
+    config = tf.PhimoeConfig(**common, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    ids = list(range(3, 15))
+    margins, _ = captured_margins(model, ids)
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 def expected_summary(lm: ProbeHFLM, ids: list[int]):
     return MarginSummary.of(reference_margins(lm.model, ids), torch.tensor(ids), lm.probe_config.options_of("margin").support)
 

@@ -54,8 +54,9 @@ __all__ = ["AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "
 class AttentionCall:
     """What the attention interface was handed: ``queries [B, H, T, p]``, ``keys [B, KV, T, p]``, the logit
     ``scaling`` (``None``: p^-½), ``softcap`` (logits c·tanh(z/c); ``None``: none), ``sliding_window`` (s attended
-    from t only when t − s < W; ``None``: none) and its attention sinks (``s_aux``: one logit per head that takes part
-    in the softmax and has no value, gpt-oss; ``None``: none)."""
+    from t only when t − s < W; ``None``: none), its attention sinks (``s_aux``: one logit per head that takes part
+    in the softmax and has no value, gpt-oss; ``None``: none) and the ``mask`` it was handed (bool: attended; float:
+    added to the logits; ``None``: causal only, or a mask of another kind)."""
 
     module: nn.Module
     queries: torch.Tensor
@@ -64,6 +65,7 @@ class AttentionCall:
     softcap: float | None
     sliding_window: int | None
     sinks: torch.Tensor | None
+    mask: torch.Tensor | None = None
 
 
 class _Stop(Exception):
@@ -84,7 +86,7 @@ def attention_calls_recorded(record: Callable[[AttentionCall], None], *, stop: b
                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
         record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
-                             kwargs.get("s_aux")))
+                             kwargs.get("s_aux"), attention_mask if isinstance(attention_mask, torch.Tensor) else None))
         if stop:
             raise _Stop
         batch, _, length, _ = query.shape
@@ -257,7 +259,8 @@ class AttentionRow:
         chunk: the positions per ``query_jacobian`` call (:func:`~lm_eval_probes.api.jacobian_chunks`).
         scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
             sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
-            (``None``: no padding).
+            (``None``: no padding); mask: ``None`` or ``[H or 1, T, T]`` the mask the layer handed its attention
+            (windows, chunks, biases: bool attended, float added to the logits).
     """
 
     queries: torch.Tensor
@@ -271,6 +274,7 @@ class AttentionRow:
     sliding_window: int | None
     sinks: torch.Tensor | None
     valid: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -588,6 +592,10 @@ class FirstAttentionCapture:
                 cut = tree if step >= length else self._cut(tree, rows=1, length=length, positions=at)
                 calls.append(self._queries(hollow(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
         call = calls[0]
+        mask = call.mask if len(calls) == 1 else self._leaf(tree, (1, "attention_mask")) if "attention_mask" in tree[1] \
+            else None  # a run over a block of positions is handed that block's mask: the whole row's is the layer's
+        mask = mask[0] if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[0] == 1 \
+            and mask.shape[-2:] == (length, length) else None
         queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
         keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
         del calls
@@ -641,7 +649,7 @@ class FirstAttentionCapture:
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window,
-                            None if call.sinks is None else call.sinks.detach().double().reshape(-1))
+                            None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask)
 
     def _supports(self, tree: Any, hollow: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:

@@ -109,7 +109,7 @@ class MarginPositions:
 
         rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
                               softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk).cpu() for row in batch.rows()]
+                              heads=self.options.heads, chunk=row.chunk, mask=row.mask).cpu() for row in batch.rows()]
         return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def _check_float(name: str, value: Tensor) -> None:
 
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
                              softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
-                             positions: Tensor | None = None) -> Tensor:
+                             positions: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -61,6 +61,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
             than 1; ``None``: none.
         positions: int64 ``[n]``: ``queries`` are ``[..., n, p]``, the queries of these positions only (their rows of
             the weights, ``[..., n, T]``); ``None``: every position's.
+        mask: the mask the model's attention was handed, ``[..., T (or n), T]``: bool (False: not attended) or float
+            (added to the logits after the soft cap; windows, chunks and biases); ``None``: none.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -86,6 +88,10 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         if valid.shape != keys.shape[:-1]:
             raise ValueError(f"valid must be {tuple(keys.shape[:-1])}, got {tuple(valid.shape)}")
         allowed = allowed & valid.bool().unsqueeze(-2)
+    if mask is not None and mask.dtype == torch.bool:
+        allowed = allowed & mask
+    elif mask is not None:
+        logits = logits + mask.to(logits.dtype)
     logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
     if sink is not None:
         column = sink.to(logits.dtype).expand(*logits.shape[:-1], 1)
@@ -402,7 +408,7 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
 def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], Tensor],
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
-                  heads: str = "mean", chunk: int = 64) -> Tensor:
+                  heads: str = "mean", chunk: int = 64, mask: Tensor | None = None) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time.
 
@@ -421,6 +427,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], T
         valid: optional bool ``[T]`` (False = padding).
         heads: ``mean`` or ``min``.
         chunk: query positions per chunk.
+        mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
+            none (the window alone).
 
     Returns:
         ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
@@ -439,9 +447,10 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], T
         per_head = []
         for head in range(num_heads):
             q, k = queries[head, lo:hi], keys[head // groups, :hi]  # no query in the chunk attends past hi
-            mask = None if valid is None else valid[:hi]
-            weights = prefix_attention_weights(q, k, scale=scale, valid=mask, softcap=softcap, window=window,
-                                               sink=None if sinks is None else sinks[head], positions=at)
+            prefix = None if valid is None else valid[:hi]
+            given = None if mask is None else mask[head if mask.shape[0] > 1 else 0, lo:hi, :hi]
+            weights = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
+                                               sink=None if sinks is None else sinks[head], positions=at, mask=given)
             key_weights = None
             if softcap is not None:
                 key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
