@@ -177,14 +177,11 @@ def head_margins(
     positions: Tensor | None = None,
     chunk: int = 64,
     query_norm: tuple[Tensor, Tensor, float] | None = None,
-    query_jacobian: Tensor | None = None,
-    key_weights: Tensor | None = None,
 ) -> Tensor:
     """One attention head's margins m_t = log|det(I_p − scale · R_t C_t)| from projected inputs.
 
     C_t = Σ_s α_ts (u_s − ū_t)(k_s − k̄_t)ᵀ is the attention-weighted cross-covariance of the
-    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use (computed as Σ_s α_ts u_s k_sᵀ − ū_t k̄_tᵀ, which
-    stays the Jacobian's when an attention sink makes Σ_s α_ts < 1); R_t is the rotation applied to
+    query-projected inputs u_s = W_Q x_s and the keys k_s the logits use; R_t is the rotation applied to
     the query at position t (rotary embeddings; identity without). Derivation: with
     q_t = R_t W_Q x_t (+ bias), ∂μ_t/∂x_t = Σ_s α_ts (x_s − x̄_t)(k_s − k̄_t)ᵀ R_t W_Q · scale, and
     Sylvester's identity turns det(I_d − ·) into this p×p determinant. Biases cancel in u_s − ū_t.
@@ -206,12 +203,6 @@ def head_margins(
             effective weight and ``eps``, so q_t = R_t (g ⊙ v_t / r_t), r_t = (mean(v_t²) + eps)^½. The
             norm's Jacobian J_t = diag(g) (I − v_t v_tᵀ / (p r_t²)) / r_t then sits between the rotation and
             W_Q: m_t = log|det(I_p − scale · R_t J_t C_t)| (the keys' norm only changes the keys given).
-        query_jacobian: ``[..., T, p, n]`` the whole query map's Jacobian D_t = ∂q_t/∂u_t on the n inputs u
-            (``query_inputs [..., T, n]``) it reads, in place of ``rotation`` and ``query_norm`` (any family:
-            :class:`~lm_eval_probes.capture.attention.AttentionRow`): m_t = log|det(I_p − scale · D_t C_t)|.
-        key_weights: ``[..., T, T]`` β_ts = α_ts g_ts for soft-capped logits (g_ts = 1 − tanh²(scale · q_t·k_s / c),
-            the cap's derivative): the keys' side of C_t reads β, C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
-            (∂α_ts/∂q_t = α_ts · scale · (g_ts k_s − Σ_r α_tr g_tr k_r)); ``None``: β = α.
 
     Returns:
         ``[..., T]`` (``[..., n]`` with ``positions``) margins in the dtype of the inputs; ``nan`` at positions
@@ -221,15 +212,7 @@ def head_margins(
         _check_float(name, value)
     length, dim = keys.shape[-2:]
     rows = length if positions is None else positions.shape[0]
-    inputs = query_inputs.shape[-1] if query_jacobian is not None else dim
-    if query_jacobian is not None and (rotation is not None or query_norm is not None):
-        raise ValueError("give query_jacobian or rotation/query_norm, not both")
-    if query_jacobian is not None and query_jacobian.shape[-3:] != (rows, dim, inputs):
-        raise ValueError(f"query_jacobian must be [..., {rows}, {dim}, {inputs}], got {tuple(query_jacobian.shape)}")
-    if key_weights is not None and key_weights.shape != weights.shape:
-        raise ValueError(f"key_weights must be {tuple(weights.shape)}, got {tuple(key_weights.shape)}")
-    if query_inputs.shape[:-1] != keys.shape[:-1] or query_inputs.shape[-1] != inputs or \
-            weights.shape != (*keys.shape[:-2], rows, length):
+    if query_inputs.shape != keys.shape or weights.shape != (*keys.shape[:-2], rows, length):
         raise ValueError(
             f"expected query_inputs and keys [..., T, p] and weights [..., T (or n positions), T], got "
             f"{tuple(query_inputs.shape)}, {tuple(keys.shape)} and {tuple(weights.shape)}"
@@ -243,8 +226,6 @@ def head_margins(
             valid = valid[..., positions]
         if query_norm is not None:
             query_norm = (query_norm[0][..., positions, :], query_norm[1], query_norm[2])
-        if query_jacobian is not None:
-            query_jacobian = query_jacobian[..., positions, :, :]
     lead = keys.shape[:-2]
     per_head = []
     for index in _indices(lead):  # one head (and batch row) at a time
@@ -252,10 +233,7 @@ def head_margins(
         per_head.append(_one_head_margins(
             _pick(query_inputs, index, lead), _pick(keys, index, lead), _pick(weights, index, lead), scale=scale,
             rotation=None if rotation is None else (_pick(rotation[0], index, lead), _pick(rotation[1], index, lead)),
-            chunk=chunk, query_norm=norm,
-            jacobian=None if query_jacobian is None else
-            torch.broadcast_to(query_jacobian, (*lead, *query_jacobian.shape[-3:]))[index],
-            key_weights=None if key_weights is None else _pick(key_weights, index, lead)))
+            chunk=chunk, query_norm=norm))
     margins = torch.stack(per_head).reshape(*lead, rows) if per_head else keys.new_empty((*lead, rows))
     undefined = weights.sum(-1) == 0
     if valid is not None:
@@ -282,8 +260,7 @@ def _pick(value: Tensor, index: tuple[int, ...], lead: torch.Size) -> Tensor:
 
 
 def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float, rotation: tuple[Tensor, Tensor] | None,
-                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None, jacobian: Tensor | None = None,
-                      key_weights: Tensor | None = None) -> Tensor:
+                      chunk: int, query_norm: tuple[Tensor, Tensor, float] | None) -> Tensor:
     """:func:`head_margins` of one head: u, keys ``[T, p]``, weights ``[n, T]``, rotation and the norm's inputs
     ``[n, p]`` (already cut to the rows' positions) → ``[n]`` log|det| (no nan masking).
 
@@ -293,10 +270,10 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
     fit in :data:`WORK_ELEMENTS`, else per block). Without autograd the corrections (means, query norm, rotation,
     I − scale·X) run in place on the ``[c, p, p]`` products. Transient memory: :data:`WORK_ELEMENTS` plus about three
     ``[c, p, p]`` per chunk, whatever T and the number of heads."""
-    rows, length, dim, width = weights.shape[0], keys.shape[0], keys.shape[-1], u.shape[-1]
+    rows, length, dim = weights.shape[0], keys.shape[0], keys.shape[-1]
     in_place = not (torch.is_grad_enabled() and (u.requires_grad or keys.requires_grad or weights.requires_grad
                                                  or (query_norm is not None and query_norm[0].requires_grad)))
-    block = max(1, WORK_ELEMENTS // (width * dim))
+    block = max(1, WORK_ELEMENTS // (dim * dim))
     outer_all = _outer(u, keys) if length <= block else None  # [T, p²], reused by every chunk
     parts = []
     for lo in range(0, rows, chunk):
@@ -304,21 +281,20 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         attended = torch.nonzero(weights[lo:hi].detach().ne(0).any(0))
         span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
         alpha = weights[lo:hi, :span]  # [c, S]
-        beta = alpha if key_weights is None else key_weights[lo:hi, :span]
-        second = None  # Σ_s β_ts u_s k_sᵀ, [c, n·p]
+        second = None  # Σ_s α_ts u_s k_sᵀ, [c, p²]
         for start in range(0, span, block):
             stop = min(span, start + block)
             outer = outer_all[start:stop] if outer_all is not None else _outer(u[start:stop], keys[start:stop])
             if second is None:
-                second = beta[:, start:stop] @ outer
+                second = alpha[:, start:stop] @ outer
             elif in_place:
-                second.addmm_(beta[:, start:stop], outer)
+                second.addmm_(alpha[:, start:stop], outer)
             else:
-                second = second + beta[:, start:stop] @ outer
+                second = second + alpha[:, start:stop] @ outer
             del outer  # freed before the next block is built: one block alive at a time
-        cross = second.unflatten(-1, (width, dim))
-        mean_u, mean_k = alpha @ u[:span], beta @ keys[:span]  # [c, n], [c, p]
-        correction = mean_u[:, :, None]  # ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with an attention sink), [c, n, 1]
+        cross = second.unflatten(-1, (dim, dim))
+        mean_u, mean_k = alpha @ u[:span], alpha @ keys[:span]  # [c, p]
+        correction = (alpha.sum(-1)[:, None] * mean_u)[:, :, None]  # (Σ_s α_ts) ū_t, [c, p, 1]
         cross = cross.baddbmm_(correction, mean_k[:, None, :], alpha=-1) if in_place else \
             cross - correction * mean_k[:, None, :]
         if query_norm is not None:  # J_t C_t = diag(g) (C_t − v_t (v_tᵀ C_t) / (p r_t²)) / r_t
@@ -335,8 +311,6 @@ def _one_head_margins(u: Tensor, keys: Tensor, weights: Tensor, *, scale: float,
         if rotation is not None:  # R_t X: rows (v₁; v₂) → (v₁ cos₁ − v₂ sin₁; v₂ cos₂ + v₁ sin₂)
             cos, sin = (r[lo:hi, :, None] for r in rotation)
             cross = _rotate_rows(cross, cos, sin) if in_place else cross * cos + rotate_half(cross, dim=-2) * sin
-        if jacobian is not None:  # D_t C_t: [c, p, n] @ [c, n, p]
-            cross = torch.bmm(jacobian[lo:hi], cross)
         if in_place:  # I − scale · X
             matrix = cross.mul_(-scale)
             matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
