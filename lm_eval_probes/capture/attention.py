@@ -617,11 +617,14 @@ class FirstAttentionCapture:
             values) carry none."""
             span = hi - lo
             out = queries.new_empty(heads, span, copies, dim)  # Dᵀ, filled a column (here: a row) of D per copy
+            repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
             for first in range(0, copies, group):
                 last = min(copies, first + group)
-                positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
-                part = hollow(self._cut(tree, rows=1, length=length, positions=positions), positions.shape[0])
-                gathered = u[:, positions]
+                if last - first not in repeated:
+                    positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
+                    repeated[last - first] = (hollow(self._cut(tree, rows=1, length=length, positions=positions),
+                                                     positions.shape[0]), u[:, positions])
+                part, gathered = repeated[last - first]
                 inputs = gathered.split(widths, -1)
                 tangent = torch.zeros_like(gathered)
                 for copy in range(last - first):
