@@ -1,10 +1,12 @@
-"""One stack's run for ``benchmarks/compat.py``: the saved tiny Llama, ``hf-probes`` with ``probes=all``, every row
+"""One stack's run for ``benchmarks/compat.py``: the saved tiny models, ``hf-probes`` with ``probes=all``, every row
 and per-document value written as JSON, with the installed versions.
 
-    python compat_run.py MODEL_DIR OUT_JSON
+    python compat_run.py OUT_JSON MODEL_DIR [MODEL_DIR ...]
 
-Run by each stack's own interpreter (the installed ``lm_eval_probes``, never this repository's sources: the driver
-runs it from a folder outside the repository). Needs only lm_eval and the plugin.
+The first model runs every task of :data:`TASKS` on :data:`LIMIT` documents each; the others (other families) the
+multiple-choice and the generation task on :data:`OTHERS_LIMIT`. Run by each stack's own interpreter (the installed
+``lm_eval_probes``, never this repository's sources: the driver runs it from a folder outside the repository). Needs
+only lm_eval and the plugin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from samples_snapshot import numbers_of  # noqa: E402  (it puts the repository's tests/, not its sources, on the path)
 
 TASKS = ("probes_synth_logic", "probes_synth_arith_gen", "probes_synth_logic_detect", "compat_plain_logic")
+OTHERS_TASKS = ("probes_synth_logic", "probes_synth_arith_gen")
 PLAIN_TASK = """task: compat_plain_logic
 custom_dataset: !function compat_plain_functions.logic_dataset
 dataset_kwargs: {n_per_level: 40, seed: 1234}
@@ -33,10 +36,11 @@ metadata: {version: 1.0}
 """A task of the user's own, not a ``ProbeTask``: the task manager gives it the probe rows (``TaskManager.load``, or
 ``load_task_or_group`` on lm_eval 0.4.9–0.4.11)."""
 LIMIT = 8
+OTHERS_LIMIT = 3
 DISTRIBUTIONS = ("torch", "transformers", "lm-eval", "datasets", "huggingface-hub")
 
 
-def run(model: str) -> dict[str, Any]:
+def run(model: str, tasks: tuple[str, ...], limit: int) -> dict[str, Any]:
     import lm_eval
     from lm_eval.utils import handle_non_serializable
 
@@ -49,16 +53,18 @@ def run(model: str) -> dict[str, Any]:
     manager = lm_eval_probes.ProbeTaskManager(include_path=[lm_eval_probes.TASKS_DIR, str(own)])
     result = lm_eval.simple_evaluate(model="hf-probes", model_args={"pretrained": model, "probes": "all",
                                                                     "device": "cpu"},
-                                     tasks=list(TASKS), task_manager=manager, limit=LIMIT, batch_size=3,
+                                     tasks=list(tasks), task_manager=manager, limit=limit, batch_size=3,
                                      gen_kwargs={"max_gen_toks": 16}, bootstrap_iters=0, log_samples=True)
     run = {"results": result["results"], "samples": result["samples"], "configs": result["configs"]}
     return json.loads(json.dumps(run, default=numbers_of(handle_non_serializable)))
 
 
 def main() -> None:
-    model, out = sys.argv[1], Path(sys.argv[2])
+    out, models = Path(sys.argv[1]), sys.argv[2:]
     versions = {name: metadata.version(name) for name in DISTRIBUTIONS}
-    out.write_text(json.dumps({"versions": versions, "run": run(model)}))
+    runs = {Path(model).name: run(model, *((TASKS, LIMIT) if k == 0 else (OTHERS_TASKS, OTHERS_LIMIT)))
+            for k, model in enumerate(models)}
+    out.write_text(json.dumps({"versions": versions, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def test_each_row_name_is_spelled_in_at_most_two_modules():
 
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("lm_eval_probes.api", "lm_eval_probes.probes"),
+    ("lm_eval_probes.api", "lm_eval_probes.probes", "lm_eval_probes.stack_api"),
     ("lm_eval_probes.plugins", "lm_eval_probes.declarations", "lm_eval_probes.registry", "lm_eval_probes.config",
      "lm_eval_probes.records", "lm_eval_probes.rows", "lm_eval_probes.metrics", "lm_eval_probes.estimators"),
     ("lm_eval_probes.capture",),

@@ -1,6 +1,7 @@
-"""The supported lm-eval, transformers and torch releases (:mod:`lm_eval_probes.harness.supported_versions`): others
-are refused in one line naming the installed release and the range, when a wrapper is built; ``setup.cfg`` states the
-same ranges. Installed versions are monkeypatched: nothing is installed."""
+"""The supported lm-eval, transformers and torch releases (:mod:`lm_eval_probes.harness.supported_versions`): an older
+one is refused in one line naming the installed release and the range, when a wrapper is built; one newer than the
+newest run is admitted with one warning line; ``setup.cfg`` states the same floors and no cap. Installed versions are
+monkeypatched: nothing is installed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from lm_eval_probes.harness import supported_versions
 from lm_eval_probes.harness.supported_versions import SUPPORTED, UnsupportedVersionError, check_supported_versions
 
 IN_RANGE = {"lm-eval": "0.4.13", "transformers": "4.57.0", "torch": "2.13.0+cpu"}
+NEWEST_RUN = {supported.distribution: supported.newest_run for supported in SUPPORTED}
 
 
 def versions(**changed: str | None):
@@ -31,20 +33,43 @@ def versions(**changed: str | None):
 @pytest.mark.parametrize("stack", [
     {}, {"lm_eval": "0.4.10"}, {"lm_eval": "0.4.12"}, {"lm_eval": "0.4.10", "transformers": "5.25.0"},
     {"transformers": "4.57.6"}, {"lm_eval": "0.4.13", "transformers": "5.0.0rc1"}, {"torch": "2.14.1"},
-    {"torch": "2.14.1+cu130"},
+    {"torch": "2.14.1+cu130"}, {"torch": "2.6.0"}, {"torch": "2.11.0+cu130", "transformers": "5.17.0"},
+    {"torch": "2.13.0a0+nv26.07"}, {"torch": "2.11.0a0+a1b2c3d"}, {"torch": "2.15.0"},
 ])
-def test_supported_stacks_pass(stack):
-    check_supported_versions(versions(**stack))
+def test_supported_stacks_pass_quietly(stack, caplog):
+    with caplog.at_level("WARNING"):
+        check_supported_versions(versions(**stack))
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(("name", "version"), [("lm_eval", "0.4.14"), ("transformers", "5.26.0"),
+                                               ("transformers", "6.0.0.dev0"), ("torch", "2.16.0+cu130"),
+                                               ("torch", "3.0.0")])
+def test_a_release_newer_than_the_newest_run_is_admitted_with_one_warning_line(name, version, caplog, monkeypatch):
+    monkeypatch.setattr(supported_versions, "_WARNED", set())
+    with caplog.at_level("WARNING"):
+        check_supported_versions(versions(**{name: version}))
+        check_supported_versions(versions(**{name: version}))  # once per process
+    distribution = name.replace("_", "-")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lm-eval-probes has not been run with {distribution} {version} (the newest run: {NEWEST_RUN[distribution]}; "
+        "docs/compat.md)"]
+
+
+def test_no_published_release_is_capped():
+    """No range ends below a release: the newest run is the newest published (``docs/compat.md``'s grid)."""
+    for supported in SUPPORTED:
+        assert not supported.requirement.count("<"), supported
+    assert NEWEST_RUN == {"lm-eval": "0.4.13", "transformers": "5.25", "torch": "2.15"}
 
 
 @pytest.mark.parametrize(("name", "version", "requirement"), [
-    ("lm_eval", "0.4.9.2", "lm-eval>=0.4.10,<0.4.14"),
-    ("lm_eval", "0.4.14", "lm-eval>=0.4.10,<0.4.14"),
-    ("transformers", "4.56.2", "transformers>=4.57,<5.26"),
-    ("transformers", "5.26.0", "transformers>=4.57,<5.26"),
-    ("torch", "2.12.1", "torch>=2.13,<2.15"),
-    ("torch", "2.15.0+cpu", "torch>=2.13,<2.15"),
-    ("torch", "not-a-version", "torch>=2.13,<2.15"),
+    ("lm_eval", "0.4.9.2", "lm-eval>=0.4.10"),
+    ("lm_eval", "0.4.9", "lm-eval>=0.4.10"),
+    ("transformers", "4.56.2", "transformers>=4.57"),
+    ("torch", "2.5.1", "torch>=2.6"),
+    ("torch", "2.5.1+cu124", "torch>=2.6"),
+    ("torch", "not-a-version", "torch>=2.6"),
 ])
 def test_an_unsupported_release_is_refused_in_one_line_naming_it_and_the_range(name, version, requirement):
     with pytest.raises(UnsupportedVersionError) as error:
@@ -59,8 +84,7 @@ def test_every_release_outside_its_range_is_named_and_a_missing_one_too():
     with pytest.raises(UnsupportedVersionError) as error:
         check_supported_versions(versions(transformers="4.48.0", torch=None))
     assert str(error.value) == ("lm-eval-probes does not support this stack: transformers 4.48.0 is installed "
-                                "(supported: transformers>=4.57,<5.26); torch is not installed "
-                                "(supported: torch>=2.13,<2.15)")
+                                "(supported: transformers>=4.57); torch is not installed (supported: torch>=2.6)")
 
 
 def test_the_installed_stack_is_supported():
@@ -78,8 +102,8 @@ def test_setup_cfg_states_the_same_ranges():
 def test_registering_the_models_refuses_an_unsupported_stack(monkeypatch):
     import lm_eval_probes
 
-    monkeypatch.setattr(supported_versions.metadata, "version", versions(torch="2.12.1"))
-    with pytest.raises(UnsupportedVersionError, match=r"torch 2\.12\.1 is installed \(supported: torch>=2\.13,<2\.15\)$"):
+    monkeypatch.setattr(supported_versions.metadata, "version", versions(torch="2.5.1"))
+    with pytest.raises(UnsupportedVersionError, match=r"torch 2\.5\.1 is installed \(supported: torch>=2\.6\)$"):
         lm_eval_probes.register()
 
 
@@ -92,7 +116,7 @@ def test_building_a_wrapper_refuses_an_unsupported_stack_before_anything_loads(m
     cls = getattr(importlib.import_module(module), wrapper)
     monkeypatch.setattr(supported_versions.metadata, "version", versions(transformers="4.56.2"))
     with pytest.raises(UnsupportedVersionError, match=r"transformers 4\.56\.2 is installed \(supported: "
-                                                      r"transformers>=4\.57,<5\.26\)$"):
+                                                      r"transformers>=4\.57\)$"):
         cls(pretrained=str(tmp_path / "no-model-here"))
 
 
@@ -102,4 +126,4 @@ def test_lm_eval_probes_refuses_an_unsupported_stack_before_lm_eval_runs(run_cli
                                                 "--tasks", "probes_synth_logic"])
     assert code == 2
     assert err == ("lm-eval-probes: error: lm-eval-probes does not support this stack: lm-eval 0.4.9 is installed "
-                   "(supported: lm-eval>=0.4.10,<0.4.14)\n")
+                   "(supported: lm-eval>=0.4.10)\n")

@@ -30,6 +30,7 @@ from lm_eval_probes import registry
 from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, PromptMeans
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.stack_api import hidden_states_of, hidden_states_request
 from lm_eval_probes.records import LayerStates, ResponseProbe, trace_values
 
 
@@ -61,12 +62,13 @@ class HiddenStateTap:
             self.latest = tuple(None if h is None else h.detach() for h in hidden_states)
 
 
-def states_request(layers: Iterable[int] | None) -> bool | list[int]:
-    """The ``output_hidden_states`` argument that asks a model for the ``hidden_states`` indices ``layers`` only
+def states_request(model: nn.Module, layers: Iterable[int] | None) -> bool | list[int]:
+    """The ``output_hidden_states`` argument that asks ``model`` for the ``hidden_states`` indices ``layers`` only
     (``None``: every layer). ``transformers`` keeps only those (the others are ``None`` in the tuple, never held: the
-    states of every layer of a long request would be (L + 1)·B·T·d values); a model whose code takes only a flag returns
-    every layer."""
-    return True if layers is None else sorted(set(layers))
+    states of every layer of a long request would be (L + 1)·B·T·d values) where its release and the model's code
+    read a list as :mod:`~lm_eval_probes.stack_api` learnt at load; otherwise every layer. The forward's
+    states in the L + 1 convention: :func:`~lm_eval_probes.stack_api.hidden_states_of`."""
+    return hidden_states_request(model, layers)
 
 
 @contextmanager
@@ -77,7 +79,7 @@ def hidden_state_tap(
     """Make every forward of ``model`` inside the block also return and record its hidden states (of ``layers`` only,
     with ``first_call_layers``: :func:`states_request`)."""
     tap = HiddenStateTap(last_position_only=last_position_only, first_call_layers=tuple(first_call_layers))
-    request = states_request(None if layers is None else {*layers, *first_call_layers})
+    request = states_request(model, None if layers is None else {*layers, *first_call_layers})
 
     def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         return args, {**kwargs, "output_hidden_states": request}
@@ -86,7 +88,7 @@ def hidden_state_tap(
         states = getattr(output, "hidden_states", None)
         if states is None:
             raise RuntimeError(f"{type(model).__name__} returned no hidden_states although asked to")
-        tap._record(states)
+        tap._record(hidden_states_of(model, request, states))
 
     handles = [
         model.register_forward_pre_hook(ask_for_states, with_kwargs=True),

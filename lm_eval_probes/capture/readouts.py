@@ -33,6 +33,7 @@ from lm_eval_probes.capture.parts import (
     logit_transform_of,
     model_type_of,
 )
+from lm_eval_probes.stack_api import learn_hidden_states_selection
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 __all__ = ["ARCHITECTURES", "ArchitectureSpec", "BlockInputs", "FocalDepthDecoder", "LensReadout",
@@ -150,7 +151,9 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
     ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
     :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype; the forward must give one hidden
-    state per block, each of the shape the final norm reads (:func:`_check_one_state_per_block`).
+    state per block, each of the shape the final norm reads (:func:`_check_one_state_per_block`). Two or three
+    more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
+    (:func:`~lm_eval_probes.stack_api.learn_hidden_states_selection`).
 
     Returns the largest difference ``max |Δ log p|``; raises :class:`UnsupportedModelError` in one line naming the
     model type and the size of the mismatch otherwise."""
@@ -171,6 +174,9 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     if not taken:
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
     _check_one_state_per_block(out.hidden_states, taken[-1], readout.num_layers, where)
+    learn_hidden_states_selection(  # how this model reads a list of hidden_states indices (its release's reading)
+        model, lambda request: model(input_ids=ids, output_hidden_states=request, use_cache=False).hidden_states,
+        out.hidden_states)
     # the final norm's last call is the model's (a model may call the same norm on its embeddings first)
     want = torch.log_softmax(out.logits[0].float(), dim=-1).to(readout.device)
     compared = want > CHECK_FLOOR  # a token the model rules out (log p of -1e4) is out of every probe's reach

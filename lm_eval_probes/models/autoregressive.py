@@ -90,6 +90,7 @@ from lm_eval_probes.harness.applicability import (
 )
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
+from lm_eval_probes.stack_api import hidden_states_of
 from lm_eval_probes.harness.supported_versions import check_supported_versions
 from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
 
@@ -373,9 +374,10 @@ class ProbeHFLM(SkippedProbes, HFLM):
         with torch.autocast(
             device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
         ):
+            request = states_request(self.model, self.kept_layers)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             output_hidden_states=states_request(self.kept_layers), use_cache=False, **self._one_logit)
-        return out.hidden_states
+                             output_hidden_states=request, use_cache=False, **self._one_logit)
+        return hidden_states_of(self.model, request, out.hidden_states)
 
     @functools.cached_property
     def _one_logit(self) -> dict[str, int]:
