@@ -91,10 +91,11 @@ def pip(python: Path, *arguments: str) -> None:
         raise RuntimeError(f"pip install {' '.join(arguments)}: {last_line(done.stderr)}")
 
 
-def run_in(python: Path, models: list[str], out: Path, workdir: Path) -> dict[str, Any]:
+def run_in(python: Path, models: list[str], out: Path, workdir: Path, light: bool = False) -> dict[str, Any]:
     """``compat_run.py`` under ``python``, from ``workdir`` (outside the repository, so that the installed plugin is
     the one imported)."""
-    done = subprocess.run([str(python), str(REPO / "benchmarks" / "compat_run.py"), str(out), *models], cwd=workdir,
+    done = subprocess.run([str(python), str(REPO / "benchmarks" / "compat_run.py"), str(out),
+                           *(["--light"] if light else []), *models], cwd=workdir,
                           capture_output=True, text=True, env={**_environment(), **OFFLINE})
     if done.returncode != 0:
         raise RuntimeError(f"run: {last_line(done.stderr)}")
@@ -193,13 +194,13 @@ class Environments:
 
 
 def measure(stack: Stack, environments: Environments, wheel: Path, models: list[str], reference: dict[str, Any],
-            workdir: Path) -> dict[str, Any]:
+            workdir: Path, light: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     try:
         python = environments.python_for(stack.torch)
         pip(python, *stack.others, str(wheel))  # the stack's releases, what they need, and the plugin as built
         out = workdir / f"{stack.label.replace(' ', '_').replace(',', '')}.json"
-        now = run_in(python, models, out, workdir)
+        now = run_in(python, models, out, workdir, light)
         rows, documents = differences(now["runs"], reference["runs"])
         return {"versions": now["versions"], "rows": rows, "documents": documents,
                 "minutes": (time.monotonic() - started) / 60}
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the environments")
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"tiny families each stack runs, the first on every task (default: {','.join(MODELS)})")
+    parser.add_argument("--light", action="store_true",
+                        help="every model on 3 documents of the multiple-choice and the generation task only")
     parser.add_argument("--json", type=Path, default=None, help="also write the outcomes here, as each stack ends")
     args = parser.parse_args(argv)
     chosen = STACKS
@@ -264,16 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     if not families or set(families) - set(MODELS):
         parser.error(f"--models: some of {', '.join(MODELS)}")
     models = tiny_models(workdir, families)  # deleted with the workdir
-    reference = run_in(Path(sys.executable), models, workdir / "reference.json", workdir)
+    reference = run_in(Path(sys.executable), models, workdir / "reference.json", workdir, args.light)
     environments = Environments(workdir, args.keep)
     measured = []
     try:
         for stack in chosen:
-            outcome = measure(stack, environments, wheel, models, reference, workdir)
+            outcome = measure(stack, environments, wheel, models, reference, workdir, args.light)
             measured.append((stack.label, outcome))
             print(f"{stack.label}: {outcome.get('error', 'ran')} ({outcome['minutes']:.1f} min)", flush=True)
             if args.json:
                 args.json.write_text(json.dumps({"reference": reference["versions"], "commit": commit,
+                                                 "models": families, "light": args.light,
                                                  "measured": measured}, indent=1))
     finally:
         environments.close()

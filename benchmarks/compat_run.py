@@ -1,10 +1,10 @@
 """One stack's run for ``benchmarks/compat.py``: the saved tiny models, ``hf-probes`` with ``probes=all``, every row
 and per-document value written as JSON, with the installed versions.
 
-    python compat_run.py OUT_JSON MODEL_DIR [MODEL_DIR ...]
+    python compat_run.py OUT_JSON [--light] MODEL_DIR [MODEL_DIR ...]
 
 The first model runs every task of :data:`TASKS` on :data:`LIMIT` documents each; the others (other families) the
-multiple-choice and the generation task on :data:`OTHERS_LIMIT`. Run by each stack's own interpreter (the installed
+multiple-choice and the generation task on :data:`OTHERS_LIMIT`; with ``--light`` every model runs those two. Run by each stack's own interpreter (the installed
 ``lm_eval_probes``, never this repository's sources: the driver runs it from a folder outside the repository). Needs
 only lm_eval and the plugin.
 """
@@ -61,8 +61,10 @@ def run(model: str, tasks: tuple[str, ...], limit: int) -> dict[str, Any]:
 
 def main() -> None:
     out, models = Path(sys.argv[1]), sys.argv[2:]
+    light = models[:1] == ["--light"]
+    models = models[1:] if light else models
     versions = {name: metadata.version(name) for name in DISTRIBUTIONS}
-    runs = {Path(model).name: run(model, *((TASKS, LIMIT) if k == 0 else (OTHERS_TASKS, OTHERS_LIMIT)))
+    runs = {Path(model).name: run(model, *((TASKS, LIMIT) if k == 0 and not light else (OTHERS_TASKS, OTHERS_LIMIT)))
             for k, model in enumerate(models)}
     out.write_text(json.dumps({"versions": versions, "runs": runs}))
 

@@ -3,7 +3,7 @@ datastore checks) and ``every_eval_ever check-duplicates``, from the 0.3.0 packa
 environment of a Python >= 3.12 found on this machine (the package needs it; the project does not), on a report of
 two tiny random models × two tasks (multiple choice and generation) with every probe.
 
-Slow (``make test-slow``): it builds the environment and installs the package from the package index.
+The environment is built once per machine from the package index and kept in the user's cache (:mod:`cached_envs`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from cached_envs import cached_venv
 from loader_fixtures import write_data_dir
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.every_eval_ever import FOLDER
 from test_report import ALL_PROBES, record_run
-
-pytestmark = pytest.mark.slow
 
 PACKAGE = "every-eval-ever==0.3.0"
 MINIMUM = (3, 12)
@@ -53,17 +52,14 @@ def find_python() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def validator(tmp_path_factory) -> Path:
-    """The ``every_eval_ever`` command of a fresh environment with the package installed."""
+def validator() -> Path:
+    """The ``every_eval_ever`` command of the cached environment with the package installed."""
     python = find_python()
     if python is None:
         pytest.skip(f"no Python >= {MINIMUM[0]}.{MINIMUM[1]} on this machine (tried {sys.executable}, python3.1x on the "
                     f"PATH and ~/.pyenv/versions): {PACKAGE} needs one")
-    venv = tmp_path_factory.mktemp("every-eval-ever") / "venv"
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                PACKAGE], capture_output=True, text=True, timeout=900)
-    assert installed.returncode == 0, f"pip install {PACKAGE} failed:\n{installed.stderr[-3000:]}"
+    major, minor = version_of(python)
+    venv = cached_venv(f"{PACKAGE.replace('==', '-')}-py{major}.{minor}", python, [[PACKAGE]]).parent.parent
     return venv / "bin" / "every_eval_ever"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cached_envs import cached_wheel
 from lm_eval_probes.metrics.calibration import CalibrationOptions
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.corpus_rows import corpus_row
@@ -178,14 +179,12 @@ def test_a_corpus_row_difference_recomputes_the_row_on_each_model():
 # ---------------------------------------------------------------------------------------------- Every Eval Ever, details
 
 
-def every_eval_ever_schemas() -> tuple[dict, dict] | None:
-    """The schemas from the every-eval-ever 0.3.0 wheel where it was downloaded (``pip download --no-deps
-    --python-version 3.12 --only-binary=:all: every-eval-ever==0.3.0 -d /tmp/eee``); never copied into the project."""
-    for wheel in sorted(Path("/tmp/eee").glob("every_eval_ever-0.3.0-*.whl")):
-        with zipfile.ZipFile(wheel) as archive:
-            return tuple(json.loads(archive.read(f"every_eval_ever/schemas/{name}.schema.json"))  # type: ignore[return-value]
-                         for name in ("eval", "instance_level_eval"))
-    return None
+def every_eval_ever_schemas() -> tuple[dict, dict]:
+    """The schemas of the every-eval-ever 0.3.0 wheel (for Python 3.12; downloaded once per machine into the user's
+    cache by :func:`cached_envs.cached_wheel`); never copied into the project."""
+    with zipfile.ZipFile(cached_wheel("every-eval-ever==0.3.0", "3.12")) as archive:
+        return tuple(json.loads(archive.read(f"every_eval_ever/schemas/{name}.schema.json"))  # type: ignore[return-value]
+                     for name in ("eval", "instance_level_eval"))
 
 
 @pytest.fixture(scope="module")
@@ -247,11 +246,9 @@ def test_every_eval_ever_bounds_are_the_declarations_in_strict_json():
 
 
 def test_every_eval_ever_files_validate_against_the_wheels_schemas(export_report):
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    import jsonschema
+
     schemas = every_eval_ever_schemas()
-    if schemas is None:
-        pytest.skip("the every-eval-ever 0.3.0 wheel is not in /tmp/eee (pip download --no-deps --python-version 3.12 "
-                    "--only-binary=:all: every-eval-ever==0.3.0 -d /tmp/eee)")
     aggregate, instance = (jsonschema.Draft7Validator(schema) for schema in schemas)
     _, out = export_report
     aggregates = sorted((out / "every_eval_ever").rglob("*.json"))
