@@ -258,9 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen = tuple(sorted(chosen, key=lambda s: s.torch))  # one environment per torch, each made once
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lm-eval-probes-compat-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / "source"  # setuptools builds beside the sources: a copy, so that runs at once do not collide
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "results", "tests", "docs",
+                                                                "benchmarks", "examples", "__pycache__", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(workdir / "wheel"), str(REPO)], check=True, cwd=workdir)
-    shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools builds in the tree; make install removes it too
+                    str(workdir / "wheel"), str(source)], check=True, cwd=workdir)
     wheel = next((workdir / "wheel").glob("lm_eval_probes-*.whl"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     families = tuple(m.strip() for m in args.models.split(","))

@@ -101,11 +101,12 @@ def test_probes_all_on_the_other_stack_gives_the_reference_rows(stack_with_plugi
     reference, reference_samples = probed_run(Path(sys.executable), model, tmp_path / "reference")
     got, samples = probed_run(stack_with_plugin, model, tmp_path / "stack")
     compared = 0
-    for task, rows in reference["results"].items():
-        assert set(got["results"][task]) == set(rows), task
+    for task, rows in reference["results"].items():  # the rows: "metric,filter" (each release adds keys of its own)
+        rows = {key: value for key, value in rows.items() if "," in key and "stderr" not in key}
+        assert set(rows) <= set(got["results"][task]), (task, set(rows) - set(got["results"][task]))
         for key, value in rows.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in key:
-                other = got["results"][task][key]
+            other = got["results"][task][key]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 assert (value != value and other != other) or abs(other - value) <= ROW_TOLERANCE, (task, key, value,
                                                                                                    other)
                 compared += 1
