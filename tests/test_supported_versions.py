@@ -6,6 +6,7 @@ monkeypatched: nothing is installed."""
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -127,3 +128,33 @@ def test_lm_eval_probes_refuses_an_unsupported_stack_before_lm_eval_runs(run_cli
     assert code == 2
     assert err == ("lm-eval-probes: error: lm-eval-probes does not support this stack: lm-eval 0.4.9 is installed "
                    "(supported: lm-eval>=0.4.10)\n")
+
+
+@pytest.mark.parametrize(("torch_version", "transformers_version"), [("2.13.0a0+nv26.07", "5.17.0"),
+                                                                      ("2.11.0+cu130", "4.57.6"), ("2.6.0", "5.25.0")])
+def test_pip_keeps_an_installed_torch_and_transformers_in_range(tmp_path, torch_version, transformers_version):
+    """pip, asked for the plugin's own requirements of torch and transformers in an environment that has a CUDA build
+    or an NVIDIA pre-release installed, finds them satisfied and installs nothing (``--no-index``: it may not even
+    look): what ``pip install .`` does with them beside an installed stack."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for name, version in (("torch", torch_version), ("transformers", transformers_version)):
+        info = Path(site) / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (info / "RECORD").write_text("")
+    requirements = [str(r) for r in map(Requirement, metadata.requires("lm-eval-probes"))
+                    if r.name in ("torch", "transformers") and not r.marker]
+    assert len(requirements) == 2
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                           "--dry-run", "--no-index", *requirements], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Would install" not in done.stdout
+    for name, version in (("torch", torch_version), ("transformers", transformers_version)):
+        assert f"Requirement already satisfied: {name}>=" in done.stdout, done.stdout
