@@ -119,9 +119,18 @@ def task_lines(task: str, kind: str, n_docs: int, skill: float, seed: int, *, tr
     return lines
 
 
+def as_lm_eval_writes(line: dict[str, Any]) -> dict[str, Any]:
+    """``line`` as lm_eval's ``EvaluationTracker.save_results_samples`` writes it: ``resps`` and ``filtered_resps``
+    through its ``sanitize_list`` (every leaf a string), ``target`` as ``str(target)``."""
+    from lm_eval.utils import sanitize_list
+
+    return {**line, "resps": sanitize_list(line["resps"]), "filtered_resps": sanitize_list(line["filtered_resps"]),
+            "target": str(line["target"])}
+
+
 def write_document_run(root: Path, model: str, tasks: dict[str, list[dict[str, Any]]]) -> Path:
     """One lm_eval run folder of ``model``: ``results_<date>.json`` (each row the mean of its per-document values)
-    and one samples file per task."""
+    and one samples file per task, its lines as lm_eval writes them (:func:`as_lm_eval_writes`)."""
     folder = root / model.replace("/", "__")
     folder.mkdir(parents=True)
     results, higher, configs, n_samples = {}, {}, {}, {}
@@ -138,7 +147,7 @@ def write_document_run(root: Path, model: str, tasks: dict[str, list[dict[str, A
         configs[task] = {"metadata": {}}
         n_samples[task] = {"original": len(lines), "effective": len(lines)}
         with (folder / f"samples_{task}_{DATE}.jsonl").open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+            handle.writelines(json.dumps(as_lm_eval_writes(line), ensure_ascii=False) + "\n" for line in lines)
     data = {"results": results, "higher_is_better": higher, "configs": configs, "n-samples": n_samples,
             "model_name": model, "config": {"model": "hf-probes", "model_args": f"pretrained={model},probe_traces=true"}}
     (folder / f"results_{DATE}.json").write_text(json.dumps(data), encoding="utf-8")
@@ -160,3 +169,31 @@ def write_document_runs(root: Path, models: int, tasks: int, documents: int, *, 
                                     prompt_length=prompt_length, markup_doc=markup_doc)
         write_document_run(root, name, runs)
     return names
+
+
+def write_lm_eval_runs(root: Path, model_dirs: dict[str, str], data_dir: Path, *, tasks: Sequence[str], limit: int,
+                       probes: str = "tcb+bte", **model_args: str) -> dict[str, Path]:
+    """Runs that lm_eval itself writes (``simple_evaluate`` then its ``EvaluationTracker``, as ``lm-eval-probes run
+    --log_samples --output_path``): ``hf-probes`` with ``probe_traces=true`` on each of ``model_dirs`` (label → tiny
+    model folder), one output folder per label under ``root``; its samples hold lm_eval's strings (a log-likelihood
+    ``"-3.71"``, a target ``"1"``)."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    import lm_eval_probes
+
+    out = {}
+    for label, model_dir in model_dirs.items():
+        tracker = EvaluationTracker(output_path=str(root / label))
+        results = lm_eval.simple_evaluate(
+            model="hf-probes", model_args={"pretrained": model_dir, "probes": probes, "probe_traces": "true", **model_args},
+            tasks=list(tasks), limit=limit, device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker,
+            gen_kwargs={"max_gen_toks": 4},
+            task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),
+                                                         metadata={"probes_data_dir": str(data_dir)}))
+        samples = results.pop("samples")
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task in results["configs"]:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+        out[label] = root / label
+    return out

@@ -141,3 +141,47 @@ def test_the_documents_data_hold_every_pair(site):
     documents, traces = task_documents(models, "synthetic_mc_00")
     assert len(documents["pairs"]) == 3 * 14 and len(traces) == 3 * 14
     assert [c["name"] for c in documents["columns"]] == ["tcb_log10", "bte_energy", "confidence", "response_tokens"]
+
+
+def test_multiple_choice_reads_as_choices(site, driver):  # noqa: F811
+    """lm_eval's string log-likelihoods and target: each model's options with their log-likelihoods, the chosen and
+    the gold one marked; the response column shows the chosen option's text."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    root, out = site
+    lines = samples(root, "synthetic_mc_00")
+    line = lines["model-00"][5]
+    assert isinstance(line["filtered_resps"][0][0], str) and isinstance(line["target"], str)  # as lm_eval writes them
+    open_view(driver, out / "index.html", f"docs=synthetic_mc_00&model=model-00&doc={line['doc_id']}&b=model-01")
+    WebDriverWait(driver, 20).until(lambda d: d.execute_script(
+        "return document.querySelectorAll('#document-detail table.choices').length === 2;"))
+    seen = driver.execute_script("""
+      return Array.from(document.querySelectorAll('#document-detail .doc-model')).map(c => ({
+        model: c.getAttribute('data-model'),
+        rows: Array.from(c.querySelectorAll('table.choices tbody tr')).map(r => ({
+          text: r.cells[0].textContent, loglik: Number(r.cells[1].textContent), chosen: r.classList.contains('chosen'),
+          gold: r.classList.contains('gold')})),
+        response: c.querySelector('dl.facts dd').textContent}));""")
+    for side in seen:
+        own = next(li for li in lines[side["model"]] if li["doc_id"] == line["doc_id"])
+        options = [own["arguments"][f"gen_args_{k}"]["arg_1"] for k in range(len(own["arguments"]))]
+        logliks = [float(resp[0]) for resp in own["filtered_resps"]]
+        chosen = max(range(len(logliks)), key=lambda k: logliks[k])
+        assert [row["text"] for row in side["rows"]] == options
+        assert [row["loglik"] for row in side["rows"]] == pytest.approx(logliks, rel=1e-3)
+        assert [row["chosen"] for row in side["rows"]] == [k == chosen for k in range(len(options))]
+        assert [row["gold"] for row in side["rows"]] == [k == int(own["target"]) for k in range(len(options))]
+        assert side["response"] == options[chosen]
+
+
+def test_models_disagree_lists_the_documents_whose_chosen_options_differ(site, driver):  # noqa: F811
+    root, out = site
+    open_view(driver, out / "index.html", "docs=synthetic_mc_00&filter=disagree")
+    lines = samples(root, "synthetic_mc_00")
+    chosen: dict[str, set[int]] = {}
+    for model_lines in lines.values():
+        for line in model_lines:
+            logliks = [float(resp[0]) for resp in line["filtered_resps"]]
+            chosen.setdefault(str(line["doc_id"]), set()).add(max(range(len(logliks)), key=lambda k: logliks[k]))
+    expected = {(model, doc) for model in lines for doc, picks in chosen.items() if len(picks) > 1}
+    assert 0 < len(expected) < 3 * 14 and listed(driver) == expected

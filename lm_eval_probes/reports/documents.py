@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_probes.reports.columns import meaning
-from lm_eval_probes.reports.details import response_text
+from lm_eval_probes.reports.choices import choice_summary, gold_indices, gold_text, options, prompt_text, response_text
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import primary_metric, primary_samples
 from lm_eval_probes.rows import rows_by_name
@@ -35,41 +35,6 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _arguments(line: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The requests' arguments of a samples line, in order (lm_eval writes ``{"gen_args_0": {"arg_0": …}, …}``)."""
-    arguments = line.get("arguments")
-    if isinstance(arguments, Mapping):
-        keys = sorted(arguments, key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 0)
-        return [arguments[k] for k in keys if isinstance(arguments[k], Mapping)]
-    if isinstance(arguments, list):  # [[context, continuation], …]
-        return [{f"arg_{i}": v for i, v in enumerate(item)} for item in arguments if isinstance(item, list)]
-    return []
-
-
-def prompt_text(line: Mapping[str, Any]) -> str:
-    """The context the model saw (its first request's)."""
-    arguments = _arguments(line)
-    return str(arguments[0].get("arg_0", "")) if arguments else ""
-
-
-def options(line: Mapping[str, Any]) -> list[str]:
-    """A multiple-choice document's options (the continuations of its requests); ``[]`` for a generation."""
-    arguments = _arguments(line)
-    texts = [a.get("arg_1") for a in arguments]
-    return [str(t) for t in texts] if len(texts) > 1 and all(isinstance(t, str) for t in texts) else []
-
-
-def gold_text(line: Mapping[str, Any]) -> str:
-    """The gold answer: for a multiple-choice document whose target is an option's index, that option's text."""
-    target = line.get("target")
-    choices = options(line)
-    if isinstance(target, int) and not isinstance(target, bool) and 0 <= target < len(choices):
-        return choices[target]
-    if isinstance(target, list):
-        return " | ".join(choices[t] if isinstance(t, int) and 0 <= t < len(choices) else str(t) for t in target)
-    return "" if target is None else str(target)
-
-
 def value_columns(lines: Sequence[Mapping[str, Any]]) -> list[str]:
     """The per-document numbers of the samples that the declarations know as ``float`` rows (the confidence, every
     probe's values, the response's length), in the declarations' order."""
@@ -81,12 +46,15 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
     """The documents view of ``task``: ``(documents, traces)``, both JSON-native.
 
     ``documents``: ``task``, ``metric`` (the correctness row), ``models`` (labels, report order), ``columns`` (name,
-    description, ``higher_is_better``: the per-document values), ``documents`` (``id``, ``prompt``, ``gold``,
-    ``options``; by ``doc_id``) and ``pairs``: one ``[model index, document index, response, correct (1/0/null),
-    confidence, [values by column], has trace]`` per (model, document). ``traces``: ``"<model index>:<doc_id>"`` → the
+    description, ``higher_is_better``: the per-document values), ``documents`` (``id``, ``prompt``, ``gold`` (text),
+    ``options``, ``gold_options`` (the gold options' indices, or null); by ``doc_id``) and ``pairs``: one ``[model
+    index, document index, response (text: a multiple-choice document's chosen option), correct (1/0/null),
+    confidence, [values by column], has trace, choices]`` per (model, document), ``choices`` a multiple-choice
+    document's ``{"logliks", "chosen"}`` (:func:`~lm_eval_probes.reports.choices.choice_summary`) or null. ``traces``: ``"<model index>:<doc_id>"`` → the
     document's trace as the samples hold it."""
     ran = [m for m in models if task in m.tasks and m.tasks[task].samples]
     primary = next((p for p in (primary_metric(m.tasks[task]) for m in ran) if p is not None), None)
+    metric = primary[0] if primary else None
     lines_of = {m.name: primary_samples(m.tasks[task]) for m in ran}
     every = [line for lines in lines_of.values() for line in lines]
     columns = value_columns(every)
@@ -94,7 +62,8 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
     for line in every:
         key = str(line.get("doc_id", ""))
         if key not in documents:
-            documents[key] = {"id": key, "prompt": prompt_text(line), "gold": gold_text(line), "options": options(line)}
+            documents[key] = {"id": key, "prompt": prompt_text(line), "gold": gold_text(line), "options": options(line),
+                              "gold_options": gold_indices(line)}
     order = sorted(documents, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
     index = {key: i for i, key in enumerate(order)}
     pairs, traces = [], {}
@@ -105,9 +74,9 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
             trace = line.get("trace")
             if isinstance(trace, Mapping):
                 traces[f"{m_index}:{key}"] = trace
-            pairs.append([m_index, index[key], response_text(line), None if correct is None else int(correct),
+            pairs.append([m_index, index[key], response_text(line, metric), None if correct is None else int(correct),
                           _number(line.get("confidence")), [_number(line.get(c)) for c in columns],
-                          int(isinstance(trace, Mapping))])
+                          int(isinstance(trace, Mapping)), choice_summary(line, metric)])
     described = []
     for name in columns:
         found = meaning(name)

@@ -263,6 +263,36 @@
     });
   }
 
+  function choiceTable(doc, choices) {
+    /* every option with this model's log-likelihood and its probability among the options; chosen and gold marked */
+    var gold = doc.gold_options || [];
+    var top = Math.max.apply(null, choices.logliks);
+    var weights = choices.logliks.map(function (v) { return Math.exp(v - top); });
+    var total = weights.reduce(function (a, b) { return a + b; }, 0);
+    var table = el("table", { "class": "choices" });
+    var head = table.createTHead().insertRow();
+    [["option", "the option's text (its continuation, with the task's delimiter)"],
+     ["log-likelihood", "log P(option | prompt), summed over the option's tokens (nats)"],
+     ["p among options", "softmax of the log-likelihoods over the options"],
+     ["", "chosen: the option the model picks; gold: lm_eval's target"]].forEach(function (c) {
+      head.appendChild(el("th", { title: c[1] }, c[0]));
+    });
+    var body = table.createTBody();
+    doc.options.forEach(function (text, i) {
+      var chosen = choices.chosen === i, isGold = gold.indexOf(i) >= 0;
+      var tr = el("tr", { "data-option": String(i), "class": (chosen ? "chosen" : "") + (isGold ? " gold" : "") });
+      tr.appendChild(el("td", { "class": "text" }, text));
+      tr.appendChild(el("td", { "class": "number" }, fmt(choices.logliks[i])));
+      tr.appendChild(el("td", { "class": "number" }, fmt(weights[i] / total)));
+      var marks = [];
+      if (chosen) { marks.push("◀ chosen"); }
+      if (isGold) { marks.push("★ gold"); }
+      tr.appendChild(el("td", { "class": "marks" + (chosen && isGold ? " right" : chosen && gold.length ? " wrong" : "") }, marks.join(" ")));
+      body.appendChild(tr);
+    });
+    return table;
+  }
+
   function modelColumn(data, task, docIndex, label, params) {
     var column = el("div", { "class": "doc-model", "data-model": label });
     var m = data.models.indexOf(label);
@@ -276,6 +306,7 @@
     fact("confidence", fmt(pair[4]));
     data.columns.forEach(function (c, i) { if (c.name !== "confidence") { fact(c.name, fmt(pair[5][i])); } });
     column.appendChild(facts);
+    if (pair[7] && data.documents[docIndex].options.length) { column.appendChild(choiceTable(data.documents[docIndex], pair[7])); }
     var slot = el("div", { "class": "trace" });
     column.appendChild(slot);
     if (!pair[6]) { slot.appendChild(el("p", { "class": "note" }, "no trace (run with probe_traces=true)")); return column; }
@@ -319,7 +350,10 @@
     panel.appendChild(el("pre", { "class": "prompt" }, doc.prompt));
     if (doc.options.length) {
       var list = el("ol", { "class": "options", start: "0" });
-      doc.options.forEach(function (o) { list.appendChild(el("li", null, o)); });
+      doc.options.forEach(function (o, i) {
+        var gold = (doc.gold_options || []).indexOf(i) >= 0;
+        list.appendChild(el("li", gold ? { "class": "gold" } : null, o + (gold ? "  ★ gold" : "")));
+      });
       panel.appendChild(el("h4", null, "Options"));
       panel.appendChild(list);
     }
