@@ -46,7 +46,41 @@ def trace_of(rng: np.random.Generator, tokens: list[str], loglik: float, values:
     sequence = prompt_tokens + tokens[:-1]
     trace["margin"] = [None] + [float(f"{v:.4g}") for v in rng.normal(2.0, 1.0, len(sequence) - 1)]
     trace["sequence_tokens"] = sequence
+    trace.update(lens_of(rng, tokens, [math.exp(v) for v in logprob]))
     return trace
+
+
+LENS_LAYERS = 12
+"""L of the synthetic traces' lens grids (every layer 0..L kept, as with ``probe_bte_profile=full``)."""
+
+
+def lens_of(rng: np.random.Generator, tokens: list[str], final_prob: list[float]) -> dict[str, Any]:
+    """A lens grid shaped like ``hf-probes``' (``lens``, ``lens_layers``, ``lens_tokens``, ``focal_depth``): at each
+    position the emitted token's probability rises with depth to ``final_prob`` at L; below a commitment layer the
+    lens's top token is another word. Token ids: the words' 100 + index, each emitted token 5000 + its position."""
+    layers = list(range(LENS_LAYERS + 1))
+    top, top_prob, emitted_prob = [[] for _ in layers], [[] for _ in layers], [[] for _ in layers]
+    commit: list[int | None] = []
+    for position, final in enumerate(final_prob):
+        committed = int(rng.integers(LENS_LAYERS // 2, LENS_LAYERS + 1))
+        wins_at_end = final > 0.2 or rng.random() < 0.5
+        commit.append(committed if wins_at_end else None)
+        for layer in layers:
+            p = final / (1.0 + math.exp(-(layer - committed + 1.5)))  # rises towards the final probability
+            p = final if layer == LENS_LAYERS else p
+            if wins_at_end and layer >= committed:
+                top[layer].append(5000 + position)
+                top_prob[layer].append(float(f"{p:.4g}"))
+            else:
+                top[layer].append(100 + int(rng.integers(len(WORDS))))
+                top_prob[layer].append(float(f"{min(1.0, p + 0.05 + 0.4 * rng.random()):.4g}"))
+            emitted_prob[layer].append(float(f"{p:.4g}"))
+    names = {str(100 + k): " " + word for k, word in enumerate(WORDS)}
+    names.update({str(5000 + position): token for position, token in enumerate(tokens)})
+    used = {str(t) for row in top for t in row}
+    return {"focal_depth": 5, "lens": {"top_token": top, "top_prob": top_prob, "emitted_prob": emitted_prob,
+                                       "commit_layer": commit},
+            "lens_layers": layers, "lens_tokens": {k: v for k, v in names.items() if k in used}}
 
 
 def multiple_choice_line(rng: np.random.Generator, doc_id: int, skill: float, *, traces: bool, prompt: str,

@@ -87,17 +87,19 @@ def test_one_document_side_by_side_with_its_traces(site, driver):  # noqa: F811
     sides = driver.execute_script("""
       return Array.from(document.querySelectorAll('#document-detail .doc-model')).map(c => ({
         model: c.getAttribute('data-model'),
-        tokens: Array.from(c.querySelectorAll('.tokens')[0].children).map(s => s.textContent),
-        prompt: Array.from(c.querySelectorAll('.tokens')[1].children).map(s => s.textContent),
-        points: c.querySelector('polyline').getAttribute('points').split(' ').length,
-        tinted: Array.from(c.querySelectorAll('.tokens')[0].children).filter(s => s.style.background !== 'transparent').length,
+        tokens: Array.from(c.querySelectorAll('.tokens.response .token-text')).map(s => s.textContent),
+        values: Array.from(c.querySelectorAll('.tokens.response .token-value')).map(s => Number(s.textContent)),
+        prompt: Array.from(c.querySelectorAll('.tokens.prompt .token-text')).map(s => s.textContent),
+        points: c.querySelectorAll('svg.trace-plot circle').length,
+        tinted: Array.from(c.querySelectorAll('.tokens.response .token-text')).filter(s => s.style.background).length,
       }));""")
     assert [side["model"] for side in sides] == ["model-00", "model-01"]
     for side in sides:
         trace = next(line for line in lines[side["model"]] if str(line["doc_id"]) == doc)["trace"]
         assert side["tokens"] == trace["tokens"] and side["prompt"] == trace["sequence_tokens"]
+        assert side["values"] == pytest.approx(trace["logprob"], rel=1e-3)  # the values written under the tokens
         assert side["points"] == len(trace["logprob"])
-        assert side["tinted"] == len(trace["tokens"]) or len(set(trace["logprob"])) == 1
+        assert side["tinted"] == len(trace["tokens"])
     driver.save_screenshot(str(out / "document.png"))
 
 

@@ -1,6 +1,8 @@
 """The documents view, the Parquet details and the Every Eval Ever instance files read multiple choice from samples
 that lm_eval itself wrote (``EvaluationTracker``: log-likelihoods ``"-3.71"`` and targets ``"1"`` as strings): the
-chosen option's text, the gold option's text, each option's log-likelihood."""
+chosen option's text, the gold option's text, each option's log-likelihood. The page, in headless Chromium at 1400
+and 800 px, draws one document's choices, its logit-lens grid (one cell per kept layer and response position) and
+the grid's legend for both models side by side."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from document_fixtures import write_lm_eval_runs
 from loader_fixtures import write_data_dir
+from test_report_browser import driver  # noqa: F401  (the fixture)
 from test_report_publish import every_eval_ever_schemas
 from lm_eval_probes.reports import build_report
 from lm_eval_probes.reports.choices import chosen_index, gold_indices, gold_text, option_logliks, response_text
@@ -27,7 +30,7 @@ def runs(tiny_model_dir, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lm-eval-runs")
     data = write_data_dir(root / "data", n=LIMIT)
     write_lm_eval_runs(root / "runs", {"llama": tiny_model_dir("llama"), "gpt2": tiny_model_dir("gpt2")}, data,
-                       tasks=[MC, GEN], limit=LIMIT)
+                       tasks=[MC, GEN], limit=LIMIT, probes="tcb+bte+omega", probe_bte_profile="full")
     return root / "runs"
 
 
@@ -122,3 +125,86 @@ def test_the_details_and_instance_files_carry_the_options(runs, tmp_path):
         validator = jsonschema.Draft7Validator(schemas[1])
         for record in instances:
             validator.validate(record)
+
+
+@pytest.fixture(scope="module")
+def site(runs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    build_report([runs], out, n_resamples=20, seed=0, plots=False)
+    return out
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+@pytest.mark.parametrize("task", [MC, GEN])
+def test_one_document_draws_its_choices_and_lens_grids(runs, site, driver, width, task):  # noqa: F811
+    """``#docs=<task>&model=<A>&doc=<id>&b=<B>``: for each model one ``data-lens-cell="<layer>,<position>"`` per kept
+    layer and response position of its trace, coloured by the lens probability of the emitted token on the one 0–1
+    scale of its legend, the top token written where it is another one, the commitment layer outlined; for multiple
+    choice every option with its log-likelihood, chosen and gold marked; at 800 px the grid scrolls inside its box,
+    never the page."""
+    from matplotlib import colormaps
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    viridis = colormaps["viridis"]
+    models = read_runs([runs])
+    names = sorted(m.name for m in models)
+    lines = lines_of(runs, task)
+    doc = 3
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": 1200, "deviceScaleFactor": 1, "mobile": False})
+    driver.get("about:blank")
+    driver.get((site / "index.html").as_uri() + f"#docs={task}&model={names[0]}&doc={doc}&b={names[1]}")
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+        "return document.querySelectorAll('#document-detail .doc-model .lens-grid').length === 2;"))
+    seen = driver.execute_script("""
+      return {page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+        sides: Array.from(document.querySelectorAll('#document-detail .doc-model')).map(c => ({
+          model: c.getAttribute('data-model'),
+          cells: Array.from(c.querySelectorAll('[data-lens-cell]')).map(e => ({
+            at: e.getAttribute('data-lens-cell'), text: e.textContent, colour: getComputedStyle(e).backgroundColor,
+            commit: e.classList.contains('commit'), title: e.getAttribute('title')})),
+          legend: Array.from(c.querySelectorAll('.legend')[0].querySelectorAll('.legend-ticks span')).map(s => s.textContent),
+          legendName: c.querySelector('.legend .legend-name').textContent,
+          box: (b => [b.scrollWidth, b.clientWidth, b.getBoundingClientRect().right])(c.querySelector('.lens-scroll')),
+          choices: Array.from(c.querySelectorAll('table.choices tbody tr')).map(r => ({
+            text: r.cells[0].textContent, loglik: Number(r.cells[1].textContent),
+            chosen: r.classList.contains('chosen'), gold: r.classList.contains('gold')}))}))};""")
+    assert seen["page"][0] <= seen["page"][1]  # the page never scrolls sideways
+    assert [side["model"] for side in seen["sides"]] == names[:2]
+    for side in seen["sides"]:
+        line = next(li for li in lines[label_of(side["model"])] if li["doc_id"] == doc)
+        trace = line["trace"]
+        lens, layers, n = trace["lens"], trace["lens_layers"], len(trace["tokens"])
+        assert sorted(cell["at"] for cell in side["cells"]) == sorted(f"{l},{j}" for l in layers for j in range(n))
+        assert side["legendName"].startswith("lens P(emitted token)") and side["legend"] == ["0", "0.25", "0.5", "0.75", "1"]
+        assert side["box"][2] <= seen["page"][1]  # the grid's box stays inside the page
+        for cell in side["cells"]:
+            layer, position = (int(v) for v in cell["at"].split(","))
+            row = layers.index(layer)
+            top = lens["top_token"][row][position]
+            other = lens["top_prob"][row][position] != lens["emitted_prob"][row][position]
+            name = trace["lens_tokens"][str(top)]
+            assert cell["text"] == (name if other and name != trace["tokens"][position] else "")
+            assert cell["commit"] == (lens["commit_layer"][position] == layer)
+            p = lens["emitted_prob"][row][position]
+            assert float(cell["title"].split(") = ")[1].split(";")[0]) == pytest.approx(p, rel=1e-3)  # the value on hover
+            rgb = [int(v) for v in cell["colour"].removeprefix("rgb(").removesuffix(")").split(",")]
+            assert rgb == pytest.approx([255 * c for c in viridis(p)[:3]], abs=8)  # viridis, 0 → 1
+        if task == MC:
+            texts = [line["arguments"][f"gen_args_{k}"]["arg_1"] for k in range(len(line["arguments"]))]
+            logliks = [float(resp[0]) for resp in line["filtered_resps"]]
+            chosen = max(range(len(logliks)), key=lambda k: logliks[k])
+            assert [c["text"] for c in side["choices"]] == texts
+            assert [c["loglik"] for c in side["choices"]] == pytest.approx(logliks, rel=1e-3)
+            assert [c["chosen"] for c in side["choices"]] == [k == chosen for k in range(len(texts))]
+            assert [c["gold"] for c in side["choices"]] == [k == int(line["target"]) for k in range(len(texts))]
+        else:
+            assert side["choices"] == []
+    # the same colour for the same probability in both columns: one scale
+    colours = {}
+    for side in seen["sides"]:
+        for cell in side["cells"]:
+            colours.setdefault(cell["title"].split(") = ")[1].split(";")[0], set()).add(cell["colour"])
+    assert all(len(c) == 1 for c in colours.values())
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
