@@ -187,3 +187,47 @@ def test_models_disagree_lists_the_documents_whose_chosen_options_differ(site, d
             chosen.setdefault(str(line["doc_id"]), set()).add(max(range(len(logliks)), key=lambda k: logliks[k]))
     expected = {(model, doc) for model in lines for doc, picks in chosen.items() if len(picks) > 1}
     assert 0 < len(expected) < 3 * 14 and listed(driver) == expected
+
+
+def test_a_right_b_wrong(site, driver):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    root, out = site
+    open_view(driver, out / "index.html", "docs=synthetic_mc_00&filter=a-right-b-wrong&model=model-02&b=model-00")
+    lines = samples(root, "synthetic_mc_00")
+    wrong_b = {line["doc_id"] for line in lines["model-00"] if line["acc"] == 0}
+    expected = {("model-02", str(line["doc_id"])) for line in lines["model-02"] if line["acc"] == 1 and line["doc_id"] in wrong_b}
+    assert expected and listed(driver) == expected
+    assert driver.find_element(By.ID, "doc-b-box").is_displayed()
+    assert "model-02 right, model-00 wrong" in driver.find_element(By.ID, "doc-count").text
+
+
+def test_previous_next_and_the_keyboard(site, driver):  # noqa: F811
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    root, out = site
+    lines = samples(root, "synthetic_gen_01")
+    wrong = [str(line["doc_id"]) for line in lines["model-01"] if line["exact_match"] == 0]  # the listing's order
+    assert len(wrong) >= 3
+    open_view(driver, out / "index.html", f"docs=synthetic_gen_01&filter=wrong&model=model-01&doc={wrong[1]}")
+
+    def at() -> str | None:
+        return driver.execute_script("const m = location.hash.match(/[#&]doc=([^&]*)/); return m ? m[1] : null;")
+
+    driver.find_element(By.CSS_SELECTOR, "#document-detail button.next").click()
+    assert at() == wrong[2]
+    driver.find_element(By.CSS_SELECTOR, "#document-detail button.previous").click()
+    assert at() == wrong[1]
+    body = driver.find_element(By.TAG_NAME, "body")
+    body.send_keys("k")
+    assert at() == wrong[0]
+    assert driver.find_element(By.CSS_SELECTOR, "#document-detail button.previous").get_attribute("disabled")
+    body.send_keys("j")
+    assert at() == wrong[1]
+    body.send_keys(Keys.ESCAPE)
+    assert at() is None and not driver.find_element(By.ID, "document-detail").is_displayed()
+    row = driver.find_element(By.CSS_SELECTOR, f"#documents-table tbody tr[data-doc-id='{wrong[2]}']")
+    row.send_keys(Keys.ENTER)  # a focused row opens with the keyboard
+    WebDriverWait(driver, 10).until(lambda d: at() == wrong[2])
