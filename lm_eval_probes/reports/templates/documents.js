@@ -467,7 +467,11 @@
     fact("confidence", fmt(pair[4]));
     data.columns.forEach(function (c, i) { if (c.name !== "confidence") { fact(c.name, fmt(pair[5][i])); } });
     column.appendChild(facts);
-    if (pair[7] && data.documents[docIndex].options.length) { column.appendChild(choiceTable(data.documents[docIndex], pair[7])); }
+    if (pair[7] && data.documents[docIndex].options.length) {
+      var wrap = el("div", { "class": "scroll" });
+      wrap.appendChild(choiceTable(data.documents[docIndex], pair[7]));
+      column.appendChild(wrap);
+    }
     var slot = el("div", { "class": "trace" });
     column.appendChild(slot);
     if (!pair[6]) { slot.appendChild(el("p", { "class": "note" }, "no trace (run with probe_traces=true)")); }
