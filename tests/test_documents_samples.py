@@ -170,6 +170,17 @@ def test_one_document_draws_its_choices_and_lens_grids(runs, site, driver, width
             text: r.cells[0].textContent, loglik: Number(r.cells[1].textContent),
             chosen: r.classList.contains('chosen'), gold: r.classList.contains('gold')}))}))};""")
     assert seen["page"][0] <= seen["page"][1]  # the page never scrolls sideways
+    prompt = next(iter(lines.values()))[doc]["arguments"]["gen_args_0"]["arg_0"]
+    shown = driver.execute_script("""
+      const q = document.querySelector('#document-detail pre.question'), f = document.querySelector('#document-detail details.fewshot');
+      const box = q.getBoundingClientRect();
+      return {question: q.textContent, visible: box.height > 0 && box.bottom <= window.innerHeight + 2000,
+              folded: f ? [f.open, f.querySelector('pre').textContent] : null};""")
+    if "\n\n" in prompt:  # a few-shot prompt: its examples folded, the question itself shown whole
+        assert shown["folded"] == [False, prompt[: prompt.rindex("\n\n") + 2]]
+        assert shown["question"] == prompt[prompt.rindex("\n\n") + 2:] and shown["visible"]
+    else:
+        assert shown["folded"] is None and shown["question"] == prompt
     assert [side["model"] for side in seen["sides"]] == names[:2]
     for side in seen["sides"]:
         line = next(li for li in lines[label_of(side["model"])] if li["doc_id"] == doc)
