@@ -213,3 +213,34 @@ def test_the_lens_grid_is_the_same_whichever_probe_read_the_layers_out(tiny_mode
         both = getattr(grids["bte"], name)[[1, -1]]
         torch.testing.assert_close(getattr(grids["tcb"], name), both, rtol=1e-5, atol=1e-7)
     assert torch.equal(grids["tcb"].top_token, grids["bte"].top_token[[1, -1]])
+
+
+def test_the_lens_grid_reads_out_no_layer_twice(tiny_model_dir):
+    """With BTE's full profile every layer is read out by the probes already: the grid adds no readout of its own
+    (the same number of unembedding products with and without traces); with δ_TCB alone it adds one per kept layer
+    below L."""
+    import torch
+    import transformers as tf
+
+    from lm_eval_probes.capture.positions import position_probes
+    from lm_eval_probes.capture.readouts import LensReadout
+
+    model = tf.AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama")).eval()
+    ids = torch.arange(3, 3 + 12).unsqueeze(0)
+    with torch.no_grad():
+        states = [h[0, 4:] for h in model(ids, output_hidden_states=True).hidden_states]
+    emitted = torch.tensor(ids[0, 5:].tolist() + [9])
+    readout = LensReadout(model)
+    calls = []
+    logits = readout.logits
+    readout.logits = lambda *args, **kwargs: calls.append(1) or logits(*args, **kwargs)  # type: ignore[method-assign]
+
+    def readouts(probes: str, traces: str, kept: list) -> int:
+        calls.clear()
+        config = ProbeConfig.from_model_args({"probes": probes, "probe_traces": traces, "probe_bte_profile": "full"})
+        position_probes(kept, readout, config, emitted)
+        return len(calls)
+
+    assert readouts("bte", "true", states) == readouts("bte", "false", states) > 0
+    sparse = [h if layer in (0, 2, len(states) - 1) else None for layer, h in enumerate(states)]
+    assert readouts("tcb", "true", sparse) == readouts("tcb", "false", sparse) + 2
