@@ -111,28 +111,32 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def first_document(report: Any) -> str | None:
-    """The page fragment of a document worth opening first: the recall task's first document where the first model is
-    right and the second wrong (else its first document), both models side by side; ``None`` without documents."""
-    models = [m for m in report.models if "probes_synth_recall" in m.tasks and m.tasks["probes_synth_recall"].samples]
-    if not models:
-        return None
+    """The page fragment of a document worth opening first: the recall task's first document that one model gets
+    right and another wrong (that one on the left; else its first document), both models side by side; ``None``
+    without documents."""
     from urllib.parse import quote
 
     from lm_eval_probes.reports.tables import primary_metric, primary_samples
 
     task = "probes_synth_recall"
-    a, b = models[0], models[1] if len(models) > 1 else None
-    metric = primary_metric(a.tasks[task])
-    lines = primary_samples(a.tasks[task])
-    doc, contrast = lines[0].get("doc_id"), None
-    if b is not None and metric is not None:
-        wrong = {line.get("doc_id") for line in primary_samples(b.tasks[task]) if line.get(metric[0]) == 0}
-        contrast = next((line.get("doc_id") for line in lines if line.get(metric[0]) == 1 and line.get("doc_id") in wrong),
-                        None)
-    fragment = f"#docs={task}&model={quote(a.name)}&doc={doc if contrast is None else contrast}"
-    if b is not None:
-        fragment += f"&b={quote(b.name)}" + ("&filter=a-right-b-wrong" if contrast is not None else "")
-    return fragment
+    models = [m for m in report.models if task in m.tasks and m.tasks[task].samples]
+    if not models:
+        return None
+    metric = primary_metric(models[0].tasks[task])
+    lines = {m.name: primary_samples(m.tasks[task]) for m in models}
+    if metric is not None:
+        for a in models:
+            for b in models:
+                if a is b:
+                    continue
+                wrong = {line.get("doc_id") for line in lines[b.name] if line.get(metric[0]) == 0}
+                doc = next((line.get("doc_id") for line in lines[a.name]
+                            if line.get(metric[0]) == 1 and line.get("doc_id") in wrong), None)
+                if doc is not None:
+                    return f"#docs={task}&model={quote(a.name)}&doc={doc}&b={quote(b.name)}&filter=a-right-b-wrong"
+    a = models[0]
+    fragment = f"#docs={task}&model={quote(a.name)}&doc={lines[a.name][0].get('doc_id')}"
+    return fragment + (f"&b={quote(models[1].name)}" if len(models) > 1 else "")
 
 
 def parser() -> argparse.ArgumentParser:
