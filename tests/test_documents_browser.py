@@ -231,3 +231,19 @@ def test_previous_next_and_the_keyboard(site, driver):  # noqa: F811
     row = driver.find_element(By.CSS_SELECTOR, f"#documents-table tbody tr[data-doc-id='{wrong[2]}']")
     row.send_keys(Keys.ENTER)  # a focused row opens with the keyboard
     WebDriverWait(driver, 10).until(lambda d: at() == wrong[2])
+
+
+def test_search_finds_a_gold_option_by_its_text(site, driver):  # noqa: F811
+    root, out = site
+    open_view(driver, out / "index.html", "docs=synthetic_mc_00&q=unknown")
+    lines = samples(root, "synthetic_mc_00")
+    expected = set()
+    for model, model_lines in lines.items():
+        for line in model_lines:
+            options = [line["arguments"][f"gen_args_{k}"]["arg_1"] for k in range(len(line["arguments"]))]
+            logliks = [float(resp[0]) for resp in line["filtered_resps"]]
+            chosen = options[max(range(len(logliks)), key=lambda k: logliks[k])]
+            text = " ".join([line["arguments"]["gen_args_0"]["arg_0"], options[int(line["target"])], chosen]).lower()
+            if "unknown" in text:
+                expected.add((model, str(line["doc_id"])))
+    assert expected and listed(driver) == expected
