@@ -247,3 +247,22 @@ def test_search_finds_a_gold_option_by_its_text(site, driver):  # noqa: F811
             if "unknown" in text:
                 expected.add((model, str(line["doc_id"])))
     assert expected and listed(driver) == expected
+
+
+def test_a_document_loads_only_its_blocks_traces(driver, tmp_path, monkeypatch):  # noqa: F811
+    """The traces are written in blocks of documents; opening a document adds only its block's file to the page."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from lm_eval_probes.reports import documents
+
+    monkeypatch.setattr(documents, "TRACE_DOCUMENTS", 5)
+    write_document_runs(tmp_path / "runs", models=2, tasks=1, documents=14)
+    build_report([tmp_path / "runs"], tmp_path / "site", n_resamples=10, seed=0, plots=False)
+    written = sorted(p.name for p in (tmp_path / "site" / "documents").glob("*.traces-*.js"))
+    assert written == [f"001-synthetic_mc_00.traces-{k:03d}.js" for k in range(3)]
+    open_view(driver, tmp_path / "site" / "index.html", "docs=synthetic_mc_00&model=model-00&doc=12&b=model-01")
+    WebDriverWait(driver, 20).until(lambda d: d.execute_script(
+        "return document.querySelectorAll('#document-detail .lens-grid').length === 2;"))
+    loaded = driver.execute_script(
+        "return Array.from(document.querySelectorAll('script[src]')).map(s => s.getAttribute('src'));")
+    assert [src for src in loaded if ".traces" in src] == ["documents/001-synthetic_mc_00.traces-002.js"]

@@ -3,8 +3,9 @@ confidence, per-document probe values and (``probe_traces=true``) per-token trac
 
 The page opens from ``file://``, where a browser fetches no local file, so each task's data is a script file beside the
 page that assigns into one global (``window.LEP_DOCUMENTS[<task>] = {...}``) and is added to the page when its view
-opens; the traces, the larger part, are a second file per task (``window.LEP_TRACES``), added when a document is
-opened. Both are JSON (a subset of JavaScript): the text of a document is a string value, never markup, and the page
+opens; the traces, the larger part (each holds its logit-lens grid), are further files per task, one per
+:data:`TRACE_DOCUMENTS` consecutive documents (``window.LEP_TRACES["<task>#<k>"]``), the one holding a document added
+when it is opened. Both are JSON (a subset of JavaScript): the text of a document is a string value, never markup, and the page
 inserts it as text. Torch-free.
 """
 
@@ -27,6 +28,8 @@ DOCUMENTS_FOLDER = "documents"
 DOCUMENTS_GLOBAL = "LEP_DOCUMENTS"
 TRACES_GLOBAL = "LEP_TRACES"
 UNSAFE = re.compile(r"[^\w.\-]+")
+TRACE_DOCUMENTS = 50
+"""Documents per traces file: opening a document loads its block's traces (every model's), not the task's."""
 
 
 def _number(value: Any) -> float | None:
@@ -86,7 +89,7 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
 
 
 def documents_file(task: str, index: int) -> str:
-    """The file name of a task's documents (``traces``: ``.traces.js``), unique by the task's index."""
+    """The file name of a task's documents (its traces: ``.traces-<block>.js``), unique by the task's index."""
     return f"{index:03d}-{UNSAFE.sub('_', task)[:80]}.js"
 
 
@@ -99,8 +102,9 @@ def script(global_name: str, task: str, data: Any) -> str:
 
 def write_documents(models: Sequence[ModelResults], tasks: Sequence[str], out: Path) -> dict[str, dict[str, Any]]:
     """Write each task's documents (and traces, where any) under ``out/documents/``; returns the page's manifest:
-    task → ``{"documents": path, "traces": path or None, "pairs": count}`` (paths relative to ``out``). A task whose
-    runs logged no samples has no entry."""
+    task → ``{"documents": path, "traces": [path or None per block of TRACE_DOCUMENTS documents] or None,
+    "trace_documents": TRACE_DOCUMENTS, "pairs": count}`` (paths relative to ``out``; a block's traces are
+    ``window.LEP_TRACES["<task>#<block>"]``). A task whose runs logged no samples has no entry."""
     manifest: dict[str, dict[str, Any]] = {}
     folder = out / DOCUMENTS_FOLDER
     for number, task in enumerate(tasks, start=1):
@@ -110,11 +114,17 @@ def write_documents(models: Sequence[ModelResults], tasks: Sequence[str], out: P
         folder.mkdir(parents=True, exist_ok=True)
         name = documents_file(task, number)
         (folder / name).write_text(script(DOCUMENTS_GLOBAL, task, documents), encoding="utf-8")
-        traced = None
+        blocks: list[str | None] | None = None
         if traces:
-            traced = name.removesuffix(".js") + ".traces.js"
-            (folder / traced).write_text(script(TRACES_GLOBAL, task, traces), encoding="utf-8")
-        manifest[task] = {"documents": f"{DOCUMENTS_FOLDER}/{name}",
-                          "traces": None if traced is None else f"{DOCUMENTS_FOLDER}/{traced}",
+            index = {doc["id"]: i for i, doc in enumerate(documents["documents"])}
+            grouped: dict[int, dict[str, Any]] = {}
+            for key, trace in traces.items():
+                grouped.setdefault(index[key.split(":", 1)[1]] // TRACE_DOCUMENTS, {})[key] = trace
+            blocks = [None] * (max(grouped) + 1)
+            for block, part in sorted(grouped.items()):
+                traced = name.removesuffix(".js") + f".traces-{block:03d}.js"
+                (folder / traced).write_text(script(TRACES_GLOBAL, f"{task}#{block}", part), encoding="utf-8")
+                blocks[block] = f"{DOCUMENTS_FOLDER}/{traced}"
+        manifest[task] = {"documents": f"{DOCUMENTS_FOLDER}/{name}", "traces": blocks, "trace_documents": TRACE_DOCUMENTS,
                           "pairs": len(documents["pairs"])}
     return manifest

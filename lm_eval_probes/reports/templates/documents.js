@@ -482,8 +482,10 @@
     /* both models' traces, each quantity on one scale shared by them */
     var entry = manifest[task];
     var traced = labels.some(function (label) { var p = pairOf(data, label, docIndex); return p && p[6]; });
-    if (!traced || !entry.traces) { return; }
-    load("LEP_TRACES", entry.traces, task, function (traces) {
+    var block = Math.floor(docIndex / (entry.trace_documents || 1));
+    var path = entry.traces ? entry.traces[block] : null;
+    if (!traced || !path) { return; }
+    load("LEP_TRACES", path, task + "#" + block, function (traces) {
       var found = labels.map(function (label) {
         var p = pairOf(data, label, docIndex);
         return p && p[6] && traces ? traces[data.models.indexOf(label) + ":" + data.documents[docIndex].id] || null : null;
