@@ -266,3 +266,14 @@ def test_a_document_loads_only_its_blocks_traces(driver, tmp_path, monkeypatch):
     loaded = driver.execute_script(
         "return Array.from(document.querySelectorAll('script[src]')).map(s => s.getAttribute('src'));")
     assert [src for src in loaded if ".traces" in src] == ["documents/001-synthetic_mc_00.traces-002.js"]
+
+
+def test_a_report_written_again_leaves_no_stale_documents_file(tmp_path):
+    write_document_runs(tmp_path / "runs", models=1, tasks=2, documents=3)
+    site = tmp_path / "site"
+    (site / "documents").mkdir(parents=True)
+    (site / "documents" / "001-synthetic_mc_00.traces.js").write_text("window.LEP_TRACES = {};\n")  # an older layout
+    build_report([tmp_path / "runs"], site, n_resamples=10, seed=0, plots=False)
+    assert sorted(p.name for p in (site / "documents").iterdir()) == [
+        "001-synthetic_mc_00.js", "001-synthetic_mc_00.traces-000.js", "002-synthetic_gen_01.js",
+        "002-synthetic_gen_01.traces-000.js"]

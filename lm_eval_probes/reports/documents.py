@@ -104,9 +104,12 @@ def write_documents(models: Sequence[ModelResults], tasks: Sequence[str], out: P
     """Write each task's documents (and traces, where any) under ``out/documents/``; returns the page's manifest:
     task → ``{"documents": path, "traces": [path or None per block of TRACE_DOCUMENTS documents] or None,
     "trace_documents": TRACE_DOCUMENTS, "pairs": count}`` (paths relative to ``out``; a block's traces are
-    ``window.LEP_TRACES["<task>#<block>"]``). A task whose runs logged no samples has no entry."""
+    ``window.LEP_TRACES["<task>#<block>"]``). A task whose runs logged no samples has no entry; the script files an
+    earlier report left in that folder are removed first."""
     manifest: dict[str, dict[str, Any]] = {}
     folder = out / DOCUMENTS_FOLDER
+    for stale in folder.glob("*.js") if folder.is_dir() else ():  # an earlier report's, in the same folder
+        stale.unlink()
     for number, task in enumerate(tasks, start=1):
         documents, traces = task_documents(models, task)
         if not documents["pairs"]:
