@@ -276,3 +276,37 @@ def test_a_report_written_again_leaves_no_stale_documents_file(tmp_path):
     build_report([tmp_path / "runs"], site, n_resamples=10, seed=0, plots=False)
     names = sorted(p.name for p in (site / "documents").iterdir())
     assert len(names) == 4 and all(name.endswith((".traces-000.js", "_gen_01.js", "_mc_00.js")) for name in names)
+
+
+def test_a_long_response_scrolls_inside_its_grid_at_800_px(driver, tmp_path):  # noqa: F811
+    """60 response tokens × 13 layers: the grid scrolls sideways inside its box; the page does not."""
+    import numpy as np
+
+    from document_fixtures import lens_of, task_lines, write_document_run
+
+    rng = np.random.default_rng(0)
+    for name in ("model-a", "model-b"):
+        lines = task_lines("synthetic_gen_00", "gen", 3, 0.5, seed=len(name))
+        tokens = [" w" + str(k) for k in range(60)]
+        logprob = [-0.5] * 60
+        lines[1]["trace"] = {"tokens": tokens, "logprob": logprob, **lens_of(rng, tokens, [0.6] * 60)}
+        write_document_run(tmp_path / "runs", name, {"synthetic_gen_00": lines})
+    build_report([tmp_path / "runs"], tmp_path / "site", n_resamples=10, seed=0, plots=False)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 800, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        open_view(driver, tmp_path / "site" / "index.html", "docs=synthetic_gen_00&model=model-a&doc=1&b=model-b")
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(driver, 20).until(lambda d: d.execute_script(
+            "return document.querySelectorAll('#document-detail .lens-grid').length === 2;"))
+        seen = driver.execute_script("""
+          return {page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+                  cells: document.querySelectorAll('[data-lens-cell]').length,
+                  boxes: Array.from(document.querySelectorAll('.lens-scroll')).map(b =>
+                    [b.scrollWidth, b.clientWidth, b.getBoundingClientRect().right])};""")
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert seen["page"][0] <= seen["page"][1] and seen["cells"] == 2 * 13 * 60
+    for scroll_width, client_width, right in seen["boxes"]:
+        assert scroll_width > client_width and right <= seen["page"][1]
