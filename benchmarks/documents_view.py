@@ -7,7 +7,8 @@ Writes the runs and the report into ``--out``, then opens ``index.html`` from ``
 ``chromium`` and ``chromedriver``, through Selenium) ``--repeats`` times and prints, as JSON: the files' sizes, the
 first render of the page (first contentful paint, DOMContentLoaded and the load event, from the browser's own
 performance entries), the time from opening a task's documents view to its listed rows (its script file loaded and
-parsed, the first 500 pairs drawn) and from opening one document to its two traces drawn. The first render reads
+parsed, the first 500 pairs drawn) and from opening one document to its two traces drawn (its block's traces file
+loaded: the traces of 50 documents, every model's, with their logit-lens grids). The first render reads
 no documents file: a task's is added when its view opens.
 """
 
@@ -81,12 +82,14 @@ def measure(page: Path, task: str, repeats: int) -> dict[str, object]:
 
 def sizes(out: Path) -> dict[str, object]:
     documents = sorted((out / "documents").glob("*.js"))
-    lists = [p for p in documents if not p.name.endswith(".traces.js")]
-    traces = [p for p in documents if p.name.endswith(".traces.js")]
+    lists = [p for p in documents if ".traces" not in p.name]
+    traces = [p for p in documents if ".traces" in p.name]
     mib = 1024 * 1024
     return {"index_html_mib": round((out / "index.html").stat().st_size / mib, 2),
             "documents_file_mib_each": round(max(p.stat().st_size for p in lists) / mib, 2),
             "traces_file_mib_each": round(max(p.stat().st_size for p in traces) / mib, 2) if traces else 0,
+            "traces_of_a_task_mib": round(max(sum(p.stat().st_size for p in traces if p.name.startswith(prefix))
+                                              for prefix in {p.name.split(".")[0] for p in traces}) / mib, 1) if traces else 0,
             "documents_folder_mib": round(sum(p.stat().st_size for p in documents) / mib, 1),
             "files": len(documents)}
 

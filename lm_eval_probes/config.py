@@ -66,7 +66,8 @@ class WrapperOptions(ProbeOptions):
         key="probe_chunk_positions")
     traces: bool = option(
         False, "write a per-token trace into each document of the samples (--log_samples): the response's tokens, "
-               "their log-probabilities and every enabled probe's per-position values, rounded to 4 significant digits",
+               "their log-probabilities, every enabled probe's per-position values and the logit-lens grid of the kept layers "
+               "(each layer's top token, its probability and the emitted token's), rounded to 4 significant digits",
         key="probe_traces")
 
     def __post_init__(self) -> None:

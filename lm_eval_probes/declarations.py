@@ -51,7 +51,7 @@ ANSWER_UNLOCATED = Row(
 TRACE = Row(
     "trace", "trace", "probe_traced", False, "probe",
     "probe_traces=true: documents with a per-token trace in --log_samples (the response's tokens, their "
-    "log-probabilities and each probe's per-position values)", scored=False, bounds=NON_NEGATIVE)
+    "log-probabilities, each probe's per-position values and the logit-lens grid layer by layer)", scored=False, bounds=NON_NEGATIVE)
 RESPONSE_ROWS: tuple[Row, ...] = (CONFIDENCE, REVEAL_STEP, RESPONSE_TOKENS, EMPTY_RESPONSES, ANSWER_UNLOCATED, TRACE)
 """The response's own rows (every model, whichever probes)."""
 

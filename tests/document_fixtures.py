@@ -46,7 +46,41 @@ def trace_of(rng: np.random.Generator, tokens: list[str], loglik: float, values:
     sequence = prompt_tokens + tokens[:-1]
     trace["margin"] = [None] + [float(f"{v:.4g}") for v in rng.normal(2.0, 1.0, len(sequence) - 1)]
     trace["sequence_tokens"] = sequence
+    trace.update(lens_of(rng, tokens, [math.exp(v) for v in logprob]))
     return trace
+
+
+LENS_LAYERS = 12
+"""L of the synthetic traces' lens grids (every layer 0..L kept, as with ``probe_bte_profile=full``)."""
+
+
+def lens_of(rng: np.random.Generator, tokens: list[str], final_prob: list[float]) -> dict[str, Any]:
+    """A lens grid shaped like ``hf-probes``' (``lens``, ``lens_layers``, ``lens_tokens``, ``focal_depth``): at each
+    position the emitted token's probability rises with depth to ``final_prob`` at L; below a commitment layer the
+    lens's top token is another word. Token ids: the words' 100 + index, each emitted token 5000 + its position."""
+    layers = list(range(LENS_LAYERS + 1))
+    top, top_prob, emitted_prob = [[] for _ in layers], [[] for _ in layers], [[] for _ in layers]
+    commit: list[int | None] = []
+    for position, final in enumerate(final_prob):
+        committed = int(rng.integers(LENS_LAYERS // 2, LENS_LAYERS + 1))
+        wins_at_end = final > 0.2 or rng.random() < 0.5
+        commit.append(committed if wins_at_end else None)
+        for layer in layers:
+            p = final / (1.0 + math.exp(-(layer - committed + 1.5)))  # rises towards the final probability
+            p = final if layer == LENS_LAYERS else p
+            if wins_at_end and layer >= committed:
+                top[layer].append(5000 + position)
+                top_prob[layer].append(float(f"{p:.4g}"))
+            else:
+                top[layer].append(100 + int(rng.integers(len(WORDS))))
+                top_prob[layer].append(float(f"{min(1.0, p + 0.05 + 0.4 * rng.random()):.4g}"))
+            emitted_prob[layer].append(float(f"{p:.4g}"))
+    names = {str(100 + k): " " + word for k, word in enumerate(WORDS)}
+    names.update({str(5000 + position): token for position, token in enumerate(tokens)})
+    used = {str(t) for row in top for t in row}
+    return {"focal_depth": 5, "lens": {"top_token": top, "top_prob": top_prob, "emitted_prob": emitted_prob,
+                                       "commit_layer": commit},
+            "lens_layers": layers, "lens_tokens": {k: v for k, v in names.items() if k in used}}
 
 
 def multiple_choice_line(rng: np.random.Generator, doc_id: int, skill: float, *, traces: bool, prompt: str,
@@ -119,9 +153,18 @@ def task_lines(task: str, kind: str, n_docs: int, skill: float, seed: int, *, tr
     return lines
 
 
+def as_lm_eval_writes(line: dict[str, Any]) -> dict[str, Any]:
+    """``line`` as lm_eval's ``EvaluationTracker.save_results_samples`` writes it: ``resps`` and ``filtered_resps``
+    through its ``sanitize_list`` (every leaf a string), ``target`` as ``str(target)``."""
+    from lm_eval.utils import sanitize_list
+
+    return {**line, "resps": sanitize_list(line["resps"]), "filtered_resps": sanitize_list(line["filtered_resps"]),
+            "target": str(line["target"])}
+
+
 def write_document_run(root: Path, model: str, tasks: dict[str, list[dict[str, Any]]]) -> Path:
     """One lm_eval run folder of ``model``: ``results_<date>.json`` (each row the mean of its per-document values)
-    and one samples file per task."""
+    and one samples file per task, its lines as lm_eval writes them (:func:`as_lm_eval_writes`)."""
     folder = root / model.replace("/", "__")
     folder.mkdir(parents=True)
     results, higher, configs, n_samples = {}, {}, {}, {}
@@ -138,7 +181,7 @@ def write_document_run(root: Path, model: str, tasks: dict[str, list[dict[str, A
         configs[task] = {"metadata": {}}
         n_samples[task] = {"original": len(lines), "effective": len(lines)}
         with (folder / f"samples_{task}_{DATE}.jsonl").open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+            handle.writelines(json.dumps(as_lm_eval_writes(line), ensure_ascii=False) + "\n" for line in lines)
     data = {"results": results, "higher_is_better": higher, "configs": configs, "n-samples": n_samples,
             "model_name": model, "config": {"model": "hf-probes", "model_args": f"pretrained={model},probe_traces=true"}}
     (folder / f"results_{DATE}.json").write_text(json.dumps(data), encoding="utf-8")
@@ -160,3 +203,31 @@ def write_document_runs(root: Path, models: int, tasks: int, documents: int, *, 
                                     prompt_length=prompt_length, markup_doc=markup_doc)
         write_document_run(root, name, runs)
     return names
+
+
+def write_lm_eval_runs(root: Path, model_dirs: dict[str, str], data_dir: Path, *, tasks: Sequence[str], limit: int,
+                       probes: str = "tcb+bte", **model_args: str) -> dict[str, Path]:
+    """Runs that lm_eval itself writes (``simple_evaluate`` then its ``EvaluationTracker``, as ``lm-eval-probes run
+    --log_samples --output_path``): ``hf-probes`` with ``probe_traces=true`` on each of ``model_dirs`` (label → tiny
+    model folder), one output folder per label under ``root``; its samples hold lm_eval's strings (a log-likelihood
+    ``"-3.71"``, a target ``"1"``)."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    import lm_eval_probes
+
+    out = {}
+    for label, model_dir in model_dirs.items():
+        tracker = EvaluationTracker(output_path=str(root / label))
+        results = lm_eval.simple_evaluate(
+            model="hf-probes", model_args={"pretrained": model_dir, "probes": probes, "probe_traces": "true", **model_args},
+            tasks=list(tasks), limit=limit, device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker,
+            gen_kwargs={"max_gen_toks": 4},
+            task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),
+                                                         metadata={"probes_data_dir": str(data_dir)}))
+        samples = results.pop("samples")
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task in results["configs"]:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+        out[label] = root / label
+    return out

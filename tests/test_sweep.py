@@ -194,6 +194,10 @@ def test_demo_suites_build_valid_sweeps(tmp_path):
     synthetic = parse_config(demo.sweep_config(demo.parser().parse_args(["--models", "smollm2", "--output_path", str(tmp_path / "s")])))
     assert [m.name for m in synthetic.models] == ["SmolLM2-135M-Instruct"]
     assert synthetic.models[0].model_args["probe_bte_profile"] == "full"
+    assert synthetic.models[0].model_args["probe_traces"] == "true"  # traces on by default: the page's documents view
+    untraced = demo.sweep_config(demo.parser().parse_args(["--models", "smollm2", "--no-probe_traces"]))
+    assert "probe_traces" not in untraced["models"][0]["model_args"]
+    assert "--probe_traces" in demo.parser().format_help()
     assert synthetic.tasks == tuple(demo.DEFAULT_TASKS.split(","))
     args = demo.parser().parse_args(["--models", "smollm2", "--suite", "real", "--data_dir", str(tmp_path), "--output_path", str(tmp_path / "r"),
                                      "--model_args", "probe_bte_profile=full, probe_omega_depth=3", "--probes", "all"])
@@ -246,3 +250,20 @@ def test_a_sweep_holds_one_model_at_a_time_whatever_the_outcome(tiny_model_dir, 
     assert sorted(built) == ["gpt2", "gpt2", "llama", "qwen2", "qwen2"]  # a failed pair is tried again
     assert summary["counts"] == {"done": 2, "failed": 1, "pending": 0}
     assert [name for name, ref in alive if ref() is not None] == []  # and the last one is released at the end
+
+
+def test_the_demo_names_a_document_to_open_first(tmp_path):
+    """The recall task's first document where the first model is right and the second wrong, both side by side."""
+    from document_fixtures import task_lines, write_document_run
+
+    from lm_eval_probes.cli.demo import first_document
+    from lm_eval_probes.reports import build_report
+
+    lines = {name: task_lines("probes_synth_recall", "mc", 30, skill, seed) for name, skill, seed in
+             (("A-model", 0.9, 1), ("B-model", 0.2, 2))}
+    for name, model_lines in lines.items():
+        write_document_run(tmp_path / "runs", name, {"probes_synth_recall": model_lines})
+    report = build_report([tmp_path / "runs"], tmp_path / "site", n_resamples=10, seed=0, plots=False)
+    expected = next(a["doc_id"] for a, b in zip(lines["A-model"], lines["B-model"]) if a["acc"] == 1 and b["acc"] == 0)
+    assert first_document(report) == (f"#docs=probes_synth_recall&model=A-model&doc={expected}&b=B-model"
+                                      "&filter=a-right-b-wrong")

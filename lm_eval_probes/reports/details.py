@@ -4,8 +4,10 @@ Under ``details/`` in the report folder: one folder per model (its name with ``/
 names ``org__model``), in it one ``samples_<task>.parquet`` per task (no run date in the name, so that a run moved,
 cloned or sharded gives the same folder; the date of the run the report kept is the dataset card's split name),
 one row per document of the task's correctness filter: ``doc_id``, ``filter``, lm_eval's hashes (``doc_hash``,
-``prompt_hash``, ``target_hash``), ``target``, ``response`` (the generated text, or the chosen option's text for a
-multiple-choice task), ``correct`` (the correctness row's value), lm_eval's ``arguments``, ``resps`` and
+``prompt_hash``, ``target_hash``), ``target`` (as lm_eval wrote it: an option's index is ``"1"``), ``gold`` (the gold
+answer's text: a multiple-choice document's gold option), ``response`` (the generated text, or the chosen option's text
+for a multiple-choice task), ``choices`` and ``choice_logliks`` (a multiple-choice document's options and each one's
+log-likelihood; null for a generation: :mod:`~lm_eval_probes.reports.choices` reads lm_eval's strings), ``correct`` (the correctness row's value), lm_eval's ``arguments``, ``resps`` and
 ``filtered_resps`` (as JSON text, as in the leaderboard's files), every metric lm_eval scored on the document, and
 every per-document probe value (numbers as float64, records such as ``[confidence, correct]`` as lists of float64,
 anything else as JSON text). A ``README.md`` beside them is a dataset card whose ``configs`` name each model and task
@@ -26,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lm_eval_probes.reports.choices import gold_text, option_logliks, options, response_text
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.reports.tables import primary_metric
 from lm_eval_probes.rows import rows_by_name
@@ -50,26 +53,6 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def response_text(line: Mapping[str, Any]) -> str:
-    """The generated text; for a multiple-choice document the text of the option with the highest log-likelihood."""
-    filtered = line.get("filtered_resps") or []
-    arguments = line.get("arguments") or {}
-    if isinstance(arguments, Mapping) and len(arguments) > 1:
-        scores = []
-        for item in filtered:
-            first = item[0] if isinstance(item, list) and item else item
-            scores.append(_number(first[0] if isinstance(first, list) and first else first))
-        if scores and all(s is not None for s in scores):
-            best = max(range(len(scores)), key=lambda k: scores[k])  # type: ignore[arg-type, return-value]
-            option = arguments.get(f"gen_args_{best}", {})
-            text = option.get("arg_1") if isinstance(option, Mapping) else None
-            return str(text) if text is not None else str(best)
-    if filtered:
-        first = filtered[0]
-        return first if isinstance(first, str) else json.dumps(first, ensure_ascii=False)
-    return ""
-
-
 def _column_kind(values: Sequence[Any]) -> str:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, (bool, int, float)) for v in present):
@@ -85,7 +68,7 @@ def details_table(result: TaskResult) -> Any:
     import pyarrow as pa
 
     primary = primary_metric(result)
-    filter_name = primary[1] if primary else None
+    metric, filter_name = primary if primary else (None, None)
     lines = [s for s in result.samples if filter_name is None or s.get("filter", "none") == filter_name]
     scored = sorted({m for line in lines for m in (line.get("metrics") or []) if isinstance(m, str)})
     probes = [name for name in rows_by_name() if any(name in line for line in lines) and name not in scored]
@@ -95,7 +78,10 @@ def details_table(result: TaskResult) -> Any:
         **{key: pa.array([None if line.get(key) is None else str(line[key]) for line in lines], pa.string())
            for key in ("doc_hash", "prompt_hash", "target_hash")},
         "target": pa.array([None if line.get("target") is None else str(line["target"]) for line in lines], pa.string()),
-        "response": pa.array([response_text(line) for line in lines], pa.string()),
+        "gold": pa.array([gold_text(line) for line in lines], pa.string()),
+        "response": pa.array([response_text(line, metric) for line in lines], pa.string()),
+        "choices": pa.array([options(line) or None for line in lines], pa.list_(pa.string())),
+        "choice_logliks": pa.array([option_logliks(line) for line in lines], pa.list_(pa.float64())),
         "correct": pa.array([_number(line.get(primary[0])) if primary else None for line in lines], pa.float64()),
         **{key: pa.array([json.dumps(line.get(key), ensure_ascii=False) for line in lines], pa.string())
            for key in ("arguments", "resps", "filtered_resps")},

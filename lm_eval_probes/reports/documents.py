@@ -3,8 +3,9 @@ confidence, per-document probe values and (``probe_traces=true``) per-token trac
 
 The page opens from ``file://``, where a browser fetches no local file, so each task's data is a script file beside the
 page that assigns into one global (``window.LEP_DOCUMENTS[<task>] = {...}``) and is added to the page when its view
-opens; the traces, the larger part, are a second file per task (``window.LEP_TRACES``), added when a document is
-opened. Both are JSON (a subset of JavaScript): the text of a document is a string value, never markup, and the page
+opens; the traces, the larger part (each holds its logit-lens grid), are further files per task, one per
+:data:`TRACE_DOCUMENTS` consecutive documents (``window.LEP_TRACES["<task>#<k>"]``), the one holding a document added
+when it is opened. Both are JSON (a subset of JavaScript): the text of a document is a string value, never markup, and the page
 inserts it as text. Torch-free.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval_probes.reports.columns import meaning
-from lm_eval_probes.reports.details import response_text
+from lm_eval_probes.reports.choices import choice_summary, gold_indices, gold_text, options, prompt_text, response_text
 from lm_eval_probes.reports.reading import ModelResults
 from lm_eval_probes.reports.tables import primary_metric, primary_samples
 from lm_eval_probes.rows import rows_by_name
@@ -27,47 +28,14 @@ DOCUMENTS_FOLDER = "documents"
 DOCUMENTS_GLOBAL = "LEP_DOCUMENTS"
 TRACES_GLOBAL = "LEP_TRACES"
 UNSAFE = re.compile(r"[^\w.\-]+")
+TRACE_DOCUMENTS = 50
+"""Documents per traces file: opening a document loads its block's traces (every model's), not the task's."""
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
         return float(value)
     return None
-
-
-def _arguments(line: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The requests' arguments of a samples line, in order (lm_eval writes ``{"gen_args_0": {"arg_0": …}, …}``)."""
-    arguments = line.get("arguments")
-    if isinstance(arguments, Mapping):
-        keys = sorted(arguments, key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 0)
-        return [arguments[k] for k in keys if isinstance(arguments[k], Mapping)]
-    if isinstance(arguments, list):  # [[context, continuation], …]
-        return [{f"arg_{i}": v for i, v in enumerate(item)} for item in arguments if isinstance(item, list)]
-    return []
-
-
-def prompt_text(line: Mapping[str, Any]) -> str:
-    """The context the model saw (its first request's)."""
-    arguments = _arguments(line)
-    return str(arguments[0].get("arg_0", "")) if arguments else ""
-
-
-def options(line: Mapping[str, Any]) -> list[str]:
-    """A multiple-choice document's options (the continuations of its requests); ``[]`` for a generation."""
-    arguments = _arguments(line)
-    texts = [a.get("arg_1") for a in arguments]
-    return [str(t) for t in texts] if len(texts) > 1 and all(isinstance(t, str) for t in texts) else []
-
-
-def gold_text(line: Mapping[str, Any]) -> str:
-    """The gold answer: for a multiple-choice document whose target is an option's index, that option's text."""
-    target = line.get("target")
-    choices = options(line)
-    if isinstance(target, int) and not isinstance(target, bool) and 0 <= target < len(choices):
-        return choices[target]
-    if isinstance(target, list):
-        return " | ".join(choices[t] if isinstance(t, int) and 0 <= t < len(choices) else str(t) for t in target)
-    return "" if target is None else str(target)
 
 
 def value_columns(lines: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -81,12 +49,15 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
     """The documents view of ``task``: ``(documents, traces)``, both JSON-native.
 
     ``documents``: ``task``, ``metric`` (the correctness row), ``models`` (labels, report order), ``columns`` (name,
-    description, ``higher_is_better``: the per-document values), ``documents`` (``id``, ``prompt``, ``gold``,
-    ``options``; by ``doc_id``) and ``pairs``: one ``[model index, document index, response, correct (1/0/null),
-    confidence, [values by column], has trace]`` per (model, document). ``traces``: ``"<model index>:<doc_id>"`` → the
+    description, ``higher_is_better``: the per-document values), ``documents`` (``id``, ``prompt``, ``gold`` (text),
+    ``options``, ``gold_options`` (the gold options' indices, or null); by ``doc_id``) and ``pairs``: one ``[model
+    index, document index, response (text: a multiple-choice document's chosen option), correct (1/0/null),
+    confidence, [values by column], has trace, choices]`` per (model, document), ``choices`` a multiple-choice
+    document's ``{"logliks", "chosen"}`` (:func:`~lm_eval_probes.reports.choices.choice_summary`) or null. ``traces``: ``"<model index>:<doc_id>"`` → the
     document's trace as the samples hold it."""
     ran = [m for m in models if task in m.tasks and m.tasks[task].samples]
     primary = next((p for p in (primary_metric(m.tasks[task]) for m in ran) if p is not None), None)
+    metric = primary[0] if primary else None
     lines_of = {m.name: primary_samples(m.tasks[task]) for m in ran}
     every = [line for lines in lines_of.values() for line in lines]
     columns = value_columns(every)
@@ -94,7 +65,8 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
     for line in every:
         key = str(line.get("doc_id", ""))
         if key not in documents:
-            documents[key] = {"id": key, "prompt": prompt_text(line), "gold": gold_text(line), "options": options(line)}
+            documents[key] = {"id": key, "prompt": prompt_text(line), "gold": gold_text(line), "options": options(line),
+                              "gold_options": gold_indices(line)}
     order = sorted(documents, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
     index = {key: i for i, key in enumerate(order)}
     pairs, traces = [], {}
@@ -105,9 +77,9 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
             trace = line.get("trace")
             if isinstance(trace, Mapping):
                 traces[f"{m_index}:{key}"] = trace
-            pairs.append([m_index, index[key], response_text(line), None if correct is None else int(correct),
+            pairs.append([m_index, index[key], response_text(line, metric), None if correct is None else int(correct),
                           _number(line.get("confidence")), [_number(line.get(c)) for c in columns],
-                          int(isinstance(trace, Mapping))])
+                          int(isinstance(trace, Mapping)), choice_summary(line, metric)])
     described = []
     for name in columns:
         found = meaning(name)
@@ -117,7 +89,7 @@ def task_documents(models: Sequence[ModelResults], task: str) -> tuple[dict[str,
 
 
 def documents_file(task: str, index: int) -> str:
-    """The file name of a task's documents (``traces``: ``.traces.js``), unique by the task's index."""
+    """The file name of a task's documents (its traces: ``.traces-<block>.js``), unique by the task's index."""
     return f"{index:03d}-{UNSAFE.sub('_', task)[:80]}.js"
 
 
@@ -130,10 +102,14 @@ def script(global_name: str, task: str, data: Any) -> str:
 
 def write_documents(models: Sequence[ModelResults], tasks: Sequence[str], out: Path) -> dict[str, dict[str, Any]]:
     """Write each task's documents (and traces, where any) under ``out/documents/``; returns the page's manifest:
-    task → ``{"documents": path, "traces": path or None, "pairs": count}`` (paths relative to ``out``). A task whose
-    runs logged no samples has no entry."""
+    task → ``{"documents": path, "traces": [path or None per block of TRACE_DOCUMENTS documents] or None,
+    "trace_documents": TRACE_DOCUMENTS, "pairs": count}`` (paths relative to ``out``; a block's traces are
+    ``window.LEP_TRACES["<task>#<block>"]``). A task whose runs logged no samples has no entry; the script files an
+    earlier report left in that folder are removed first."""
     manifest: dict[str, dict[str, Any]] = {}
     folder = out / DOCUMENTS_FOLDER
+    for stale in folder.glob("*.js") if folder.is_dir() else ():  # an earlier report's, in the same folder
+        stale.unlink()
     for number, task in enumerate(tasks, start=1):
         documents, traces = task_documents(models, task)
         if not documents["pairs"]:
@@ -141,11 +117,17 @@ def write_documents(models: Sequence[ModelResults], tasks: Sequence[str], out: P
         folder.mkdir(parents=True, exist_ok=True)
         name = documents_file(task, number)
         (folder / name).write_text(script(DOCUMENTS_GLOBAL, task, documents), encoding="utf-8")
-        traced = None
+        blocks: list[str | None] | None = None
         if traces:
-            traced = name.removesuffix(".js") + ".traces.js"
-            (folder / traced).write_text(script(TRACES_GLOBAL, task, traces), encoding="utf-8")
-        manifest[task] = {"documents": f"{DOCUMENTS_FOLDER}/{name}",
-                          "traces": None if traced is None else f"{DOCUMENTS_FOLDER}/{traced}",
+            index = {doc["id"]: i for i, doc in enumerate(documents["documents"])}
+            grouped: dict[int, dict[str, Any]] = {}
+            for key, trace in traces.items():
+                grouped.setdefault(index[key.split(":", 1)[1]] // TRACE_DOCUMENTS, {})[key] = trace
+            blocks = [None] * (max(grouped) + 1)
+            for block, part in sorted(grouped.items()):
+                traced = name.removesuffix(".js") + f".traces-{block:03d}.js"
+                (folder / traced).write_text(script(TRACES_GLOBAL, f"{task}#{block}", part), encoding="utf-8")
+                blocks[block] = f"{DOCUMENTS_FOLDER}/{traced}"
+        manifest[task] = {"documents": f"{DOCUMENTS_FOLDER}/{name}", "traces": blocks, "trace_documents": TRACE_DOCUMENTS,
                           "pairs": len(documents["pairs"])}
     return manifest

@@ -38,7 +38,7 @@ from lm_eval_probes.api import CORRELATION, NON_NEGATIVE, UNBOUNDED, UNIT_INTERV
 from lm_eval_probes.config import split_model_args
 from lm_eval_probes.reports.bootstrap import ConfidenceInterval
 from lm_eval_probes.reports.columns import meaning
-from lm_eval_probes.reports.details import response_text
+from lm_eval_probes.reports.choices import gold_indices, options, prompt_text, response_text
 from lm_eval_probes.reports.reading import ModelResults, TaskResult
 from lm_eval_probes.reports.tables import Cell, TaskTable, primary_metric
 from lm_eval_probes.rows import rows_by_name
@@ -213,14 +213,13 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
     declared = rows_by_name()
     out = []
     for line in result.samples_of(filter_name):
-        arguments = line.get("arguments") or {}
-        first = arguments.get("gen_args_0") if isinstance(arguments, Mapping) else None
-        prompt = str(first.get("arg_0", "")) if isinstance(first, Mapping) else ""
-        choices = ([str(v.get("arg_1", "")) for v in arguments.values() if isinstance(v, Mapping)]
-                   if isinstance(arguments, Mapping) and len(arguments) > 1 else None)
+        prompt = prompt_text(line)
+        choices = options(line) or None
+        gold = gold_indices(line)
+        reference = [str(line.get("target", ""))] if gold is None or choices is None else [choices[i] for i in gold]
         value = line.get(metric)
         score = float(value) if isinstance(value, (bool, int, float)) and math.isfinite(float(value)) else 0.0
-        response = response_text(line)
+        response = response_text(line, metric)
         probes = {name: line[name] for name, row in declared.items() if name in line and row.value != "trace"}  # no traces
         scored = {m: line.get(m) for m in line.get("metrics") or [] if m in line}
         out.append({
@@ -228,10 +227,10 @@ def instance_records(model: ModelResults, result: TaskResult, evaluation_id: str
             "evaluation_name": result.task if filter_name == "none" else f"{result.task}/{filter_name}",
             "evaluation_result_id": metric if filter_name == "none" else f"{metric}:{filter_name}",
             "sample_id": str(line.get("doc_id", "")),
-            "sample_hash": hashlib.sha256(json.dumps({"raw": prompt, "reference": str(line.get("target", ""))},
+            "sample_hash": hashlib.sha256(json.dumps({"raw": prompt, "reference": reference},
                                                      sort_keys=True).encode()).hexdigest(),
             "interaction_type": "single_turn",
-            "input": {"raw": prompt, "reference": [str(line.get("target", ""))], "choices": choices},
+            "input": {"raw": prompt, "reference": reference, "choices": choices},
             "output": {"raw": [response]},
             "answer_attribution": [{"turn_idx": 0, "source": "output.raw", "extracted_value": response,
                                     "extraction_method": filter_name, "is_terminal": True}],
