@@ -297,14 +297,26 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
     return get_path(model, architecture_of(model).final_norm)
 
 
+@functools.cache
+def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose input is the last block's output: the final norm, or the model's own merge of several residual
+    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from)."""
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    readout = LensReadout(model)
+    check_lens(model, readout)
+    return readout.lens_input
+
+
 @torch.no_grad()
 def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torch.Tensor) -> torch.Tensor:
-    """The model's own log-probabilities when its final norm reads ``layer_states [T, d]`` instead of the last block's
-    output (the model's own norm, head and logit transform: the lens, computed by the model)."""
+    """The model's own log-probabilities when its final norm (or its merge of residual streams before the norm) reads
+    ``layer_states [T, ...]`` instead of the last block's output (the model's own merge, norm, head and logit transform:
+    the lens, computed by the model)."""
     def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (layer_states.unsqueeze(0).to(args[0].dtype), *args[1:])
 
-    handle = _final_norm(model).register_forward_pre_hook(replace)
+    handle = _lens_input(model).register_forward_pre_hook(replace)
     try:
         logits = model(ids, use_cache=False).logits[0]
     finally:

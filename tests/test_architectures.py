@@ -75,16 +75,18 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
 
 
 REFUSED = {
-    "deepseek_v4": r"the logit lens cannot read its blocks' states \(1, 16, 4, 64\): its final norm reads \(1, 16, 64\)",
+    "gemma3n_text": r"the logit lens cannot read its blocks' states \(4, 1, 16, 64\): its final norm reads \(1, 16, 64\) "
+                    r"\(the model first merges them, e\.g\. residual streams, by no module of its own",
     "dory": r"its forward gives 5 hidden states for 3 blocks, not one per block \(a block runs more than once",
 }
-"""Families whose layers are not one state per block, each with the start of its refusal: DeepSeek-V4 (and HY-V4) carry
-four residual streams that the model merges before its final norm; Dory loops its middle block."""
+"""Families whose layers are not one state per block, each with the start of its refusal: Gemma-3n carries four
+residual streams (AltUp) that its forward merges before the final norm in code of its own, no module the lens could
+call (DeepSeek-V4's and HY-V4's ``hc_head`` is one: ``test_last_families.py``); Dory loops its middle block."""
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type):
-    """Once a raw RuntimeError of Ω's self-check (DeepSeek-V4) or a ValueError in the middle of the run (Dory): now
+    """Once a raw RuntimeError of Ω's self-check or a ValueError in the middle of the run (Dory): now
     the lens's check at load refuses the model, naming its type and why, before any request runs."""
     outcome = architectures.outcome_of(model_type, docs=2, check=False)
     assert outcome.status == "refused", outcome
