@@ -72,6 +72,13 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8},
     "dory": {"n_input_layers": 1, "n_output_layers": 1},
     "dots1": {"n_shared_experts": 1},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
+    "kolibri1_1": {"index_num_heads": 2, "index_layers": [1]},
+    "zaya": {"num_experts_per_tok": 1},
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "full_attention"], "num_dense_layers": 1},
+    "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+                       "indexer_head_dim": 16},
     "dots3_note_text": {"per_layer_config": {layer: {"num_attention_heads": 2, "num_key_value_heads": 2,
                                                      "kv_lora_rank": 32, "qk_nope_head_dim": 12, "head_dim": 20}
                                              for layer in (1, 2)}},
@@ -80,12 +87,16 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
 layer of each kind in 3 (Dory: one input, one recurrent and one output layer; its defaults of 8 input and 8 output
 layers leave -13 recurrent ones). A pattern the config refuses fails the build (not small, with the config's reason):
 it is never dropped silently (Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of
-transformers runs). dots1: no default count of shared experts. dots3's sliding layers (1 and 2 of its small
+transformers runs). dots1: no default count of shared experts. GPT-Neo: its layers' attention kinds by
+``attention_types`` (global, local, global). Kolibri-1.1: its indexer's heads at most the query heads per key head (2),
+on one layer of 3. Zaya: one expert per token (the only count it runs). Cohere-Compass: rotary parameters per layer
+type (its default has none). LFM2-MoE: no default ``layer_types`` (a convolution and two attention layers, one dense).
+Qwen4-exp: no default token budget, compression and heads of its indexer (64 tokens, 4 to 1, 2 heads). dots3's sliding layers (1 and 2 of its small
 ``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
 qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep."""
 
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
-MAX_PARAMETERS = 3_000_000
+MAX_PARAMETERS = 20_000_000
 CHECK_TOLERANCE = 1e-3
 
 
@@ -127,7 +138,7 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     per_layer: list[str] = []
     for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size}.items():
         name = aliases.get(key, key)
-        if not hasattr(base, name):
+        if not hasattr(base, name) or _read_only(cls, name):  # a width the family derives (xLSTM's v_head_dim)
             continue
         current = getattr(base, name)
         if current is None and key not in SET_EVEN_IF_UNSET:
@@ -138,7 +149,7 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             per_layer.append(name)
             kwargs[name] = value
     for key, value in TRANSFORMS.items():
-        if getattr(base, key, None) is not None:
+        if getattr(base, key, None) is not None and not _read_only(cls, key):  # MiniCPM3 derives logits_scaling
             kwargs[key] = value
     for key in dict.fromkeys(aliases.get(key, key) for key in LAYER_LISTS):  # one list under its own name, not an alias
         kinds = list(dict.fromkeys(getattr(base, key, None) or ()))

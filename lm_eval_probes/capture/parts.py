@@ -41,7 +41,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
 """``config.model_type`` → parts, for the families whose parts the conventions do not find (:func:`architecture_of`)."""
 
 FINAL_NORM_NAMES: tuple[str, ...] = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "final_norm",
-                                     "ln_final", "final_ln", "ln_out", "layer_norm", "embedding_norm")
+                                     "ln_final", "final_ln", "ln_out", "layer_norm", "embedding_norm", "layernorm")
 """Attribute names of the final norm under ``model.base_model``, in the order they are tried."""
 
 BLOCK_LIST_NAMES: tuple[str, ...] = ("layers", "h", "blocks", "block", "layer")
