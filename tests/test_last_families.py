@@ -1,7 +1,8 @@
 """The last families, each built tiny from its own config class here — not by ``benchmarks/architectures.py``'s builder —
 and run with ``probes=all``: DeepSeek-V4 and HY-V4 (four residual streams merged by the model's ``hc_head`` before
 its final norm: the lens reads each block's streams through that merge), BLOOM (Ω re-runs its blocks on one row of a
-batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis). Every document's δ_TCB and BTE agree with their
+batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis), XGLM, MiniCPM3 (its ``logits_scaling`` derived from
+its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides). Every document's δ_TCB and BTE agree with their
 independent recomputation from the model's own forward (``benchmarks/architectures.py``'s ``check_documents``), and
 every document's Ω trajectory with the model's own blocks (``test_omega_capture.focal_reference``)."""
 
@@ -33,6 +34,13 @@ CONFIGS: dict[str, dict] = {
               "qk_rope_head_dim": 8, "v_head_dim": 16, "index_topk": 2048, "index_head_dim": 16, "index_n_heads": 2,
               **_MOE},
     "bloom": {"hidden_size": 64, "n_layer": 3, "n_head": 4},
+    "xglm": {"d_model": 64, "ffn_dim": 128, "num_layers": 3, "attention_heads": 4, "max_position_embeddings": 512},
+    "minicpm3": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "head_dim": 8, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 8,
+                 "qk_rope_head_dim": 8, "v_head_dim": 16},
+    "hyperclovax": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "logits_scaling": 0.25, "embedding_multiplier": 2.0,
+                    "residual_multiplier": 0.5},
 }
 """Each family's small config, written here from its config class's fields (3 layers, width 64, 4 experts). HY-V4's
 indexer keeps its default top-2048 keys: with fewer than a sequence's length it picks them among the padded batch's

@@ -50,8 +50,12 @@ BLOCK_LIST_NAMES: tuple[str, ...] = ("layers", "h", "blocks", "block", "layer")
 LOGIT_MULTIPLIERS: tuple[str, ...] = ("logit_scale", "lm_head_multiplier")
 """Config attributes the logits are multiplied by after the unembedding (Cohere, Falcon-H1)."""
 
-LOGIT_DIVIDERS: tuple[str, ...] = ("logits_scaling",)
-"""Config attributes the logits are divided by after the unembedding (Granite)."""
+LOGIT_DIVIDERS: tuple[str, ...] = ("logits_scaling", "logits_mup_width_multiplier")
+"""Config attributes the logits are divided by after the unembedding (Granite; Inkling divides the final states)."""
+
+MULTIPLIED_BY: dict[str, tuple[str, ...]] = {"hyperclovax": ("logits_scaling",)}
+"""``model_type`` → config attributes of :data:`LOGIT_DIVIDERS` that this family multiplies its logits by instead
+(HyperCLOVA X's μP ``logits_scaling``; Granite divides by it)."""
 
 LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap")
 """Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma)."""
@@ -114,16 +118,18 @@ class LogitTransform:
 
 def logit_transform_of(config: Any) -> LogitTransform:
     """The :class:`LogitTransform` a model's (text) config declares (:data:`LOGIT_MULTIPLIERS`,
-    :data:`LOGIT_DIVIDERS`, :data:`LOGIT_SOFTCAPS`; a ``None`` or 0 soft-capping is none)."""
+    :data:`LOGIT_DIVIDERS` but those :data:`MULTIPLIED_BY` names for its family, :data:`LOGIT_SOFTCAPS`; a ``None`` or 0
+    soft-capping is none)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     scale = 1.0
-    for name in LOGIT_MULTIPLIERS:
+    multiplied = MULTIPLIED_BY.get(getattr(text, "model_type", None), ())
+    for name in (*LOGIT_MULTIPLIERS, *multiplied):
         value = getattr(text, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             scale *= float(value)
     for name in LOGIT_DIVIDERS:
         value = getattr(text, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value and name not in multiplied:
             scale /= float(value)
     softcap = next((float(v) for v in (getattr(text, name, None) for name in LOGIT_SOFTCAPS) if v), None)
     return LogitTransform(scale, softcap)

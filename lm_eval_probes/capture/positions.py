@@ -61,12 +61,17 @@ class HiddenStateTap:
             self.latest = tuple(None if h is None else h.detach() for h in hidden_states)
 
 
-def states_request(layers: Iterable[int] | None) -> bool | list[int]:
+def states_request(layers: Iterable[int] | None, model: nn.Module | None = None) -> bool | list[int]:
     """The ``output_hidden_states`` argument that asks a model for the ``hidden_states`` indices ``layers`` only
     (``None``: every layer). ``transformers`` keeps only those (the others are ``None`` in the tuple, never held: the
     states of every layer of a long request would be (L + 1)·B·T·d values); a model whose code takes only a flag returns
-    every layer."""
-    return True if layers is None else sorted(set(layers))
+    every layer. Every layer too where an index is past ``model``'s ``config.num_hidden_layers`` (a looped model's
+    passes, whose indices transformers would drop)."""
+    if layers is None:
+        return True
+    wanted = sorted(set(layers))
+    blocks = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    return True if isinstance(blocks, int) and wanted and wanted[-1] > blocks else wanted
 
 
 @contextmanager
@@ -77,7 +82,7 @@ def hidden_state_tap(
     """Make every forward of ``model`` inside the block also return and record its hidden states (of ``layers`` only,
     with ``first_call_layers``: :func:`states_request`)."""
     tap = HiddenStateTap(last_position_only=last_position_only, first_call_layers=tuple(first_call_layers))
-    request = states_request(None if layers is None else {*layers, *first_call_layers})
+    request = states_request(None if layers is None else {*layers, *first_call_layers}, model)
 
     def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         return args, {**kwargs, "output_hidden_states": request}

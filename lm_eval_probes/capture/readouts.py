@@ -54,6 +54,11 @@ class LensReadout:
         spec = architecture_of(model)
         self.model_type = model_type_of(model)
         self.num_layers = len(_get_path(model, spec.blocks))
+        self.num_blocks = self.num_layers
+        """The model's blocks (:attr:`num_layers` counts their passes: more in a looped model)."""
+        self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
+        """The block of each pass, in the order the forward runs them (found by :func:`check_lens`): block k more than
+        once in a looped model (Dory), whose ``hidden_states`` then hold one state per pass."""
         self.final_norm = _get_path(model, spec.final_norm)
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
@@ -76,6 +81,21 @@ class LensReadout:
         norm reads."""
         self.stream_shape: tuple[int, ...] = ()
         """A block's state per token where :attr:`merge` is set (``(streams, d)``)."""
+
+    @property
+    def looped(self) -> bool:
+        """Whether a block runs more than once in a forward (:attr:`passes`)."""
+        return len(self.passes) != self.num_blocks
+
+    def layer_names(self) -> list[str]:
+        """The name of each ``hidden_states`` index: ``embeddings``, then each block's output by its index, with its
+        pass where the model runs a block more than once (``block 1, pass 2``)."""
+        seen: dict[int, int] = {}
+        names = ["embeddings"]
+        for block in self.passes:
+            seen[block] = seen.get(block, 0) + 1
+            names.append(f"block {block}" + (f", pass {seen[block]}" if self.passes.count(block) > 1 else ""))
+        return names
 
     @property
     def lens_input(self) -> nn.Module:
@@ -202,7 +222,9 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
     ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
     :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype; the forward must give one hidden
-    state per block, each of the shape the final norm reads (:func:`_check_one_state_per_block`). Where the blocks'
+    state per block (per pass of a block: a looped model's forward that runs block k several times gives one state per
+    pass, and :attr:`LensReadout.num_layers` counts the passes, :attr:`LensReadout.passes` names their blocks), each of
+    the shape the final norm reads (:func:`_check_one_state_per_block`). Where the blocks'
     states are not (several residual streams, DeepSeek-V4's and HY-V4's ``hc_head``), the module the final norm's input
     comes from is the model's merge (:func:`_stream_merge`): it becomes the readout's :attr:`LensReadout.merge`, and the
     lens on the last block's output (through the merge, the final norm and the head) must reproduce the model's own
@@ -218,14 +240,21 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     if hasattr(embeddings, "weight"):
         ids = ids.to(embeddings.weight.device)
     taken: list[torch.Tensor] = []
-    handle = readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach()))
+    passes: list[int] = []
+    handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach()))]
+    handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
+                for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
     try:
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     where = f"model_type {readout.model_type!r}"
     if not taken:
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
+    readout.passes, readout.num_layers = tuple(range(readout.num_blocks)), readout.num_blocks
+    if len(passes) > readout.num_blocks and len(out.hidden_states) == len(passes) + 1:  # a looped model
+        readout.passes, readout.num_layers = tuple(passes), len(passes)
     lens_input, read = taken[-1], "the final norm's input"
     readout.merge, readout.stream_shape = None, ()
     if len(out.hidden_states) == readout.num_layers + 1 and out.hidden_states[-2].shape != lens_input.shape:
@@ -476,6 +505,10 @@ class FocalDepthDecoder:
             raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
         if chunk_tokens < 1 or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
+        if depth and readout.looped:
+            raise UnsupportedModelError(
+                f"Ω cannot re-run the last {depth} blocks of model_type {readout.model_type!r}: a looped model (its "
+                f"forward runs {readout.num_layers} passes of {readout.num_blocks} blocks); focal depth 0 reads the lens")
         spec = architecture_of(model)
         self.model = model
         self.readout = readout

@@ -374,7 +374,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
             device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
         ):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             output_hidden_states=states_request(self.kept_layers), use_cache=False, **self._one_logit)
+                             output_hidden_states=states_request(self.kept_layers, self.model), use_cache=False, **self._one_logit)
         return out.hidden_states
 
     @functools.cached_property
