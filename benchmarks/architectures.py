@@ -75,6 +75,7 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
     "kolibri1_1": {"index_num_heads": 2, "index_layers": [1]},
     "zaya": {"num_experts_per_tok": 1},
+    "bert-generation": {"is_decoder": True},
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "full_attention"], "num_dense_layers": 1},
     "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
@@ -89,7 +90,8 @@ layers leave -13 recurrent ones). A pattern the config refuses fails the build (
 it is never dropped silently (Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of
 transformers runs). dots1: no default count of shared experts. GPT-Neo: its layers' attention kinds by
 ``attention_types`` (global, local, global). Kolibri-1.1: its indexer's heads at most the query heads per key head (2),
-on one layer of 3. Zaya: one expert per token (the only count it runs). Cohere-Compass: rotary parameters per layer
+on one layer of 3. Zaya: one expert per token (the only count it runs). BERT-generation: a decoder (causal attention; its
+default attends both ways). Cohere-Compass: rotary parameters per layer
 type (its default has none). LFM2-MoE: no default ``layer_types`` (a convolution and two attention layers, one dense).
 Qwen4-exp: no default token budget, compression and heads of its indexer (64 tokens, 4 to 1, 2 heads). dots3's sliding layers (1 and 2 of its small
 ``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
@@ -302,10 +304,12 @@ def headline_rows(result: dict[str, Any]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the independent check
 
 
-def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's final norm (``None`` where it has none: its head reads the last block's output)."""
     from lm_eval_probes.capture.parts import architecture_of, get_path
 
-    return get_path(model, architecture_of(model).final_norm)
+    path = architecture_of(model).final_norm
+    return get_path(model, path) if path else None
 
 
 @functools.cache
@@ -316,7 +320,7 @@ def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
 
     readout = LensReadout(model)
     check_lens(model, readout)
-    return readout.lens_input
+    return readout.lens_input if readout.has_final_norm else model.get_output_embeddings()
 
 
 @torch.no_grad()
@@ -342,7 +346,9 @@ def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor) -
     out = []
     for h in final:
         def probabilities(state: torch.Tensor) -> torch.Tensor:
-            handle = norm.register_forward_hook(lambda _m, _a, _o: state.view(1, 1, -1).expand(1, ids.shape[1], -1))
+            replaced = state.view(1, 1, -1).expand(1, ids.shape[1], -1)
+            handle = (norm.register_forward_hook(lambda _m, _a, _o: replaced) if norm is not None else  # the head's input
+                      model.get_output_embeddings().register_forward_pre_hook(lambda _m, _a: (replaced,)))
             try:
                 logits = model(ids, use_cache=False).logits[0, -1]
             finally:

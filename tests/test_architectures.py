@@ -45,7 +45,8 @@ def test_probes_all_runs_and_matches_the_independent_computation(model_type):
 
 
 OMEGA_FAMILIES = {"qwen3_moe": "MoE blocks", "qwen3_next": "linear and full attention, MoE",
-                  "jamba": "Mamba and attention, MoE"}
+                  "jamba": "Mamba and attention, MoE", "openai-gpt": "no final norm: blocks that give lists",
+                  "bert-generation": "no final norm, blocks one level down"}
 """The families whose per-document Ω is checked against the model's own blocks (beside the dense ones of
 ``test_omega_capture.py``), each with the blocks it re-runs."""
 

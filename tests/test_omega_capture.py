@@ -53,12 +53,12 @@ def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, 
     forward of the model itself, the input of its block L − m + 1 (of its final norm, m = 0) replaced by H_i (layer L:
     the final norm's input, the last block's pre-norm output). The final norm is called once per forward. Where the
     model merges several residual streams before its final norm (DeepSeek-V4's ``hc_head``), the merge's input stands
-    for the final norm's."""
+    for the final norm's; where it has no final norm (GPT-1), the head's."""
     spec = architecture_of(model)
-    blocks, norm = list(get_path(model, spec.blocks)), get_path(model, spec.final_norm)
+    blocks = list(get_path(model, spec.blocks))
     readout = LensReadout(model)
     check_lens(model, readout)
-    norm = readout.lens_input
+    norm = readout.lens_input if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head's input
     ids = torch.tensor([token_ids])
     norm_input: list[torch.Tensor] = []
     handle = norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))

@@ -27,7 +27,9 @@ class ArchitectureSpec:
     """Where a ``*ForCausalLM`` keeps its parts: dotted attribute paths from the causal-LM module.
 
     Attributes:
-        final_norm: the final norm (its input is the last block's output; its output is what the unembedding reads).
+        final_norm: the final norm (its input is the last block's output; its output is what the unembedding reads);
+            ``""`` where the model has none (blocks that normalise their own output: GPT-1, TrOCR, BERT-generation),
+            and the unembedding reads the last block's output.
         blocks: the list of decoder blocks, in order.
     """
 
@@ -73,14 +75,17 @@ def _path_of(model: nn.Module, target: nn.Module) -> str:
 
 
 def architecture_of(model: nn.Module) -> ArchitectureSpec:
-    """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` by the conventional
-    names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`); :class:`UnsupportedModelError` (one line, naming the
-    model type and what is missing) when a part is not found."""
+    """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` (or one level below
+    it) by the conventional names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`; no final norm by those names:
+    ``final_norm=""``, the head reads the last block's output); :class:`UnsupportedModelError` (one line, naming the
+    model type and what is missing) when no block list is found."""
     model_type = model_type_of(model)
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
     bases = [base for base in (getattr(model, "base_model", None), getattr(model, "model", None))
              if isinstance(base, nn.Module)]
+    bases += [child for base in list(bases) for child in base.children()  # one level down: TrOCR's model.decoder
+              if not isinstance(child, (nn.ModuleList, nn.Embedding)) and child not in bases]
     blocks = next((getattr(base, name) for base in bases for name in BLOCK_LIST_NAMES
                    if isinstance(getattr(base, name, None), nn.ModuleList) and len(getattr(base, name))), None)
     if blocks is None:
@@ -90,10 +95,8 @@ def architecture_of(model: nn.Module) -> ArchitectureSpec:
     base = next(base for base in bases if any(child is blocks for child in base.children()))
     norm = next((getattr(base, name) for name in FINAL_NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
                 None)
-    if norm is None:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r}: {type(base).__name__} keeps no final norm by any of the names "
-            f"{', '.join(FINAL_NORM_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
+    if norm is None:  # none by name: the head reads the last block's output (check_lens refuses a model that normalises)
+        return ArchitectureSpec("", _path_of(model, blocks))
     return ArchitectureSpec(_path_of(model, norm), _path_of(model, blocks))
 
 

@@ -59,7 +59,10 @@ class LensReadout:
         self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
         """The block of each pass, in the order the forward runs them (found by :func:`check_lens`): block k more than
         once in a looped model (Dory), whose ``hidden_states`` then hold one state per pass."""
-        self.final_norm = _get_path(model, spec.final_norm)
+        self.final_norm = _get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
+        """The final norm (an identity where the model has none: the head reads the last block's output)."""
+        self.has_final_norm = bool(spec.final_norm)
+        self.last_block = _get_path(model, spec.blocks)[-1]
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
         head = model.get_output_embeddings()
@@ -250,6 +253,8 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
         for handle in handles:
             handle.remove()
     where = f"model_type {readout.model_type!r}"
+    if not readout.has_final_norm:  # the head reads the last block's output: hidden_states[L] itself
+        taken.append(out.hidden_states[-1])
     if not taken:
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
     readout.passes, readout.num_layers = tuple(range(readout.num_blocks)), readout.num_blocks
@@ -580,7 +585,7 @@ class FocalDepthDecoder:
         try:
             for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
                 result = block(states, **_rows_of(kwargs, row, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, tuple) else result
+                states = result[0] if isinstance(result, (tuple, list)) else result
         except Exception as error:  # the arguments do not re-run on a subset of the rows
             raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
                                         f"{(str(error).splitlines() or [''])[0][:160]}") from None
@@ -655,7 +660,11 @@ class FocalDepthDecoder:
         try:
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave, always_call=True))
-            handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))  # the streams, where merged
+            if self.readout.has_final_norm:
+                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))  # the streams, where merged
+            else:  # no final norm: the last block's output
+                handles.append(self.readout.last_block.register_forward_hook(
+                    lambda module, _args, output: norm_hook(module, (output[0] if isinstance(output, (tuple, list)) else output,))))
             for index, block in enumerate(self.all_blocks):
                 handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
@@ -707,7 +716,7 @@ class FocalDepthDecoder:
                                              enabled=inputs.autocast_dtype is not None):
             for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
                 result = block(states, **_rows_of(kwargs, rows, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, tuple) else result
+                states = result[0] if isinstance(result, (tuple, list)) else result
         windows = [inputs.windows[row] for _, row in chunk]
         picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
         masses = self._masses(picked, normalized=False).cpu()
