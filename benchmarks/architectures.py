@@ -138,7 +138,8 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     aliases = getattr(cls, "attribute_map", {}) or {}
     kwargs: dict[str, Any] = {}
     per_layer: list[str] = []
-    for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size}.items():
+    for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+                       "unpadded_vocab_size": vocab_size}.items():  # Inkling-2 pads its vocabulary to vocab_size
         name = aliases.get(key, key)
         if not hasattr(base, name) or _read_only(cls, name):  # a width the family derives (xLSTM's v_head_dim)
             continue
@@ -245,7 +246,10 @@ def build(model_type: str, folder: Path, *, seed: int = 0) -> str:
             model(torch.arange(2, 14).unsqueeze(0))
     except Exception as error:
         raise NotSmall(f"forward: {type(error).__name__}: {_line(error)}") from None
-    model.save_pretrained(folder)
+    try:
+        model.save_pretrained(folder)
+    except Exception as error:
+        raise NotSmall(f"save: {type(error).__name__}: {_line(error)}") from None
     tokenizer.save_pretrained(folder)
     return str(folder)
 
@@ -320,7 +324,7 @@ def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
 
     readout = LensReadout(model)
     check_lens(model, readout)
-    return readout.lens_input if readout.has_final_norm else model.get_output_embeddings()
+    return readout.lens_input if readout.has_final_norm or readout.merge is not None else model.get_output_embeddings()
 
 
 @torch.no_grad()

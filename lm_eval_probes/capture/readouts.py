@@ -194,9 +194,9 @@ def _check_one_state_per_block(
 
 def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
                   block_shape: tuple[int, ...]) -> tuple[nn.Module, torch.Tensor] | None:
-    """The module the final norm's input comes from, where the blocks' states are not what the norm reads (several
-    residual streams): one forward of ``ids`` with a hook on every module, and the module whose output is the final
-    norm's input (its last call) and whose input has the blocks' shape ``block_shape``, with that input (the last
+    """The module the final norm's input comes from (the head's, where the model has no final norm), where the blocks'
+    states are not what the norm reads (several residual streams): one forward of ``ids`` with a hook on every module,
+    and the module whose output is the final norm's input (its last call) and whose input has the blocks' shape ``block_shape``, with that input (the last
     block's output). ``None`` where no module gives it (a merge written in the model's forward itself)."""
     calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
     norm_inputs: list[torch.Tensor] = []
@@ -205,9 +205,10 @@ def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
         if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             calls.append((module, args[0], output))
 
+    reader = readout.final_norm if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head
     handles = [module.register_forward_hook(record) for module in model.modules()
-               if module is not model and module is not readout.final_norm]
-    handles.append(readout.final_norm.register_forward_pre_hook(lambda _module, args: norm_inputs.append(args[0])))
+               if module is not model and module is not reader]
+    handles.append(reader.register_forward_pre_hook(lambda _module, args: norm_inputs.append(args[0])))
     try:
         model(input_ids=ids, use_cache=False)
     finally:
@@ -215,8 +216,10 @@ def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
             handle.remove()
     if not norm_inputs:
         return None
+    target = norm_inputs[-1]  # the same tensor, or a whole view of it (the head's input sliced to every position)
     return next(((module, states.detach()) for module, states, output in reversed(calls)
-                 if output is norm_inputs[-1] and tuple(states.shape) == block_shape), None)
+                 if (output is target or (output.data_ptr() == target.data_ptr() and output.shape == target.shape))
+                 and tuple(states.shape) == block_shape), None)
 
 
 @torch.no_grad()
