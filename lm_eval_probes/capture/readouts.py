@@ -26,6 +26,7 @@ from torch import nn
 
 from lm_eval_probes.capture.parts import (
     ARCHITECTURES,
+    FINAL_NORM_NAMES,
     ArchitectureSpec,
     UnsupportedModelError,
     architecture_of,
@@ -230,7 +231,9 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype; the forward must give one hidden
     state per block (per pass of a block: a looped model's forward that runs block k several times gives one state per
     pass, and :attr:`LensReadout.num_layers` counts the passes, :attr:`LensReadout.passes` names their blocks), each of
-    the shape the final norm reads (:func:`_check_one_state_per_block`). Where the blocks'
+    the shape the final norm reads (:func:`_check_one_state_per_block`). A model with no final norm by its conventional
+    names must have its head (or its merge) read its last block's output itself, else it is refused (a norm under
+    another name). Where the blocks'
     states are not (several residual streams, DeepSeek-V4's and HY-V4's ``hc_head``), the module the final norm's input
     comes from is the model's merge (:func:`_stream_merge`): it becomes the readout's :attr:`LensReadout.merge`, and the
     lens on the last block's output (through the merge, the final norm and the head) must reproduce the model's own
@@ -247,7 +250,9 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
         ids = ids.to(embeddings.weight.device)
     taken: list[torch.Tensor] = []
     passes: list[int] = []
-    handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach()))]
+    last_outputs: list[Any] = []
+    handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach())),
+               readout.last_block.register_forward_hook(lambda _module, _args, output: last_outputs.append(output))]
     handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
                 for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
     try:
@@ -271,6 +276,15 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
             readout.merge, lens_input = found
             readout.stream_shape = tuple(lens_input.shape[2:])
             read = f"the last block's output (merged by its {type(readout.merge).__name__})"
+    if not readout.has_final_norm:  # the head (or the merge) must read the last block's output itself
+        last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
+            (last_outputs[-1] if last_outputs else None)
+        if not (isinstance(last, torch.Tensor) and last.shape == lens_input.shape
+                and torch.equal(last, lens_input)):  # a norm (or more) between them, not found by its name
+            raise UnsupportedModelError(
+                f"{where}: its last block's output is not what its head reads, and it keeps no final norm by a "
+                f"conventional name ({', '.join(FINAL_NORM_NAMES)}); add a row to lm_eval_probes.capture.parts."
+                "ARCHITECTURES")
     _check_one_state_per_block(out.hidden_states, lens_input, readout.num_layers, where)
     # the final norm's last call is the model's (a model may call the same norm on its embeddings first)
     want = torch.log_softmax(out.logits[0].float(), dim=-1).to(readout.device)
