@@ -72,6 +72,14 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8},
     "dory": {"n_input_layers": 1, "n_output_layers": 1},
     "dots1": {"n_shared_experts": 1},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
+    "kolibri1_1": {"index_num_heads": 2, "index_layers": [1]},
+    "zaya": {"num_experts_per_tok": 1},
+    "bert-generation": {"is_decoder": True},
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "full_attention"], "num_dense_layers": 1},
+    "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+                       "indexer_head_dim": 16},
     "dots3_note_text": {"per_layer_config": {layer: {"num_attention_heads": 2, "num_key_value_heads": 2,
                                                      "kv_lora_rank": 32, "qk_nope_head_dim": 12, "head_dim": 20}
                                              for layer in (1, 2)}},
@@ -80,12 +88,17 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
 layer of each kind in 3 (Dory: one input, one recurrent and one output layer; its defaults of 8 input and 8 output
 layers leave -13 recurrent ones). A pattern the config refuses fails the build (not small, with the config's reason):
 it is never dropped silently (Granite-MoE-Hybrid's default is every layer linear attention, which no cached forward of
-transformers runs). dots1: no default count of shared experts. dots3's sliding layers (1 and 2 of its small
+transformers runs). dots1: no default count of shared experts. GPT-Neo: its layers' attention kinds by
+``attention_types`` (global, local, global). Kolibri-1.1: its indexer's heads at most the query heads per key head (2),
+on one layer of 3. Zaya: one expert per token (the only count it runs). BERT-generation: a decoder (causal attention; its
+default attends both ways). Cohere-Compass: rotary parameters per layer
+type (its default has none). LFM2-MoE: no default ``layer_types`` (a convolution and two attention layers, one dense).
+Qwen4-exp: no default token budget, compression and heads of its indexer (64 tokens, 4 to 1, 2 heads). dots3's sliding layers (1 and 2 of its small
 ``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
 qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep."""
 
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
-MAX_PARAMETERS = 3_000_000
+MAX_PARAMETERS = 20_000_000
 CHECK_TOLERANCE = 1e-3
 
 
@@ -125,9 +138,10 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     aliases = getattr(cls, "attribute_map", {}) or {}
     kwargs: dict[str, Any] = {}
     per_layer: list[str] = []
-    for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size}.items():
+    for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+                       "unpadded_vocab_size": vocab_size}.items():  # Inkling-2 pads its vocabulary to vocab_size
         name = aliases.get(key, key)
-        if not hasattr(base, name):
+        if not hasattr(base, name) or _read_only(cls, name):  # a width the family derives (xLSTM's v_head_dim)
             continue
         current = getattr(base, name)
         if current is None and key not in SET_EVEN_IF_UNSET:
@@ -138,7 +152,7 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             per_layer.append(name)
             kwargs[name] = value
     for key, value in TRANSFORMS.items():
-        if getattr(base, key, None) is not None:
+        if getattr(base, key, None) is not None and not _read_only(cls, key):  # MiniCPM3 derives logits_scaling
             kwargs[key] = value
     for key in dict.fromkeys(aliases.get(key, key) for key in LAYER_LISTS):  # one list under its own name, not an alias
         kinds = list(dict.fromkeys(getattr(base, key, None) or ()))
@@ -232,7 +246,10 @@ def build(model_type: str, folder: Path, *, seed: int = 0) -> str:
             model(torch.arange(2, 14).unsqueeze(0))
     except Exception as error:
         raise NotSmall(f"forward: {type(error).__name__}: {_line(error)}") from None
-    model.save_pretrained(folder)
+    try:
+        model.save_pretrained(folder)
+    except Exception as error:
+        raise NotSmall(f"save: {type(error).__name__}: {_line(error)}") from None
     tokenizer.save_pretrained(folder)
     return str(folder)
 
@@ -291,20 +308,34 @@ def headline_rows(result: dict[str, Any]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the independent check
 
 
-def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's final norm (``None`` where it has none: its head reads the last block's output)."""
     from lm_eval_probes.capture.parts import architecture_of, get_path
 
-    return get_path(model, architecture_of(model).final_norm)
+    path = architecture_of(model).final_norm
+    return get_path(model, path) if path else None
+
+
+@functools.cache
+def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose input is the last block's output: the final norm, or the model's own merge of several residual
+    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from)."""
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    readout = LensReadout(model)
+    check_lens(model, readout)
+    return readout.lens_input if readout.has_final_norm or readout.merge is not None else model.get_output_embeddings()
 
 
 @torch.no_grad()
 def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torch.Tensor) -> torch.Tensor:
-    """The model's own log-probabilities when its final norm reads ``layer_states [T, d]`` instead of the last block's
-    output (the model's own norm, head and logit transform: the lens, computed by the model)."""
+    """The model's own log-probabilities when its final norm (or its merge of residual streams before the norm) reads
+    ``layer_states [T, ...]`` instead of the last block's output (the model's own merge, norm, head and logit transform:
+    the lens, computed by the model)."""
     def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (layer_states.unsqueeze(0).to(args[0].dtype), *args[1:])
 
-    handle = _final_norm(model).register_forward_pre_hook(replace)
+    handle = _lens_input(model).register_forward_pre_hook(replace)
     try:
         logits = model(ids, use_cache=False).logits[0]
     finally:
@@ -319,7 +350,9 @@ def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor) -
     out = []
     for h in final:
         def probabilities(state: torch.Tensor) -> torch.Tensor:
-            handle = norm.register_forward_hook(lambda _m, _a, _o: state.view(1, 1, -1).expand(1, ids.shape[1], -1))
+            replaced = state.view(1, 1, -1).expand(1, ids.shape[1], -1)
+            handle = (norm.register_forward_hook(lambda _m, _a, _o: replaced) if norm is not None else  # the head's input
+                      model.get_output_embeddings().register_forward_pre_hook(lambda _m, _a: (replaced,)))
             try:
                 logits = model(ids, use_cache=False).logits[0, -1]
             finally:
@@ -348,7 +381,9 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    layers = len(get_path(model, architecture_of(model).blocks))
+    with torch.no_grad():  # a looped model's forward gives one state per pass of a block
+        passes = len(model(torch.arange(2, 8).unsqueeze(0), output_hidden_states=True, use_cache=False).hidden_states) - 1
+    layers = max(len(get_path(model, architecture_of(model).blocks)), passes)
     middle = layers // 2
     worst = 0.0
     for sample in samples:

@@ -37,10 +37,14 @@ _SELECTION: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 def hidden_states_request(model: Any, layers: Iterable[int] | None) -> bool | list[int]:
     """The ``output_hidden_states`` argument that asks ``model`` for the ``hidden_states`` indices ``layers`` (of the
     L + 1 convention) and as few others as its release allows; ``True`` for ``layers=None``, for a model whose
-    reading of a list was not learnt, or where a list cannot name them (the embeddings under ``"blocks"``)."""
+    reading of a list was not learnt, or where a list cannot name them (the embeddings under ``"blocks"``; a looped
+    model's passes past ``config.num_hidden_layers``)."""
     if layers is None:
         return True
     wanted = sorted(set(layers))
+    blocks = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if isinstance(blocks, int) and wanted and wanted[-1] > blocks:
+        return True  # a looped model's passes: indices past the config's blocks, which a list request would drop
     selection = _SELECTION.get(model)
     if selection == "hidden_states":
         return wanted

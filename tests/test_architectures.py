@@ -45,7 +45,8 @@ def test_probes_all_runs_and_matches_the_independent_computation(model_type):
 
 
 OMEGA_FAMILIES = {"qwen3_moe": "MoE blocks", "qwen3_next": "linear and full attention, MoE",
-                  "jamba": "Mamba and attention, MoE"}
+                  "jamba": "Mamba and attention, MoE", "openai-gpt": "no final norm: blocks that give lists",
+                  "bert-generation": "no final norm, blocks one level down"}
 """The families whose per-document Ω is checked against the model's own blocks (beside the dense ones of
 ``test_omega_capture.py``), each with the blocks it re-runs."""
 
@@ -75,17 +76,21 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
 
 
 REFUSED = {
-    "deepseek_v4": r"the logit lens cannot read its blocks' states \(1, 16, 4, 64\): its final norm reads \(1, 16, 64\)",
-    "dory": r"its forward gives 5 hidden states for 3 blocks, not one per block \(a block runs more than once",
+    "gemma3n_text": r"the logit lens cannot read its blocks' states \(4, 1, 16, 64\): its final norm reads \(1, 16, 64\) "
+                    r"\(the model first merges them, e\.g\. residual streams, by no module of its own",
+    "cpmant": r"its last block's output is not what its head reads, and it keeps no final norm by a conventional name",
 }
-"""Families whose layers are not one state per block, each with the start of its refusal: DeepSeek-V4 (and HY-V4) carry
-four residual streams that the model merges before its final norm; Dory loops its middle block."""
+"""Families whose layers are not one state per block, each with the start of its refusal: Gemma-3n carries four
+residual streams (AltUp) that its forward merges before the final norm in code of its own, no module the lens could
+call (DeepSeek-V4's and HY-V4's ``hc_head`` is one: ``test_last_families.py``). CPM-Ant normalises its last block's
+output by a norm of another name (``output_layernorm``): a model with no final norm by the conventional names must have
+its head read that output itself."""
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type):
-    """Once a raw RuntimeError of Ω's self-check (DeepSeek-V4) or a ValueError in the middle of the run (Dory): now
-    the lens's check at load refuses the model, naming its type and why, before any request runs."""
+    """Once a raw RuntimeError of Ω's self-check: now the lens's check at load refuses the model, naming its type and
+    why, before any request runs."""
     outcome = architectures.outcome_of(model_type, docs=2, check=False)
     assert outcome.status == "refused", outcome
     assert re.match(rf"UnsupportedModelError: model_type '{model_type}': {REFUSED[model_type]}", outcome.reason), outcome
@@ -152,3 +157,25 @@ def test_generation_margins_equal_one_pass_over_the_sequence(model_type, tmp_pat
         seen = _prompt_ids(lm, prompt) + _free_generation(lm, prompt, 6)[: max(text.probe.n_tokens, 1) - 1]
         margins, _ = captured_margins(lm.model, seen)
         assert text.probe.get("margin_mean") == pytest.approx(float(margins[0, 1:].mean()), rel=1e-5)
+
+
+def test_a_looped_model_gives_one_lens_reading_per_pass_of_a_block(tmp_path):
+    """Dory runs its middle block twice: its forward gives one state per pass (4 passes of 3 blocks), the lens reads
+    each, the per-layer values have one entry per pass (BTE's profile: 4 transitions) named by pass in the results'
+    config (``probe_layers``), and every document's δ_TCB and BTE agree with their independent recomputation. Ω, which
+    re-runs the last blocks, is skipped with its reason."""
+    import transformers
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    folder = architectures.build("dory", tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    readout = LensReadout(model)
+    check_lens(model, readout)
+    assert readout.looped and readout.passes == (0, 1, 1, 2) and readout.num_layers == 4
+    assert readout.layer_names() == ["embeddings", "block 0", "block 1, pass 1", "block 1, pass 2", "block 2"]
+    result, samples = architectures.run(folder, 2)
+    assert result["config"]["probe_layers"] == readout.layer_names()
+    assert all(len(sample["bte_profile"]) == 4 for sample in samples)
+    assert "looped model" in result["config"]["probes_skipped"]["omega"]
+    assert architectures.check_documents(folder, samples) <= architectures.CHECK_TOLERANCE

@@ -248,8 +248,8 @@ def test_final_layer_readout_equals_model_logprobs(tiny_model_dir):
 
 
 def test_parts_found_by_convention_or_override():
-    """OPT keeps its final norm one level down (its ARCHITECTURES row); GPT-1 has no final norm (post-norm blocks):
-    refused in one line naming the model type."""
+    """OPT keeps its final norm one level down (its ARCHITECTURES row); GPT-1 has no final norm (post-norm blocks): its
+    head reads the last block's output, and the lens reproduces the model's log-probabilities."""
     import transformers as tf
 
     from lm_eval_probes.capture.readouts import UnsupportedModelError, check_lens
@@ -261,8 +261,9 @@ def test_parts_found_by_convention_or_override():
     assert readout.final_norm is opt.model.decoder.final_layer_norm and readout.num_layers == 2
     assert check_lens(opt, readout) < 1e-4
     gpt1 = tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
-    with pytest.raises(UnsupportedModelError, match=r"^model_type 'openai-gpt': .* no final norm"):
-        LensReadout(gpt1)
+    readout = LensReadout(gpt1.eval())
+    assert not readout.has_final_norm and isinstance(readout.final_norm, torch.nn.Identity)
+    assert check_lens(gpt1, readout) < 1e-4
 
 
 @pytest.mark.parametrize("attribute, value", [("logit_scale", 0.5), ("logits_scaling", 4.0), ("lm_head_multiplier", 3.0),

@@ -230,6 +230,51 @@ def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attenti
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+def _eager_built(model_type: str, **fields):
+    """The builder's small ``model_type`` (``benchmarks/architectures.py``) with eager attention and ``fields``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import transformers
+
+    name = "lm_eval_probes_bench_architectures"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / "architectures.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    config = sys.modules[name].small_config(model_type)
+    for key, value in fields.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+
+def test_a_chunks_first_position_has_no_margin():
+    """Llama-4's chunked attention: a chunk's first position attends only to itself (its float mask holds the lowest
+    value everywhere before it), so it has no prefix and no margin, as position 0 (once a number: the masked prefix read
+    as attended, all its logits equally low); every other position equals the eager reference."""
+    model, ids = _eager_built("llama4_text", attention_chunk_size=8), list(range(3, 23))
+    margins, _ = captured_margins(model, ids)
+    want = eager_margins(model, ids)
+    assert [t for t in range(len(ids)) if torch.isnan(margins[0, t])] == [0, 8, 16]
+    torch.testing.assert_close(margins[0], want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_granite_swa_sinks_are_a_softmax_denominator_logit():
+    """Granite-SWA applies its attention sink after the softmax, as an output scale sigmoid(logsumexp(z) − sink): the
+    same weights as a sink logit in the softmax's denominator (gpt-oss's), which the margins read; its eager attention
+    returns the softmax before that scale, so the eager reference differs (by a third at sinks 0: the difference once
+    seen in docs/architectures.md). With the sinks at −30 (no mass) the two agree."""
+    model, ids = _eager_built("granite_swa"), list(range(3, 23))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.Tensor):
+                module.sinks.fill_(-30.0)
+    margins, _ = captured_margins(model, ids)
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 def family_model(family: str):
     import transformers
 

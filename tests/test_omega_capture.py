@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lm_eval_probes.capture.parts import architecture_of, get_path
-from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout
+from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, check_lens
 from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
 from lm_eval_probes.declarations import PROBE_NAMES
 from lm_eval_probes.models.autoregressive import ProbeHFLM
@@ -51,9 +51,14 @@ def _replacing_input(module: nn.Module, state: torch.Tensor) -> torch.utils.hook
 def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, start: int, stop: int) -> torch.Tensor:
     """``[L+1, stop − start]`` top-k masses of D_m(H_i), i = 0..L, on one unpadded sequence: per source layer one
     forward of the model itself, the input of its block L − m + 1 (of its final norm, m = 0) replaced by H_i (layer L:
-    the final norm's input, the last block's pre-norm output). The final norm is called once per forward."""
+    the final norm's input, the last block's pre-norm output). The final norm is called once per forward. Where the
+    model merges several residual streams before its final norm (DeepSeek-V4's ``hc_head``), the merge's input stands
+    for the final norm's; where it has no final norm (GPT-1), the head's."""
     spec = architecture_of(model)
-    blocks, norm = list(get_path(model, spec.blocks)), get_path(model, spec.final_norm)
+    blocks = list(get_path(model, spec.blocks))
+    readout = LensReadout(model)
+    check_lens(model, readout)
+    norm = readout.lens_input if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head's input
     ids = torch.tensor([token_ids])
     norm_input: list[torch.Tensor] = []
     handle = norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))

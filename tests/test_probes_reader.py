@@ -266,8 +266,8 @@ _X, _Y = _noise(20, d=4), np.tile([0, 1], 10)
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"features": np.zeros(20)}, r"\[n, n_layers, d\] or \[n, d\], got shape \(20,\)"),
-        ({"features": np.zeros((20, 1, 1, 4))}, r"got shape \(20, 1, 1, 4\)"),
+        ({"features": np.zeros(20)}, r"\[n, n_layers, d\], \[n, n_layers, streams, d\] or \[n, d\], got shape \(20,\)"),
+        ({"features": np.zeros((20, 1, 1, 1, 4))}, r"got shape \(20, 1, 1, 1, 4\)"),
         ({"features": np.zeros((20, 0, 4))}, "at least one layer"),
         ({"features": np.full((20, 2), "a")}, "real numbers"),
         ({"features": np.where(np.arange(20)[:, None, None] == 3, np.nan, _X)}, "finite; 1 of 20"),

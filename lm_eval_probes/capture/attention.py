@@ -513,8 +513,8 @@ class FirstAttentionCapture:
              positions: torch.Tensor | None = None) -> Any:
         """The arguments of one row (``row``) and some positions (``positions``, with repeats) in float64: each tensor
         cut along the axes that follow the batch rows and the positions (found at load; an argument not seen then:
-        its axes of the sequence's length, and a first axis of the batch's size); an argument over pairs of positions
-        (an attention mask) keeps its dtype (the re-run stops before the attention reads it; an indexer may)."""
+        its axes of the sequence's length, and a first axis of the batch's size); a float attention mask too (an
+        indexer may fill it with float64's lowest value: HY-V4), a boolean one as it is."""
 
         def cut(path: Path, value: torch.Tensor) -> torch.Tensor | None:
             axes = self._axes.get(path)
@@ -529,8 +529,6 @@ class FirstAttentionCapture:
                 for axis in axes.positions:
                     if axis < value.ndim and value.shape[axis] == length:
                         value = value.index_select(axis, positions.to(value.device))
-            if len(axes.positions) > 1:  # over pairs of positions (a mask): as it is, the re-run's attention never reads it
-                return value
             return value.double() if value.is_floating_point() else value
 
         return _mapped(tree, cut)

@@ -27,7 +27,9 @@ class ArchitectureSpec:
     """Where a ``*ForCausalLM`` keeps its parts: dotted attribute paths from the causal-LM module.
 
     Attributes:
-        final_norm: the final norm (its input is the last block's output; its output is what the unembedding reads).
+        final_norm: the final norm (its input is the last block's output; its output is what the unembedding reads);
+            ``""`` where the model has none (blocks that normalise their own output: GPT-1, TrOCR, BERT-generation),
+            and the unembedding reads the last block's output.
         blocks: the list of decoder blocks, in order.
     """
 
@@ -41,7 +43,7 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
 """``config.model_type`` → parts, for the families whose parts the conventions do not find (:func:`architecture_of`)."""
 
 FINAL_NORM_NAMES: tuple[str, ...] = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "final_norm",
-                                     "ln_final", "final_ln", "ln_out", "layer_norm", "embedding_norm")
+                                     "ln_final", "final_ln", "ln_out", "layer_norm", "embedding_norm", "layernorm")
 """Attribute names of the final norm under ``model.base_model``, in the order they are tried."""
 
 BLOCK_LIST_NAMES: tuple[str, ...] = ("layers", "h", "blocks", "block", "layer")
@@ -50,8 +52,12 @@ BLOCK_LIST_NAMES: tuple[str, ...] = ("layers", "h", "blocks", "block", "layer")
 LOGIT_MULTIPLIERS: tuple[str, ...] = ("logit_scale", "lm_head_multiplier")
 """Config attributes the logits are multiplied by after the unembedding (Cohere, Falcon-H1)."""
 
-LOGIT_DIVIDERS: tuple[str, ...] = ("logits_scaling",)
-"""Config attributes the logits are divided by after the unembedding (Granite)."""
+LOGIT_DIVIDERS: tuple[str, ...] = ("logits_scaling", "logits_mup_width_multiplier")
+"""Config attributes the logits are divided by after the unembedding (Granite; Inkling divides the final states)."""
+
+MULTIPLIED_BY: dict[str, tuple[str, ...]] = {"hyperclovax": ("logits_scaling",)}
+"""``model_type`` → config attributes of :data:`LOGIT_DIVIDERS` that this family multiplies its logits by instead
+(HyperCLOVA X's μP ``logits_scaling``; Granite divides by it)."""
 
 LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap")
 """Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma)."""
@@ -69,14 +75,17 @@ def _path_of(model: nn.Module, target: nn.Module) -> str:
 
 
 def architecture_of(model: nn.Module) -> ArchitectureSpec:
-    """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` by the conventional
-    names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`); :class:`UnsupportedModelError` (one line, naming the
-    model type and what is missing) when a part is not found."""
+    """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` (or one level below
+    it) by the conventional names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`; no final norm by those names:
+    ``final_norm=""``, the head reads the last block's output); :class:`UnsupportedModelError` (one line, naming the
+    model type and what is missing) when no block list is found."""
     model_type = model_type_of(model)
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
     bases = [base for base in (getattr(model, "base_model", None), getattr(model, "model", None))
              if isinstance(base, nn.Module)]
+    bases += [child for base in list(bases) for child in base.children()  # one level down: TrOCR's model.decoder
+              if not isinstance(child, (nn.ModuleList, nn.Embedding)) and child not in bases]
     blocks = next((getattr(base, name) for base in bases for name in BLOCK_LIST_NAMES
                    if isinstance(getattr(base, name, None), nn.ModuleList) and len(getattr(base, name))), None)
     if blocks is None:
@@ -86,10 +95,8 @@ def architecture_of(model: nn.Module) -> ArchitectureSpec:
     base = next(base for base in bases if any(child is blocks for child in base.children()))
     norm = next((getattr(base, name) for name in FINAL_NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
                 None)
-    if norm is None:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r}: {type(base).__name__} keeps no final norm by any of the names "
-            f"{', '.join(FINAL_NORM_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
+    if norm is None:  # none by name: the head reads the last block's output (check_lens refuses a model that normalises)
+        return ArchitectureSpec("", _path_of(model, blocks))
     return ArchitectureSpec(_path_of(model, norm), _path_of(model, blocks))
 
 
@@ -114,16 +121,18 @@ class LogitTransform:
 
 def logit_transform_of(config: Any) -> LogitTransform:
     """The :class:`LogitTransform` a model's (text) config declares (:data:`LOGIT_MULTIPLIERS`,
-    :data:`LOGIT_DIVIDERS`, :data:`LOGIT_SOFTCAPS`; a ``None`` or 0 soft-capping is none)."""
+    :data:`LOGIT_DIVIDERS` but those :data:`MULTIPLIED_BY` names for its family, :data:`LOGIT_SOFTCAPS`; a ``None`` or 0
+    soft-capping is none)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     scale = 1.0
-    for name in LOGIT_MULTIPLIERS:
+    multiplied = MULTIPLIED_BY.get(getattr(text, "model_type", None), ())
+    for name in (*LOGIT_MULTIPLIERS, *multiplied):
         value = getattr(text, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             scale *= float(value)
     for name in LOGIT_DIVIDERS:
         value = getattr(text, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value and name not in multiplied:
             scale /= float(value)
     softcap = next((float(v) for v in (getattr(text, name, None) for name in LOGIT_SOFTCAPS) if v), None)
     return LogitTransform(scale, softcap)

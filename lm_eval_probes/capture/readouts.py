@@ -26,6 +26,7 @@ from torch import nn
 
 from lm_eval_probes.capture.parts import (
     ARCHITECTURES,
+    FINAL_NORM_NAMES,
     ArchitectureSpec,
     UnsupportedModelError,
     architecture_of,
@@ -55,7 +56,15 @@ class LensReadout:
         spec = architecture_of(model)
         self.model_type = model_type_of(model)
         self.num_layers = len(_get_path(model, spec.blocks))
-        self.final_norm = _get_path(model, spec.final_norm)
+        self.num_blocks = self.num_layers
+        """The model's blocks (:attr:`num_layers` counts their passes: more in a looped model)."""
+        self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
+        """The block of each pass, in the order the forward runs them (found by :func:`check_lens`): block k more than
+        once in a looped model (Dory), whose ``hidden_states`` then hold one state per pass."""
+        self.final_norm = _get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
+        """The final norm (an identity where the model has none: the head reads the last block's output)."""
+        self.has_final_norm = bool(spec.final_norm)
+        self.last_block = _get_path(model, spec.blocks)[-1]
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
         head = model.get_output_embeddings()
@@ -71,6 +80,45 @@ class LensReadout:
         """s of logits = g(s · (W h + b)) (1 for most families)."""
         self.logit_softcap: float | None = transform.softcap
         self.row_sq_norms = squared_row_norms(self.unembed)  # in float64, without a float64 copy of W
+        self.merge: nn.Module | None = None
+        """The model's own merge of several residual streams before its final norm (DeepSeek-V4's and HY-V4's
+        ``hc_head``), found and checked at load by :func:`check_lens`; ``None``: the blocks' states are what the final
+        norm reads."""
+        self.stream_shape: tuple[int, ...] = ()
+        """A block's state per token where :attr:`merge` is set (``(streams, d)``)."""
+
+    @property
+    def looped(self) -> bool:
+        """Whether a block runs more than once in a forward (:attr:`passes`)."""
+        return len(self.passes) != self.num_blocks
+
+    def layer_names(self) -> list[str]:
+        """The name of each ``hidden_states`` index: ``embeddings``, then each block's output by its index, with its
+        pass where the model runs a block more than once (``block 1, pass 2``)."""
+        seen: dict[int, int] = {}
+        names = ["embeddings"]
+        for block in self.passes:
+            seen[block] = seen.get(block, 0) + 1
+            names.append(f"block {block}" + (f", pass {seen[block]}" if self.passes.count(block) > 1 else ""))
+        return names
+
+    @property
+    def lens_input(self) -> nn.Module:
+        """The module whose input is the last block's output: the stream merge where the model has one, else the final
+        norm."""
+        return self.final_norm if self.merge is None else self.merge
+
+    def merged(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Block states ``[..., *stream_shape]`` → ``[..., d]`` through the model's own :attr:`merge` (called as the
+        model calls it, on ``[1, n, *stream_shape]``: the merge works token by token); unchanged without one."""
+        if self.merge is None:
+            return hidden
+        lead = hidden.shape[: hidden.ndim - len(self.stream_shape)]
+        if tuple(hidden.shape[len(lead):]) != self.stream_shape:
+            raise ValueError(f"the lens reads block states [..., {', '.join(map(str, self.stream_shape))}] of model_type "
+                             f"{self.model_type!r}, got {tuple(hidden.shape)}")
+        merged = self.merge(hidden.reshape(1, -1, *self.stream_shape).to(self._norm_device))
+        return merged.reshape(*lead, merged.shape[-1])
 
     @property
     def vocab_size(self) -> int:
@@ -83,7 +131,7 @@ class LensReadout:
         ``capped=False`` returns ``s · (W h + b)`` before the soft-capping (δ_TCB's input); ``out``: a float32
         ``[..., V]`` tensor to write them into (and return), instead of a new one."""
         if not normalized:
-            hidden = self.final_norm(hidden.to(self._norm_device))
+            hidden = self.final_norm(self.merged(hidden).to(self._norm_device))
         hidden = hidden.to(self.device).float()
         if out is None and not self.rows.converts:
             logits = torch.nn.functional.linear(hidden, self.unembed, self.bias)
@@ -142,7 +190,38 @@ def _check_one_state_per_block(
     if shapes:
         raise UnsupportedModelError(
             f"{where}: the logit lens cannot read its blocks' states {sorted(shapes)[0]}: its final norm reads "
-            f"{tuple(norm_input.shape)} (the model first merges them by a part of its own, e.g. residual streams)")
+            f"{tuple(norm_input.shape)} (the model first merges them, e.g. residual streams, by no module of its own "
+            "that the lens could call)")
+
+
+def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
+                  block_shape: tuple[int, ...]) -> tuple[nn.Module, torch.Tensor] | None:
+    """The module the final norm's input comes from (the head's, where the model has no final norm), where the blocks'
+    states are not what the norm reads (several residual streams): one forward of ``ids`` with a hook on every module,
+    and the module whose output is the final norm's input (its last call) and whose input has the blocks' shape ``block_shape``, with that input (the last
+    block's output). ``None`` where no module gives it (a merge written in the model's forward itself)."""
+    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+    norm_inputs: list[torch.Tensor] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            calls.append((module, args[0], output))
+
+    reader = readout.final_norm if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head
+    handles = [module.register_forward_hook(record) for module in model.modules()
+               if module is not model and module is not reader]
+    handles.append(reader.register_forward_pre_hook(lambda _module, args: norm_inputs.append(args[0])))
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not norm_inputs:
+        return None
+    target = norm_inputs[-1]  # the same tensor, or a whole view of it (the head's input sliced to every position)
+    return next(((module, states.detach()) for module, states, output in reversed(calls)
+                 if (output is target or (output.data_ptr() == target.data_ptr() and output.shape == target.shape))
+                 and tuple(states.shape) == block_shape), None)
 
 
 @torch.no_grad()
@@ -151,8 +230,16 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     ``tokens`` fixed token ids; the lens applied to the final norm's input (the last block's output) and to
     ``hidden_states[L]`` (read as post-norm) must both reproduce the model's own log-probabilities (those above
     :data:`CHECK_FLOOR`) within :data:`LENS_TOLERANCE` of the unembedding's dtype; the forward must give one hidden
-    state per block, each of the shape the final norm reads (:func:`_check_one_state_per_block`). Two or three
-    more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
+    state per block (per pass of a block: a looped model's forward that runs block k several times gives one state per
+    pass, and :attr:`LensReadout.num_layers` counts the passes, :attr:`LensReadout.passes` names their blocks), each of
+    the shape the final norm reads (:func:`_check_one_state_per_block`). A model with no final norm by its conventional
+    names must have its head (or its merge) read its last block's output itself, else it is refused (a norm under
+    another name). Where the blocks'
+    states are not (several residual streams, DeepSeek-V4's and HY-V4's ``hc_head``), the module the final norm's input
+    comes from is the model's merge (:func:`_stream_merge`): it becomes the readout's :attr:`LensReadout.merge`, and the
+    lens on the last block's output (through the merge, the final norm and the head) must reproduce the model's own
+    log-probabilities as above.
+    Two or three more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
     (:func:`~lm_eval_probes.stack_api.learn_hidden_states_selection`).
 
     Returns the largest difference ``max |Δ log p|``; raises :class:`UnsupportedModelError` in one line naming the
@@ -165,15 +252,43 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     if hasattr(embeddings, "weight"):
         ids = ids.to(embeddings.weight.device)
     taken: list[torch.Tensor] = []
-    handle = readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach()))
+    passes: list[int] = []
+    last_outputs: list[Any] = []
+    handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach())),
+               readout.last_block.register_forward_hook(lambda _module, _args, output: last_outputs.append(output))]
+    handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
+                for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
     try:
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     where = f"model_type {readout.model_type!r}"
+    if not readout.has_final_norm:  # the head reads the last block's output: hidden_states[L] itself
+        taken.append(out.hidden_states[-1])
     if not taken:
         raise UnsupportedModelError(f"{where}: its forward never called the final norm {type(readout.final_norm).__name__}")
-    _check_one_state_per_block(out.hidden_states, taken[-1], readout.num_layers, where)
+    readout.passes, readout.num_layers = tuple(range(readout.num_blocks)), readout.num_blocks
+    if len(passes) > readout.num_blocks and len(out.hidden_states) == len(passes) + 1:  # a looped model
+        readout.passes, readout.num_layers = tuple(passes), len(passes)
+    lens_input, read = taken[-1], "the final norm's input"
+    readout.merge, readout.stream_shape = None, ()
+    if len(out.hidden_states) == readout.num_layers + 1 and out.hidden_states[-2].shape != lens_input.shape:
+        found = _stream_merge(model, readout, ids, tuple(out.hidden_states[-2].shape))  # several residual streams
+        if found is not None:
+            readout.merge, lens_input = found
+            readout.stream_shape = tuple(lens_input.shape[2:])
+            read = f"the last block's output (merged by its {type(readout.merge).__name__})"
+    if not readout.has_final_norm:  # the head (or the merge) must read the last block's output itself
+        last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
+            (last_outputs[-1] if last_outputs else None)
+        if not (isinstance(last, torch.Tensor) and last.shape == lens_input.shape
+                and torch.equal(last, lens_input)):  # a norm (or more) between them, not found by its name
+            raise UnsupportedModelError(
+                f"{where}: its last block's output is not what its head reads, and it keeps no final norm by a "
+                f"conventional name ({', '.join(FINAL_NORM_NAMES)}); add a row to lm_eval_probes.capture.parts."
+                "ARCHITECTURES")
+    _check_one_state_per_block(out.hidden_states, lens_input, readout.num_layers, where)
     learn_hidden_states_selection(  # how this model reads a list of hidden_states indices (its release's reading)
         model, lambda request: model(input_ids=ids, output_hidden_states=request, use_cache=False).hidden_states,
         out.hidden_states)
@@ -185,7 +300,7 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
     transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
     largest = 0.0
-    for hidden, normalized, read in ((taken[-1], False, "the final norm's input"),
+    for hidden, normalized, read in ((lens_input, False, read),
                                      (out.hidden_states[-1], True, "hidden_states[L] (read as post-norm)")):
         got = readout.logprobs(hidden[0], normalized=normalized)
         if got.shape != want.shape:
@@ -254,23 +369,63 @@ class BlockInputs:
         self.decoded_during_forward = 0
 
 
-def _rows_of(value: Any, index: torch.Tensor, batch_size: int) -> Any:
-    """``value`` with its batch dimension (a leading dimension of size ``batch_size``) gathered at ``index``.
+def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
+             axes: dict[tuple[Any, ...], tuple[int, int]] | None = None, path: tuple[Any, ...] = ()) -> Any:
+    """``value`` with its batch dimension gathered at ``index``.
 
-    Tensors whose first dimension is not the batch (size-1 broadcast masks or rotary tables, scalars)
-    are returned unchanged; tuples, lists and dicts are mapped.
+    ``axes`` (found at load by :func:`_batch_axes`): argument path → ``(axis, per row)``, an axis that holds
+    ``per row`` consecutive entries per batch row (BLOOM's ALiBi bias ``[B · heads, 1, T]``: ``heads`` per row); each
+    row's entries are gathered there. Elsewhere a leading dimension of size ``batch_size`` is the batch; tensors whose
+    first dimension is not (size-1 broadcast masks or rotary tables, scalars) are returned unchanged; tuples, lists and
+    dicts are mapped.
     """
     if isinstance(value, torch.Tensor):
+        if axes and path in axes:
+            axis, per_row = axes[path]
+            if value.ndim > axis and value.shape[axis] == batch_size * per_row:
+                rows = index.to(value.device)
+                gathered = (rows.unsqueeze(1) * per_row + torch.arange(per_row, device=value.device)).flatten()
+                return value.index_select(axis, gathered)
+            return value
         if value.ndim >= 2 and value.shape[0] == batch_size:
             return value.index_select(0, index.to(value.device))
         return value
     if isinstance(value, tuple):
-        return tuple(_rows_of(v, index, batch_size) for v in value)
+        return tuple(_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value))
     if isinstance(value, list):
-        return [_rows_of(v, index, batch_size) for v in value]
+        return [_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _rows_of(v, index, batch_size) for k, v in value.items()}
+        return {k: _rows_of(v, index, batch_size, axes, (*path, k)) for k, v in value.items()}
     return value
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """``(path, tensor)`` of every tensor in an argument tree of tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+
+
+def _batch_axes(one: Sequence[dict[str, Any]], two: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[int, int]]:
+    """The batch axis of each block argument, from the arguments of the same blocks in a forward of one row (``one``)
+    and of two (``two``): the first axis whose size doubles, holding that many entries per row (1 for most; BLOOM's ALiBi
+    bias ``[B · heads, 1, T]`` holds ``heads``). Paths are a block's argument names, then the indices and keys within."""
+    axes: dict[tuple[Any, ...], tuple[int, int]] = {}
+    for first, second in zip(one, two, strict=True):
+        shapes = {path: tuple(value.shape) for path, value in _leaves(first)}
+        for path, value in _leaves(second):
+            small = shapes.get(path)
+            if small is None or len(small) != value.ndim:
+                continue
+            axis = next((a for a, (s, t) in enumerate(zip(small, value.shape, strict=True)) if t == 2 * s and s), None)
+            if axis is not None:
+                axes.setdefault(path, (axis, small[axis]))
+    return axes
 
 
 def _same_argument(a: Any, b: Any) -> bool:
@@ -378,6 +533,10 @@ class FocalDepthDecoder:
             raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
         if chunk_tokens < 1 or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
+        if depth and readout.looped:
+            raise UnsupportedModelError(
+                f"Ω cannot re-run the last {depth} blocks of model_type {readout.model_type!r}: a looped model (its "
+                f"forward runs {readout.num_layers} passes of {readout.num_blocks} blocks); focal depth 0 reads the lens")
         spec = architecture_of(model)
         self.model = model
         self.readout = readout
@@ -394,6 +553,9 @@ class FocalDepthDecoder:
         # during the forward only: transformers' output hooks can be paused, and no other probe hooks the first
         # block (margin's capture does), which a re-run of every block would call again
         self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers
+        self.batch_axes: dict[tuple[Any, ...], tuple[int, int]] = {}
+        """Block argument path → its batch axis and entries per row, where not a leading axis of the batch's size
+        (:func:`_batch_axes`; found by :meth:`check`)."""
 
     @torch.no_grad()
     def check(self, *, tokens: int = CHECK_TOKENS, tolerance: float | None = None) -> float:
@@ -426,23 +588,27 @@ class FocalDepthDecoder:
 
         kinds = ", ".join(sorted({type(block).__name__ for block in self.blocks}))
         where = f"Ω cannot re-run {kinds} of model_type {self.readout.model_type!r}"
+        device = getattr(embeddings, "weight", ids).device
+        with self.capture() as alone:  # one row: the arguments' batch axes are those that double with two
+            self.model(input_ids=ids[:1].to(device), use_cache=False)
         handles = [self.all_blocks[first].register_forward_pre_hook(take_input, with_kwargs=True)]
         handles += [block.register_forward_pre_hook(take_arguments(i), with_kwargs=True)
                     for i, block in enumerate(self.all_blocks)]
         try:
             with self.capture() as inputs:
-                self.model(input_ids=ids.to(getattr(embeddings, "weight", ids).device), use_cache=False)
+                self.model(input_ids=ids.to(device), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
         if inputs.final_norm_input is None or not taken:
             raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
+        self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs)
         row = torch.tensor([1])
         states = taken[0].index_select(0, row.to(taken[0].device))
         try:
             for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-                result = block(states, **_rows_of(kwargs, row, inputs.batch_size))
-                states = result[0] if isinstance(result, tuple) else result
+                result = block(states, **_rows_of(kwargs, row, inputs.batch_size, self.batch_axes))
+                states = result[0] if isinstance(result, (tuple, list)) else result
         except Exception as error:  # the arguments do not re-run on a subset of the rows
             raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
                                         f"{(str(error).splitlines() or [''])[0][:160]}") from None
@@ -517,7 +683,11 @@ class FocalDepthDecoder:
         try:
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave, always_call=True))
-            handles.append(self.readout.final_norm.register_forward_pre_hook(norm_hook))
+            if self.readout.has_final_norm:
+                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))  # the streams, where merged
+            else:  # no final norm: the last block's output
+                handles.append(self.readout.last_block.register_forward_hook(
+                    lambda module, _args, output: norm_hook(module, (output[0] if isinstance(output, (tuple, list)) else output,))))
             for index, block in enumerate(self.all_blocks):
                 handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
@@ -568,8 +738,8 @@ class FocalDepthDecoder:
                                              dtype=inputs.autocast_dtype or torch.float32,
                                              enabled=inputs.autocast_dtype is not None):
             for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
-                result = block(states, **_rows_of(kwargs, rows, inputs.batch_size))
-                states = result[0] if isinstance(result, tuple) else result
+                result = block(states, **_rows_of(kwargs, rows, inputs.batch_size, self.batch_axes))
+                states = result[0] if isinstance(result, (tuple, list)) else result
         windows = [inputs.windows[row] for _, row in chunk]
         picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
         masses = self._masses(picked, normalized=False).cpu()

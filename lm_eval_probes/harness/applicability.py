@@ -73,9 +73,15 @@ def built_or_skipped(config: ProbeConfig, probe: str, build: Callable[[], Built]
 
 class SkippedProbes:
     """Mixed into both wrappers (before ``HFLM``): ``probes_skipped`` (probe → why it cannot run on this model, filled
-    by :func:`without_skipped`) joins HFLM's ``get_model_info``, which lm_eval writes into the results' config."""
+    by :func:`without_skipped`) joins HFLM's ``get_model_info``, which lm_eval writes into the results' config; for a
+    looped model (a block run more than once) ``probe_layers`` too: the name of each ``hidden_states`` index, by block
+    and pass (``block 1, pass 2``), which the per-layer values (BTE's profile, Ω's trajectory) follow."""
 
     probes_skipped: dict[str, str]
 
     def get_model_info(self) -> dict[str, Any]:
-        return {**super().get_model_info(), "probes_skipped": dict(getattr(self, "probes_skipped", {}))}  # type: ignore[misc]
+        info = {**super().get_model_info(), "probes_skipped": dict(getattr(self, "probes_skipped", {}))}  # type: ignore[misc]
+        readout = getattr(self, "readout", None)
+        if getattr(readout, "looped", False):  # a looped model: each layer of the per-layer values named by its pass
+            info["probe_layers"] = readout.layer_names()
+        return info

@@ -109,7 +109,8 @@ class MarginPositions:
 
         rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
                               softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk, mask=row.mask).cpu() for row in batch.rows()]
+                              heads=self.options.heads, chunk=row.chunk, mask=row.mask).cpu()
+                if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows()]
         return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -124,6 +125,25 @@ class MarginPositions:
 
     def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
         return {}
+
+
+def _undefined(row: Any) -> Any:
+    """``nan`` margins for a row whose layer attends to more keys than positions (DeepSeek-V4's compressed keys, beyond
+    its sliding window once a sequence is longer than a compression block): the margins read one key per position."""
+    import torch
+
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "margins: the first attention layer reads %d keys for %d positions (compressed keys): its margins are nan",
+            row.keys.shape[-2], row.queries.shape[-2])
+    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64)
+
+
+_WARNED = False
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:

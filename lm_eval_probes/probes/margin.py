@@ -62,11 +62,12 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         positions: int64 ``[n]``: ``queries`` are ``[..., n, p]``, the queries of these positions only (their rows of
             the weights, ``[..., n, T]``); ``None``: every position's.
         mask: the mask the model's attention was handed, ``[..., T (or n), T]``: bool (False: not attended) or float
-            (added to the logits after the soft cap; windows, chunks and biases); ``None``: none.
+            (added to the logits after the soft cap; windows, chunks and biases; an entry at or below float16's lowest
+            value, transformers' masked entry, is not attended); ``None``: none.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
-        token) is all zeros. The diagonal is excluded: the paper's μ_t averages the *previous* tokens.
+        token, a chunk's first position in chunked attention) is all zeros. The diagonal is excluded: the paper's μ_t averages the *previous* tokens.
     """
     _check_float("queries", queries)
     _check_float("keys", keys)
@@ -90,7 +91,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         allowed = allowed & valid.bool().unsqueeze(-2)
     if mask is not None and mask.dtype == torch.bool:
         allowed = allowed & mask
-    elif mask is not None:
+    elif mask is not None:  # added to the logits; transformers' masked entries hold their dtype's lowest value
+        allowed = allowed & (mask > torch.finfo(torch.float16).min)  # not attended (a chunk's first position: none)
         logits = logits + mask.to(logits.dtype)
     logits = logits.masked_fill_(~allowed, -math.inf)  # in place: the product's backward does not read it
     if sink is not None:

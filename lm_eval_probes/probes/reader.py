@@ -201,8 +201,11 @@ def _validated_features(features: ArrayLike) -> NDArray:
     x = np.asarray(features)
     if x.ndim == 2:
         x = x[:, None, :]
+    if x.ndim == 4:  # a state of several residual streams ([streams, d]: DeepSeek-V4): all its streams, one vector
+        x = x.reshape(*x.shape[:2], -1)
     if x.ndim != 3:
-        raise ValueError(f"features must be [n, n_layers, d] or [n, d], got shape {np.shape(features)}")
+        raise ValueError(f"features must be [n, n_layers, d], [n, n_layers, streams, d] or [n, d], got shape "
+                         f"{np.shape(features)}")
     if x.dtype.kind not in "fiu":
         raise ValueError(f"features must be real numbers, got dtype {x.dtype}")
     if x.shape[1] == 0 or x.shape[2] == 0:

@@ -1,0 +1,125 @@
+"""The last families, each built tiny from its own config class here — not by ``benchmarks/architectures.py``'s builder —
+and run with ``probes=all``: DeepSeek-V4 and HY-V4 (four residual streams merged by the model's ``hc_head`` before
+its final norm: the lens reads each block's streams through that merge), BLOOM (Ω re-runs its blocks on one row of a
+batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis), XGLM, MiniCPM3 (its ``logits_scaling`` derived from
+its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides). Every document's δ_TCB and BTE agree with their
+independent recomputation from the model's own forward (``benchmarks/architectures.py``'s ``check_documents``), and
+every document's Ω trajectory with the model's own blocks (``test_omega_capture.focal_reference``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_architectures", BENCHMARKS / "architectures.py")
+architectures = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = architectures
+    _spec.loader.exec_module(architectures)
+
+_MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1}
+CONFIGS: dict[str, dict] = {
+    "deepseek_v4": {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 1,
+                    "head_dim": 32, "q_lora_rank": 32, "o_lora_rank": 32, "o_groups": 2, "index_n_heads": 2,
+                    "index_head_dim": 16, "index_topk": 8, "sliding_window": 8, "qk_rope_head_dim": 8,
+                    "num_nextn_predict_layers": 0, **_MOE},
+    "hy_v4": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "head_dim": 16, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+              "qk_rope_head_dim": 8, "v_head_dim": 16, "index_topk": 2048, "index_head_dim": 16, "index_n_heads": 2,
+              **_MOE},
+    "bloom": {"hidden_size": 64, "n_layer": 3, "n_head": 4},
+    "xglm": {"d_model": 64, "ffn_dim": 128, "num_layers": 3, "attention_heads": 4, "max_position_embeddings": 512},
+    "minicpm3": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "head_dim": 8, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 8,
+                 "qk_rope_head_dim": 8, "v_head_dim": 16},
+    "hyperclovax": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "logits_scaling": 0.25, "embedding_multiplier": 2.0,
+                    "residual_multiplier": 0.5},
+}
+"""Each family's small config, written here from its config class's fields (3 layers, width 64, 4 experts). HY-V4's
+indexer keeps its default top-2048 keys: with fewer than a sequence's length it picks them among the padded batch's
+positions too, and the model's own output depends on its batch."""
+
+ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
+
+NAN_MARGINS = {"deepseek_v4": "its first attention layer reads compressed keys beside its sliding window once a "
+                              "sequence is longer than a compression block: the margins read one key per position"}
+"""The families whose margin rows are nan (undefined), and why."""
+
+
+def build_independently(model_type: str, folder: Path) -> str:
+    """A tiny random ``model_type`` from :data:`CONFIGS`, saved with the tests' tokenizer."""
+    import transformers
+    from tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                               bos_token_id=tokenizer.eos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id, **CONFIGS[model_type])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_probes_all_gives_every_row_checked_against_the_model_itself(model_type, tmp_path):
+    folder = build_independently(model_type, tmp_path)
+    result, samples = architectures.run(folder, 2)
+    rows = architectures.headline_rows(result)
+    skipped = result["config"].get("probes_skipped") or {}
+    assert not skipped.keys() - {"margin"}, skipped
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert math.isfinite(rows["margin"]) or skipped.get("margin") or model_type in NAN_MARGINS, (rows, skipped)
+    assert architectures.check_documents(folder, samples) <= architectures.CHECK_TOLERANCE
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_omega_of_each_request_equals_the_models_own_blocks(model_type, tmp_path):
+    """As ``test_architectures.test_omega_per_document_equals_the_models_own_blocks``, on the independently built
+    models (the head scaled 50-fold so that the top-1 masses spread), at focal depth 2 (decoded during the forward)."""
+    import transformers
+    from test_capture import ll_instances
+    from test_omega_capture import assert_omega_matches_the_reference
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = build_independently(model_type, tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=2)
+    assert lm.focal_decoder is not None and len(lm.focal_decoder.blocks) == 2
+    assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "hy_v4"])
+def test_the_lens_reads_several_residual_streams_through_the_models_own_merge(model_type, tmp_path):
+    """The merge found at load is the model's ``hc_head`` (the module the final norm's input comes from), and the lens
+    of a middle block's streams equals the model's own forward with that block's streams in place of the last one's."""
+    import transformers
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently(model_type, tmp_path)).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.merge is model.model.hc_head and readout.stream_shape == (4, 64)
+    ids = torch.arange(3, 15).unsqueeze(0)
+    with torch.no_grad():
+        middle = model(ids, output_hidden_states=True, use_cache=False).hidden_states[1]
+        handle = model.model.hc_head.register_forward_pre_hook(lambda _module, _args: (middle,))
+        try:
+            want = torch.log_softmax(model(ids, use_cache=False).logits[0].float(), -1)
+        finally:
+            handle.remove()
+        got = readout.logprobs(middle[0], normalized=False)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
