@@ -529,7 +529,7 @@ def test_a_probed_forward_keeps_only_the_layers_the_probes_read(tiny_model_dir, 
     ids = torch.tensor([_prompt_ids(lm, PROMPTS[0])])
     with torch.no_grad():
         every = lm.model(ids, output_hidden_states=True).hidden_states
-        some = lm.model(ids, output_hidden_states=states_request({0, last})).hidden_states
+        some = lm.model(ids, output_hidden_states=states_request(lm.model, {0, last})).hidden_states
         with hidden_state_tap(lm.model, layers=lm.kept_layers) as tap:
             lm.model(ids)
     assert len(some) == len(every) == last + 1
