@@ -125,7 +125,10 @@ class Count:
 def count(lm: Any, task: str, documents: int, args: argparse.Namespace, setting: str, layers: int) -> Count:
     from real_shapes import evaluate
 
-    from lm_eval_probes.probes.torch_api import float32_products_emulated
+    try:
+        from lm_eval_probes.probes.torch_api import float32_products_emulated
+    except ImportError:  # an install from before issue 51 (--baseline counts): no tensor-core branch to take
+        from contextlib import nullcontext as float32_products_emulated
 
     evaluate(lm, TASK_NAMES[task], 1, args)  # warm-up: one-time copies (the lens's W) are not counted
     counter = _counter_mode()
@@ -272,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{RATES['fp64'] / 1e12:g} TFLOP/s; {fitted['op_s'] * 1e6:.3g} µs per aten op, "
               f"{fitted['sync_s'] * 1e6:.3g} µs per sync{' (fitted now)' if args.fit else ''}")
     print(table(rows, predicted, fitted, args.layers, args.predict_layers))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(row) for row in rows], indent=1))
+    if args.json:  # the counts at --layers, those carried to --predict_layers, the per-op and per-sync costs used
+        args.json.write_text(json.dumps({"rows": [asdict(row) for row in rows],
+                                         "predicted": [asdict(row) for row in predicted.values()],
+                                         "fitted": fitted}, indent=1))
     failures = checks(rows)
     for failure in failures:
         print("over a cap:", failure)

@@ -40,7 +40,7 @@ def test_float32_products_count_as_tensor_core_products():
 def test_dry_run_prints_every_setting(tmp_path, capsys):
     out = tmp_path / "rows.json"
     assert gpu_cost.main(["--dry-run", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert {(row["task"], row["setting"]) for row in rows} == {(t, s) for t in gpu_cost.TASK_NAMES for s in gpu_cost.SETTINGS}
     assert all(row["ops"] > 0 and row["flops"]["bf16"] > 0 for row in rows)
     printed = capsys.readouterr().out
