@@ -48,9 +48,10 @@ TASK_NAMES = {"mc": "probes_synth_logic", "gen": "probes_synth_arith_gen"}
 RATES = {"bf16": 690e12, "fp32": 50e12, "fp64": 60e12}
 """Dense matmul rates of one H200 (FLOP/s): bfloat16/float16 on tensor cores with float32 accumulation, float32 and
 float64 without."""
-FITTED = {"op_s": 4.0e-5, "sync_s": 1.0e-4}
-"""Seconds per aten op and per device→host sync on the H200 of issue 51 (torch 2.11, eager mode, batch 1): fitted by
-``--fit`` (least squares over the multiple-choice rows of :data:`MEASURED`, FLOP time subtracted), rounded."""
+FITTED = {"op_s": 1.7e-5, "sync_s": 3.7e-4}
+"""Seconds per aten op and per device→host sync on the H200 of issue 51 (torch 2.11, eager mode, batch 1): fitted
+(non-negative least squares over the multiple-choice rows of :data:`MEASURED`, FLOP time subtracted) to the counts of
+74f2633, the code that was measured, carried to 32 layers (``docs/performance.md``), rounded; ``--fit`` fits again."""
 MEASURED = {  # issue 51: one H200, Llama-3-8B shape × 32 layers, bf16, batch 1, warm; seconds per document
     "mc": {"hf": 1.39 / 48, "none": 2.23 / 48, "tcb+bte": 2.42 / 48, "reader": 2.77 / 48, "omega": 5.44 / 48,
            "margin": 24.0 / 48, "all": 4.96 / 8},
