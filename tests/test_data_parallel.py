@@ -66,7 +66,8 @@ def test_two_processes_split_the_documents_and_equal_one_process(tiny_model_dir,
         got = {k: v for k, v in two["results"][task].items() if k.split(",")[0] in rows.ROWS_BY_NAME}
         assert set(got) == set(want)
         for key, value in want.items():
-            if isinstance(value, float):
-                assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6, nan_ok=True), key
+            if isinstance(value, float):  # the margins' float32 products follow the padded length (docs/precision.md)
+                tolerance = 1e-5 if key.startswith("margin") else 1e-6
+                assert got[key] == pytest.approx(value, rel=tolerance, abs=tolerance, nan_ok=True), key
             elif not isinstance(value, str):
                 assert got[key] == value, key

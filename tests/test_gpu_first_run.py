@@ -33,5 +33,9 @@ def test_the_gpu_script_dry_run_writes_its_table(tmp_path):
         assert ("llama3-8b/64", task, "all", "4") in settings  # batch auto on the GPU
         assert ("llada-8b/64", task, "reader", "1") in settings
     assert all(row["wall_s"] > 0 and row["max_allocated_gib"] is None for row in rows)  # CPU: no device memory
+    for row in rows:  # the tokens generate returned are recorded per row (the diffusion wrapper does not call it)
+        counted = row["task"] == "gen" and row["shape"] == "llama3-8b/64"
+        assert (row["generated_tokens"] is not None and 0 < row["generated_tokens"] <= 4) if counted else \
+            row["generated_tokens"] is None, row
     table = out.read_text().splitlines()
     assert table[0].startswith("| shape × layers |") and len(table) == 2 + len(rows)

@@ -395,10 +395,39 @@ def test_competitor_moves_batch_shape_one_hot_and_validation():
         tcb_competitor_moves(hs, w, b, scales=(-1.0,))
 
 
+@pytest.mark.parametrize("products", ["device", "tensor cores"])
 @pytest.mark.parametrize("block_elements", [1, 7 * 16, 10**9])
-def test_a_bfloat16_unembedding_read_in_row_blocks_gives_the_float32_copy_s_numbers(block_elements):
+def test_a_bfloat16_unembedding_read_in_row_blocks_gives_the_float32_copy_s_numbers(block_elements, products):
     """:class:`RowBlocks` converts W a block of rows at a time: the logits equal the float32 copy's product, δ_TCB and
-    its baselines agree with the copy's to float32 rounding (only the order of the moments' sums over V changes)."""
+    its baselines agree with the copy's to float32 rounding (only the order of the moments' sums over V changes). On
+    tensor cores (emulated here: bfloat16 terms of x against W as it is, float32 accumulation) the same."""
+    from contextlib import nullcontext
+
+    from lm_eval_probes.stack_api import float32_products_emulated
+
+    with float32_products_emulated() if products == "tensor cores" else nullcontext():
+        _bfloat16_row_blocks_check(block_elements, tensor_cores=products == "tensor cores")
+
+
+@pytest.mark.parametrize("target", [1e4, 1e6])
+def test_confident_predictions_on_tensor_cores_match_the_float64_reference(target):
+    """A bfloat16 W on tensor cores (emulated): δ_TCB of confident predictions within the float32 bar of
+    :func:`test_confident_fp32_inputs_match_fp64_reference`."""
+    from lm_eval_probes.probes import RowBlocks
+    from lm_eval_probes.stack_api import float32_products_emulated
+
+    h, w, b = _random_problem(1000, 16, seed=7, with_bias=False)
+    w16 = w.bfloat16()
+    h = _scale_for_delta(h, w16.double(), None, None, target)
+    reference = reference_delta(h.float(), w16.float(), None, softcap=None)
+    with float32_products_emulated():
+        rows = RowBlocks(w16, torch.float32)
+        assert rows.tensor_cores
+        got = token_constraint_bound(h.float(), rows)
+    assert abs(float(got) - reference) / reference < 1e-3
+
+
+def _bfloat16_row_blocks_check(block_elements: int, *, tensor_cores: bool) -> None:
     from lm_eval_probes.probes import RowBlocks, tcb_readout
 
     generator = torch.Generator().manual_seed(3)
@@ -406,6 +435,7 @@ def test_a_bfloat16_unembedding_read_in_row_blocks_gives_the_float32_copy_s_numb
     hidden = torch.randn(5, 16, generator=generator)
     rows = RowBlocks(weight, torch.float32, block_elements=block_elements)
     assert rows.converts and rows.block_rows == min(50, max(1, block_elements // 16))
+    assert rows.tensor_cores is tensor_cores
     copy = weight.float()
     torch.testing.assert_close(rows.times_transposed(hidden), hidden @ copy.T, rtol=1e-6, atol=1e-6)
     coefficients = torch.rand(3, 50, generator=generator)

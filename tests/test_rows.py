@@ -89,13 +89,15 @@ def _assert_rows_equal(got: dict, want: dict, where: str) -> None:
     assert set(got) == set(want), (where, set(got) ^ set(want))
     for key, value in want.items():
         if isinstance(value, float) and isinstance(got[key], float):
-            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (where, key, got[key], value)
+            # the margins' products are float32, of shapes that follow the padded length (docs/precision.md)
+            tolerance = 1e-5 if key.startswith("margin") else 1e-6
+            assert got[key] == pytest.approx(value, rel=tolerance, abs=tolerance), (where, key, got[key], value)
         else:
             assert got[key] == value, (where, key)
 
 
 def test_no_row_depends_on_the_batch_size(tiny_model_dir):
-    """Every row, MC and generation, at batch sizes 1, 3 and auto agrees to 1e-6 (batching moves hidden
+    """Every row, MC and generation, at batch sizes 1, 3 and auto agrees to 1e-6 (margins: 1e-5; batching moves hidden
     states by an ulp: no fold may depend on their bytes), and every per-document value of every sample to 1e-4
     relative (measured: ≤ 3.3e-6, Ω's trajectory; BTE ≤ 4.6e-7, which the entropy-form JSD moved by 6.6e-4)."""
     outs = {}

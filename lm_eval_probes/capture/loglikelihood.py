@@ -128,10 +128,11 @@ class RequestRows:
         self._batch_rows, self.windows = {}, {}
         if input_ids.dim() != 2 or not self._reads_from_end:
             return 0
-        real = input_ids != 0  # HFLM pads on the right with id 0; a real trailing 0 is tried below
-        lengths = (input_ids.shape[1] - real.flip(1).int().argmax(dim=1)) * real.any(dim=1)
         first = input_ids.shape[1]
-        for index, (ids, stripped) in enumerate(zip(input_ids.tolist(), lengths.tolist())):
+        for index, ids in enumerate(input_ids.tolist()):  # one transfer of the batch's ids (on a GPU: one sync)
+            stripped = len(ids)  # HFLM pads on the right with id 0; a real trailing 0 is tried below
+            while stripped and ids[stripped - 1] == 0:
+                stripped -= 1
             found = self._request_row(ids, stripped)
             if found is None:
                 first = 0

@@ -393,7 +393,7 @@ class PositionProbes:
         cut = self.span(start, stop)
         n = cut.num_positions
         if mean_token_logprob is None and cut.token_logprob is not None:
-            mean_token_logprob = float(cut.token_logprob.double().mean()) if n else math.nan
+            mean_token_logprob = cut.token_logprob.double().mean().tolist() if n else math.nan  # host values
         values: dict[str, Any] = {}
         for capture, measured in cut.measured.values():
             values.update(capture.reduce(measured, positions=n, generation=generation))
@@ -403,7 +403,7 @@ class PositionProbes:
                 raise ValueError(f"token_ends has {len(token_ends)} offsets for {n} response tokens")
             values["token_ends"] = tuple(int(e) for e in token_ends)
             if cut.token_logprob is not None:
-                values["token_logprobs"] = tuple(float(v) for v in cut.token_logprob)
+                values["token_logprobs"] = tuple(cut.token_logprob.tolist())
         if trace_ids is not None:
             values["trace"] = cut.trace(trace_ids)
         return ResponseProbe(

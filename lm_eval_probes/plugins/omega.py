@@ -105,7 +105,7 @@ class OmegaPositions:
         if "mass" not in values:
             return {}
         trajectory = confidence_trajectory(values["mass"].double())  # nan for an empty span
-        return {"omega_trajectory": tuple(float(v) for v in trajectory), "omega": refinement_area(trajectory)}
+        return {"omega_trajectory": tuple(trajectory.tolist()), "omega": refinement_area(trajectory)}
 
 
 def omega_memory(options: OmegaOptions, shapes: Shapes) -> float:

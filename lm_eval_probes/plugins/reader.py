@@ -105,7 +105,7 @@ def compact_states(layers: Any, states: Any) -> LayerStates:
     import torch
 
     packed = states.half()
-    if not bool(torch.isfinite(packed).all()):
+    if not torch.isfinite(packed).all().tolist():  # host values (tolist: no single-value read)
         packed = states.float()
     return LayerStates(tuple(layers), packed.numpy())
 

@@ -96,7 +96,7 @@ class TcbPositions:
         log10_tcb = values["log10_tcb"]
 
         def mean(name: str) -> float:
-            return float(values[name].double().mean()) if positions else math.nan
+            return values[name].double().mean().tolist() if positions else math.nan  # host values: no sync
 
         ablation: dict[str, Any] = dict.fromkeys(("tcb_cluster_log10_mean", "tcb_disperse_log10_mean",
                                                   "tcb_ablation_ordered"))
@@ -105,11 +105,11 @@ class TcbPositions:
             ordered = (cluster > log10_tcb) & (log10_tcb > disperse)
             ablation = {"tcb_cluster_log10_mean": mean("log10_cluster"),
                         "tcb_disperse_log10_mean": mean("log10_disperse"),
-                        "tcb_ablation_ordered": float(ordered.double().mean()) if positions else math.nan}
+                        "tcb_ablation_ordered": ordered.double().mean().tolist() if positions else math.nan}
         return {
             "tcb_log10_mean": mean("log10_tcb"),
-            "tcb_log10_min": float(log10_tcb.min()) if positions else math.nan,
-            "tcb_argmin": int(log10_tcb.argmin()) if positions else None,
+            "tcb_log10_min": log10_tcb.min().tolist() if positions else math.nan,
+            "tcb_argmin": log10_tcb.argmin().tolist() if positions else None,
             **{name: mean(name) for name in ("entropy", "logit_margin", "v_eff_ipr", "v_eff_exp")},
             **ablation,
         }

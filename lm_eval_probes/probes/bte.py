@@ -279,7 +279,7 @@ def central_window_energy(profile: Tensor, window: tuple[int, int] | None = None
         raise ValueError(f"profile must have shape [..., L], got {tuple(profile.shape)}")
     start, stop = central_window(profile.shape[-1], window)
     value = profile[..., start:stop].mean(-1)
-    return float(value) if profile.ndim == 1 else value
+    return value.tolist() if profile.ndim == 1 else value  # tolist: no single-value read (a sync on a device)
 
 
 def _quarter_bounds(num_positions: int) -> list[tuple[int, int]]:

@@ -54,7 +54,7 @@ def option_probabilities(
         raise ValueError(
             f"option_logliks must have shape [..., n_options] with n_options >= 1, got {tuple(logliks.shape)}"
         )
-    if torch.isnan(logliks).any() or torch.isposinf(logliks).any():
+    if (torch.isnan(logliks) | torch.isposinf(logliks)).any().tolist():  # tolist: no single-value read (a sync)
         raise ValueError(f"option_logliks must not contain NaN or +inf, got {_describe(logliks)}")
     if option_lengths is not None:
         lengths = _as_float_tensor("option_lengths", option_lengths).to(logliks.dtype)
@@ -86,8 +86,8 @@ def chosen_option_confidence(
     probs = option_probabilities(option_logliks, option_lengths)
     if probs.ndim != 1:
         raise ValueError(f"option_logliks must have shape [n_options] for one question, got {tuple(probs.shape)}")
-    index = int(probs.argmax())
-    return index, float(probs[index])
+    index = probs.argmax().tolist()  # read as lists: no single-value read (a device sync where probs is on one)
+    return index, probs[index].tolist()
 
 
 def geometric_mean_probability(
@@ -108,7 +108,7 @@ def geometric_mean_probability(
     logprobs = _as_float_tensor("token_logprobs", token_logprobs)
     if logprobs.ndim < 1:
         raise ValueError("token_logprobs must have shape [..., T], got a scalar")
-    if torch.isnan(logprobs).any():
+    if torch.isnan(logprobs).any().tolist():  # tolist: no single-value read (a sync on a device)
         raise ValueError("token_logprobs must not contain NaN")
     if mask is None:
         mean = logprobs.mean(-1)  # T = 0 gives NaN
@@ -122,4 +122,4 @@ def geometric_mean_probability(
         zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
         mean = torch.where(mask, logprobs, zero).sum(-1) / mask.sum(-1).to(logprobs.dtype)
     value = mean.exp()
-    return float(value) if logprobs.ndim == 1 else value
+    return value.tolist() if logprobs.ndim == 1 else value

@@ -81,4 +81,4 @@ def refinement_area(trajectory: Tensor) -> float | Tensor:
     if trajectory.ndim < 1 or trajectory.shape[-1] < 1:
         raise ValueError(f"trajectory must have shape [..., S] with S >= 1, got {tuple(trajectory.shape)}")
     area = (1.0 - trajectory).sum(-1)
-    return float(area) if trajectory.ndim == 1 else area
+    return area.tolist() if trajectory.ndim == 1 else area  # tolist: no single-value read (a sync on a device)

@@ -14,10 +14,14 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["ROW_BLOCK_ELEMENTS", "RowBlocks"]
+__all__ = ["ROW_BLOCK_ELEMENTS", "TENSOR_CORE_BLOCK_ROWS", "RowBlocks"]
 
 ROW_BLOCK_ELEMENTS = 1 << 24
 """The most values of W converted at a time (64 MiB in float32, 128 MiB in float64)."""
+
+
+TENSOR_CORE_BLOCK_ROWS = 1 << 16
+"""Rows of W per float32-accumulated sum of :meth:`RowBlocks.weighted_sum` on tensor cores (summed in float64)."""
 
 
 class RowBlocks:
@@ -74,9 +78,23 @@ class RowBlocks:
         """``W[index]`` in ``dtype``."""
         return self.weight[index].to(self.dtype)
 
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether the products run as bfloat16 terms with float32 accumulation (:mod:`lm_eval_probes.stack_api`): float32 products
+        with a bfloat16 W, on a device that has them (W is one term, never converted; x three)."""
+        from lm_eval_probes.stack_api import float32_products_native
+
+        return self.dtype == torch.float32 and self.weight.dtype == torch.bfloat16 and \
+            float32_products_native(self.weight.device)
+
     def times_transposed(self, x: Tensor, *, out: Tensor | None = None) -> Tensor:
         """``x [N, d] @ Wᵀ`` → ``[N, V]`` in ``dtype`` (written into ``out`` when given). Each entry is one dot
         product over d, the same whichever block its row of W was in."""
+        if self.tensor_cores:
+            from lm_eval_probes.stack_api import matmul_float32
+
+            product = matmul_float32(x, self.weight.T)
+            return product if out is None else out.copy_(product)
         x = x.to(self.dtype)
         if not self.converts:
             return torch.matmul(x, self.weight.T) if out is None else torch.matmul(x, self.weight.T, out=out)
@@ -94,6 +112,14 @@ class RowBlocks:
         if not self.converts:
             return coefficients @ self.weight
         total = torch.zeros(*coefficients.shape[:-1], self.weight.shape[1], dtype=torch.float64, device=coefficients.device)
+        if self.tensor_cores:  # a block of W's rows at a time as it is (bfloat16), each block's sum in float32
+            from lm_eval_probes.stack_api import matmul_float32
+
+            rows = max(self.block_rows, TENSOR_CORE_BLOCK_ROWS)  # nothing converted: only the sums' blocks
+            for start in range(0, self.weight.shape[0], rows):
+                stop = min(self.weight.shape[0], start + rows)
+                total += matmul_float32(coefficients[..., start:stop], self.weight[start:stop]).to(torch.float64)
+            return total
         for start, stop, block in self.blocks():
             total += (coefficients[..., start:stop] @ block).to(torch.float64)
         return total
