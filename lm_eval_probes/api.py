@@ -609,18 +609,17 @@ class FirstAttention:
     trace: str | None = None
 
 
-JACOBIAN_ELEMENTS = 1 << 26
-"""The most float64 values of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (512 MiB):
-it sets the chunk c of positions (:func:`jacobian_chunks`). Large on purpose: each chunk and each product is a run of
-the layer's code (about a hundred kernel launches on a GPU), so fewer, larger ones (``benchmarks/gpu_cost.py``)."""
+JACOBIAN_ELEMENTS = 1 << 24
+"""The most float64 values of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (128 MiB):
+it sets the chunk c of positions (:func:`jacobian_chunks`)."""
 
-PRODUCT_ELEMENTS = 1 << 26
-"""About the most float64 values one forward-mode product of the first attention layer's query map moves (512 MiB):
+PRODUCT_ELEMENTS = 1 << 23
+"""About the most float64 values one forward-mode product of the first attention layer's query map moves (64 MiB):
 its repeated inputs and tangents ``[g·c, m]`` and about eight ``[H, g·c, p]`` (queries, tangents and the layer's own
 rotations and norms), g the columns of u one product covers (:func:`jacobian_chunks`)."""
 
 
-PRODUCT_POSITIONS = 4096
+PRODUCT_POSITIONS = 1024
 """The most positions one forward-mode product runs the query code on (g·c): code that compares positions with each
 other before the attention call (DeepSeek-V3.2's indexer) costs their square."""
 

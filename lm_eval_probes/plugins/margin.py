@@ -74,13 +74,12 @@ class MarginSummary:
 
         defined = margins[~torch.isnan(margins)]
         support = support_tokens(margins, k)
-        ids = torch.as_tensor(token_ids)
-        return cls(  # read as lists: one transfer each, no read of a single value (a sync on a device)
-            mean=defined.mean().tolist() if defined.numel() else math.nan,
-            minimum=defined.min().tolist() if defined.numel() else math.nan,
-            positions=tuple(support.tolist()),
-            token_ids=tuple(ids[support.to(ids.device)].tolist()),
-            values=tuple(margins[support].tolist()),
+        return cls(
+            mean=float(defined.mean()) if defined.numel() else math.nan,
+            minimum=float(defined.min()) if defined.numel() else math.nan,
+            positions=tuple(int(i) for i in support),
+            token_ids=tuple(int(token_ids[i]) for i in support),
+            values=tuple(float(margins[i]) for i in support),
         )
 
     def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -103,18 +102,16 @@ class MarginPositions:
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`
-        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time; the batch's
-        values leave the device once)."""
+        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time)."""
         import torch
 
         from lm_eval_probes.probes.margin import layer_margins
 
-        rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
+        rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
                               softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk, mask=row.mask)
+                              heads=self.options.heads, chunk=row.chunk, mask=row.mask).cpu()
                 if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows()]
-        batch.verify()
-        return torch.stack(rows).cpu() if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+        return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
@@ -143,7 +140,7 @@ def _undefined(row: Any) -> Any:
         logging.getLogger(__name__).warning(
             "margins: the first attention layer reads %d keys for %d positions (compressed keys): its margins are nan",
             row.keys.shape[-2], row.queries.shape[-2])
-    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64, device=row.queries.device)
+    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64)
 
 
 _WARNED = False

@@ -47,8 +47,7 @@ def _check_float(name: str, value: Tensor) -> None:
 
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
                              softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
-                             positions: Tensor | None = None, mask: Tensor | None = None,
-                             logits: Tensor | None = None) -> Tensor:
+                             positions: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -65,8 +64,6 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         mask: the mask the model's attention was handed, ``[..., T (or n), T]``: bool (False: not attended) or float
             (added to the logits after the soft cap; windows, chunks and biases; an entry at or below float16's lowest
             value, transformers' masked entry, is not attended); ``None``: none.
-        logits: ``scale · q_t·k_s`` computed by the caller (``[..., T (or n), T]``, consumed: changed in place);
-            ``None``: computed here.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -80,7 +77,7 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions), got "
                          f"{tuple(queries.shape)} and {tuple(keys.shape)}")
     length = keys.shape[-2]
-    logits = scale * queries @ keys.transpose(-1, -2) if logits is None else logits
+    logits = scale * queries @ keys.transpose(-1, -2)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
@@ -384,33 +381,22 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
 
 
-_WORK = torch.float32
-"""The dtype of the margins' weights, means and covariances (:func:`layer_margins`)."""
-
-
-def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable[[int], Tensor],
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], Tensor],
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
-    at a time, every head at once.
+    at a time.
 
-    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); for all heads h together
-    (head h reads key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap, sliding
-    window and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
+    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); per head h of the chunk
+    (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap, sliding window
+    and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
     m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read); the
-    position's margin is the mean (or ``min``) over heads. Only one chunk's weights ``[H, c, T]`` and Jacobians are
-    held.
-
-    Precision (``docs/performance.md``, "precision policy"): the weights, the means and C_t are float32, their
-    products go through :func:`~lm_eval_probes.stack_api.matmul_float32` (bfloat16 terms with float32
-    accumulation where the device has them: tensor cores), around a per-head centre of u and k (C_t does not depend
-    on it: its terms stay small); the p×p log-determinants are taken in float64. No value is read by the host.
+    position's margin is the mean (or ``min``) over heads. Only one chunk's weights ``[c, T]`` and Jacobians are held.
 
     Args:
         queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T, p]`` (H a multiple of KV).
-        query_inputs: ``[H or 1, T, n]`` the inputs u each head's queries read (``1``: shared by every head), or
-            ``(head) -> [T, n]``.
+        query_inputs: ``(head) -> [T, n]`` the inputs u that head's queries read.
         query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi).
         scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
         sinks: ``[H]`` attention-sink logits (``None``: none).
@@ -423,74 +409,55 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     Returns:
         ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
     """
-    from lm_eval_probes.stack_api import matmul_float32
-
     if heads not in ("mean", "min"):
         raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
     num_heads, length, dim = queries.shape
     if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
         raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[0]
-    q32 = queries.to(_WORK)
-    k32 = keys.to(_WORK).repeat_interleave(groups, 0) if groups > 1 else keys.to(_WORK)  # [H, T, p]
-    u32 = (torch.stack([query_inputs(head) for head in range(num_heads)]) if callable(query_inputs) else
-           query_inputs.expand(num_heads, *query_inputs.shape[1:])).to(_WORK)  # [H, T, n]
-    centre_u, centre_k = u32.mean(1, keepdim=True), k32.mean(1, keepdim=True)  # any constant: C_t does not move
-    u_c, k_c = u32 - centre_u, k32 - centre_k
-    sink = None if sinks is None else sinks.to(_WORK)[:, None, None]
     parts = []
     for lo in range(0, length, chunk):
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
-        q, k = q32[:, lo:hi], k32[:, :hi]  # no query in the chunk attends past hi
-        prefix = None if valid is None else valid[:hi].expand(num_heads, hi)
-        given = None if mask is None else mask[:, lo:hi, :hi]
-        logits = matmul_float32(q, k.transpose(-1, -2)).mul_(scale)  # [H, c, hi]
-        capped = None if softcap is None else 1 - torch.tanh(logits / softcap).pow(2)
-        alpha = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window, sink=sink,
-                                         positions=at, mask=given, logits=logits)  # [H, c, hi]
-        beta = alpha if capped is None else alpha * capped
-        margins = _chunk_margins(u_c[:, :hi], k_c[:, :hi], alpha, beta, query_jacobian(lo, hi), scale,
-                                 centres=(centre_u, centre_k) if softcap is not None or sinks is not None else None)
-        margins = margins.masked_fill(alpha.sum(-1) == 0, math.nan)  # [H, c]
-        parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
-    out = torch.cat(parts).to(queries.dtype) if parts else queries.new_empty(0)
-    return out if valid is None else out.masked_fill(~valid.bool(), math.nan)
+        jacobian = query_jacobian(lo, hi)
+        per_head = []
+        for head in range(num_heads):
+            q, k = queries[head, lo:hi], keys[head // groups, :hi]  # no query in the chunk attends past hi
+            prefix = None if valid is None else valid[:hi]
+            given = None if mask is None else mask[head if mask.shape[0] > 1 else 0, lo:hi, :hi]
+            weights = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
+                                               sink=None if sinks is None else sinks[head], positions=at, mask=given)
+            key_weights = None
+            if softcap is not None:
+                key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
+            margins = _chunk_margins(query_inputs(head)[:hi], k, weights, key_weights, jacobian[head], scale)
+            per_head.append(margins.masked_fill(weights.sum(-1) == 0, math.nan))
+            del weights, key_weights
+        del jacobian
+        stacked = torch.stack(per_head)
+        parts.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
+    margins = torch.cat(parts) if parts else queries.new_empty(0)
+    return margins if valid is None else margins.masked_fill(~valid.bool(), math.nan)
 
 
-def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float, *,
-                   centres: tuple[Tensor, Tensor] | None) -> Tensor:
-    """log|det(I_p − scale · D_t C_t)| of every head at a chunk of c query positions: u ``[H, S, n]`` and keys
-    ``[H, S, p]`` less their centres a, b (``centres``: ``([H, 1, n], [H, 1, p])``; ``None``: Σ_s α_ts ∈ {0, 1} and
-    β = α, where they cancel), weights α and β ``[H, c, S]``, D ``[H, c, p, n]`` → ``[H, c]``.
-
-    C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ with ū_t = Σ_s α_ts u_s; with u = a + u', k = b + k', A = Σ_s α_ts,
-    B = Σ_s β_ts: C_t = Σ_s β_ts u'_s k'_sᵀ − ū'_t K'_tᵀ + (Σ_s β_ts u'_s − B ū'_t) bᵀ + (1 − A) a (K'_t + B b)ᵀ,
-    K'_t = Σ_s β_ts k'_s. The first sum is one batched product ``[H, c·n, S'] @ [H, S', p]`` per block of S' prefix
-    positions (the weighted inputs of a block: at most :data:`WORK_ELEMENTS` values)."""
-    from lm_eval_probes.stack_api import matmul_float32
-
-    heads, rows, span = alpha.shape
-    width, dim = u.shape[-1], keys.shape[-1]
-    block = max(1, WORK_ELEMENTS // max(1, heads * rows * width))
-    u_t = u.transpose(1, 2)  # [H, n, S]
-    cross = None  # Σ_s β_ts u'_s k'_sᵀ, [H, c·n, p]
+def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor | None, jacobian: Tensor, scale: float) -> Tensor:
+    """log|det(I_p − scale · D_t C_t)| of one head at a chunk of c query positions (no autograd): u ``[S, n]``, keys
+    ``[S, p]``, weights α (and β, ``None``: α) ``[c, S]``, D ``[c, p, n]``. C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
+    is summed over the prefix the chunk attends to, a block of positions at a time as ``[c, n, S'] @ [S', p]`` (the
+    weighted inputs of a block: at most :data:`WORK_ELEMENTS` values; no outer products built)."""
+    beta = alpha if beta is None else beta
+    attended = torch.nonzero(alpha.ne(0).any(0))
+    span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
+    rows, width = alpha.shape[0], u.shape[-1]
+    block = max(1, WORK_ELEMENTS // max(1, rows * width))
+    cross = None  # Σ_s β_ts u_s k_sᵀ, [c, n, p]
     for start in range(0, span, block):
         stop = min(span, start + block)
-        weighted = (beta[:, :, None, start:stop] * u_t[:, None, :, start:stop]).flatten(1, 2)  # [H, c·n, S']
-        part = matmul_float32(weighted, keys[:, start:stop])
+        part = (beta[:, start:stop, None] * u[None, start:stop]).transpose(1, 2) @ keys[start:stop]
         cross = part if cross is None else cross.add_(part)
-        del weighted, part
-    cross = cross.unflatten(1, (rows, width))  # [H, c, n, p]
-    mean_u = matmul_float32(alpha, u)  # ū'_t, [H, c, n]
-    mean_k = matmul_float32(beta, keys)  # K'_t, [H, c, p]
-    cross.sub_(mean_u[..., :, None] * mean_k[..., None, :])
-    if centres is not None:
-        centre_u, centre_k = centres
-        total_a, total_b = alpha.sum(-1)[..., None], beta.sum(-1)[..., None]  # [H, c, 1]
-        spread_u = (matmul_float32(beta, u) if beta is not alpha else mean_u) - total_b * mean_u
-        cross.add_(spread_u[..., :, None] * centre_k[:, :, None, :])
-        cross.add_(((1 - total_a) * centre_u)[..., :, None] * (mean_k + total_b * centre_k)[..., None, :])
-    matrix = matmul_float32(jacobian, cross).double().mul_(-scale)  # I − scale · D_t C_t
+        del part
+    mean_u, mean_k = alpha[:, :span] @ u[:span], beta[:, :span] @ keys[:span]  # ū_t (Σ_s α_ts < 1 with a sink), Σ β k
+    cross.baddbmm_(mean_u[:, :, None], mean_k[:, None, :], alpha=-1)
+    matrix = torch.bmm(jacobian, cross).mul_(-scale)  # I − scale · D_t C_t
     matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
     return torch.linalg.slogdet(matrix).logabsdet
