@@ -70,12 +70,17 @@ def hidden_states_request(model: Any, layers: Iterable[int] | None) -> bool | li
     return True
 
 
-def hidden_states_of(model: Any, request: bool | list[int], states: Sequence[torch.Tensor | None]
-                     ) -> tuple[torch.Tensor | None, ...]:
-    """A forward's ``hidden_states`` for ``request`` (from :func:`hidden_states_request`) in the L + 1 convention."""
+def hidden_states_of(model: Any, request: bool | list[int], states: Sequence[torch.Tensor | None],
+                     layers: Iterable[int] | None = None) -> tuple[torch.Tensor | None, ...]:
+    """A forward's ``hidden_states`` for ``request`` (from :func:`hidden_states_request`) in the L + 1 convention;
+    with ``layers`` (what the request asked for), ``None`` where another was returned too (a flag reading gives every
+    layer): every release hands the probes the same states."""
     if isinstance(request, list) and _SELECTION.get(model) == "blocks":
-        return (None, *states)
-    return tuple(states)
+        states = (None, *states)
+    if layers is None:
+        return tuple(states)
+    kept = set(layers)
+    return tuple(state if index in kept else None for index, state in enumerate(states))
 
 
 def hidden_states_selection(model: Any) -> str | None:

@@ -55,6 +55,9 @@ def test_each_reading_is_learnt_and_its_requests_give_the_l_plus_1_states(how):
         assert torch.equal(states[i], EVERY[i])
     if how != "flag":  # the others are never held
         assert all(states[i] is None for i in (0, 1, 3))
+    kept = hidden_states_of(model, request, model.forward(request), [2, 4])  # the same states whatever the reading
+    assert [state is None for state in kept] == [i not in (2, 4) for i in range(LAYERS + 1)]
+    assert torch.equal(kept[2], EVERY[2]) and torch.equal(kept[4], EVERY[4])
     assert hidden_states_request(model, None) is True
 
 

@@ -79,7 +79,8 @@ def hidden_state_tap(
     """Make every forward of ``model`` inside the block also return and record its hidden states (of ``layers`` only,
     with ``first_call_layers``: :func:`states_request`)."""
     tap = HiddenStateTap(last_position_only=last_position_only, first_call_layers=tuple(first_call_layers))
-    request = states_request(model, None if layers is None else {*layers, *first_call_layers})
+    asked = None if layers is None else {*layers, *first_call_layers}
+    request = states_request(model, asked)
 
     def ask_for_states(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         return args, {**kwargs, "output_hidden_states": request}
@@ -88,7 +89,7 @@ def hidden_state_tap(
         states = getattr(output, "hidden_states", None)
         if states is None:
             raise RuntimeError(f"{type(model).__name__} returned no hidden_states although asked to")
-        tap._record(hidden_states_of(model, request, states))
+        tap._record(hidden_states_of(model, request, states, asked))
 
     handles = [
         model.register_forward_pre_hook(ask_for_states, with_kwargs=True),

@@ -381,7 +381,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
             request = states_request(self.model, self.kept_layers)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              output_hidden_states=request, use_cache=False, **self._one_logit)
-        return hidden_states_of(self.model, request, out.hidden_states)
+        return hidden_states_of(self.model, request, out.hidden_states, self.kept_layers)
 
     @functools.cached_property
     def _one_logit(self) -> dict[str, int]:
