@@ -639,7 +639,7 @@ class FirstAttentionCapture:
         columns = self._columns
         heads, _, dim = queries.shape
         copies = columns.shape[1]
-        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1])
+        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
         if check_chunk is not None:
             chunk, group = check_chunk, 1
 

@@ -182,15 +182,17 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     values) or one group of h heads' margins (h·c·n·p at most 2²³, :func:`~lm_eval_probes.probes.margin.layer_margins`):
     their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
     inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
-    values are 8 bytes each in float64 (``precision`` auto or float64; a GPU's ``auto`` takes float32: less) and 4
-    in float32, where D_t C_t is also held in float32 before its float64 copy."""
+    values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
+    cores: :attr:`~lm_eval_probes.api.Shapes.tensor_cores`), where D_t C_t is also held in float32 before its float64
+    copy and a product covers :data:`~lm_eval_probes.api.PRODUCT_ELEMENTS_TENSOR_CORES`."""
     from lm_eval_probes.probes.margin import WORK_ELEMENTS
 
-    size = 4 if options.precision == "float32" else 8
+    wide = options.precision == "float32" or (options.precision == "auto" and shapes.tensor_cores)
+    size = 4 if wide else 8
     p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
     kv = shapes.kv_heads or h
     m = (h + 2 * kv) * p
-    chunk, group = jacobian_chunks(t, h, p, p, m)
+    chunk, group = jacobian_chunks(t, h, p, p, m, tensor_cores=wide)
     held = 8 * t * (m + h * p + kv * p)
     rerun = 8 * (t * d + 3 * (1 << 23))
     product = 8 * group * chunk * (2 * m + 8 * h * p)
