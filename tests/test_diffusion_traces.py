@@ -233,3 +233,16 @@ def test_use_cache_keeps_traced_and_untraced_runs_apart_and_replays_the_traces(m
         assert all(line["trace"]["lens"] for line in traced["samples"][task])
         assert [line["trace"] for line in replayed["samples"][task]] == [line["trace"] for line in traced["samples"][task]]
         assert plain["results"][task] == {k: v for k, v in traced["results"][task].items() if "trace" not in k}
+
+
+def test_an_empty_generation_is_traced_at_the_position_that_chose_to_stop(masked_lm_dir):
+    """A stop string at the text's first character: the kept text is empty and its record (probed at the canvas
+    start) carries a one-token trace whose last-layer ``emitted_prob`` is that token's reveal-time probability."""
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=2, probe_traces="true",
+                            **MODEL_ARGS)
+    first = next(t for t in generate(lm, ["<never>"]) if str(t))
+    empty = next(t for t in generate(lm, [str(first)[0]]) if not str(t))
+    trace = empty.probe.trace
+    assert empty.probe.empty and empty.probe.n_tokens == 1 and len(trace["tokens"]) == 1
+    assert all(len(row) == 1 for row in trace["lens"]["emitted_prob"])
+    assert trace["lens"]["emitted_prob"][-1] == pytest.approx([math.exp(empty.probe.token_logprobs[0])], rel=2e-3)

@@ -95,7 +95,7 @@ def masked_lm_readout(model: nn.Module, *, tokens: int = CHECK_TOKENS) -> Masked
     head: nn.Module | None = None
     chained: nn.Module | None = None
     for module, given, output in calls:  # innermost first (a hook runs as its module returns)
-        if _equal(given, last) and output.shape == logits.shape and torch.allclose(output, logits):
+        if _equal(given, last) and output.shape == logits.shape and torch.equal(output.to(logits.dtype), logits):
             head = module
             break
     if head is None and decoder is not None:  # a head, then the output embedding (ModernBERT's head → decoder)
