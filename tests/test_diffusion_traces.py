@@ -246,3 +246,13 @@ def test_an_empty_generation_is_traced_at_the_position_that_chose_to_stop(masked
     assert empty.probe.empty and empty.probe.n_tokens == 1 and len(trace["tokens"]) == 1
     assert all(len(row) == 1 for row in trace["lens"]["emitted_prob"])
     assert trace["lens"]["emitted_prob"][-1] == pytest.approx([math.exp(empty.probe.token_logprobs[0])], rel=2e-3)
+
+
+def test_a_bfloat16_models_last_layer_is_its_reveal_time_probability(masked_lm_dir):
+    """In bfloat16 the lens reads ``hidden_states[L]`` through the model's own head in the model's dtype: L's
+    ``emitted_prob`` is still the reveal-time probability within the trace's tolerance."""
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", dtype="bfloat16", batch_size=2,
+                            probe_traces="true", **MODEL_ARGS)
+    for text in generate(lm, ["<never>"]):
+        emitted = text.probe.trace["lens"]["emitted_prob"][-1]
+        assert emitted == pytest.approx([math.exp(v) for v in text.probe.token_logprobs], rel=2e-3)
