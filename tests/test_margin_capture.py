@@ -305,6 +305,23 @@ def test_the_own_attention_scale_and_bias_are_read_from_the_layers_code():
     assert FirstAttentionCapture(own_attention_model("openai-gpt"))._own.scale == pytest.approx(8**-0.5)
 
 
+def test_a_self_computed_attention_whose_logits_are_not_affine_in_its_product_is_refused_at_load():
+    """The load's self-check of a layer that computes its attention itself: logits soft-capped after the product (no
+    scale and query-free bias reproduce them) are refused in one line, not read with the wrong weights."""
+    model = own_attention_model("openai-gpt")
+    attention = model.transformer.h[0].attn
+
+    class Capped(type(attention)):
+        def _attn(self, q, k, v, attention_mask=None, output_attentions=False):
+            w = 4 * torch.tanh(torch.matmul(q, k) / 4)
+            b = self.bias[:, :, : w.size(-2), : w.size(-1)]
+            return [torch.matmul(torch.softmax(w * b - 1e4 * (1 - b), -1), v)]
+
+    attention.__class__ = Capped
+    with pytest.raises(UnsupportedModelError, match=r"'openai-gpt': Capped: .*not c · q·k plus a bias that reads no query"):
+        FirstAttentionCapture(model)
+
+
 @pytest.mark.parametrize(("family", "left"), [("bloom", True), ("bloom", False), ("xglm", False)])
 def test_own_attention_margins_of_a_padded_batch_equal_each_row_alone(family, left):
     """Padded rows of one batch (BLOOM's ALiBi bias ``[B · heads, 1, T]`` cut to the row's heads; it counts positions
