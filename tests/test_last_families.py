@@ -49,7 +49,8 @@ positions too, and the model's own output depends on its batch."""
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
 NAN_MARGINS = {"deepseek_v4": "its first attention layer reads compressed keys beside its sliding window once a "
-                              "sequence is longer than a compression block: the margins read one key per position"}
+                              "sequence is longer than a compression block (128 positions; the task's documents are "
+                              "longer): the margins read one key per position"}
 """The families whose margin rows are nan (undefined), and why."""
 
 
@@ -178,3 +179,22 @@ def test_margins_of_layers_that_compute_their_attention_themselves_in_both_modes
     for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances([], max_gen_toks=6)), strict=True):
         seen = _prompt_ids(lm, prompt) + _free_generation(lm, prompt, 6)[: max(text.probe.n_tokens, 1) - 1]
         assert_alone(text.probe, seen)
+
+
+def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_key_exists(tmp_path):
+    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, once a
+    sequence is longer than a compression block (128 positions), to compressed keys, each a gated sum over a block of
+    positions: no one input position's. Below that its margins equal an autograd Jacobian through its own eager weights;
+    beyond it every margin of the sequence is nan (the margins read one key per position)."""
+    import transformers
+    from test_margin_capture import captured_margins, eager_margins
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("deepseek_v4", tmp_path)).eval()
+    assert model.config.layer_types[0] == "heavily_compressed_attention"
+    assert model.config.compress_rates["heavily_compressed_attention"] == 128
+    short = list(range(3, 23))
+    margins, _ = captured_margins(model, short)
+    assert torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
+    long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
+    assert torch.isnan(long).all()

@@ -151,6 +151,8 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
             return value.double() if value.is_floating_point() else value
         if isinstance(value, tuple):
             return tuple(wide(item) for item in value)
+        if isinstance(value, dict):  # DeepSeek-V4's rotary tables per rope type
+            return {key: wide(item) for key, item in value.items()}
         return None if type(value).__name__.endswith("Cache") else value
 
     def first(value, n):
@@ -161,6 +163,8 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
                 if size == len(ids):
                     value = value.narrow(axis, 0, n)
             return value
+        if isinstance(value, dict):
+            return {key: first(item, n) for key, item in value.items()}
         return tuple(first(item, n) for item in value) if isinstance(value, tuple) else value
 
     all_args, all_kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
