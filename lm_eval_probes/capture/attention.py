@@ -350,8 +350,9 @@ class FirstAttentionCapture:
     model's own forwards (:meth:`capture`), re-run in float64 one row at a time (:meth:`batch`).
 
     Raises:
-        UnsupportedModelError: no module of the model calls transformers' attention interface, or its re-run does not
-            reproduce its queries (the load's self-check).
+        UnsupportedModelError: no module of the model calls transformers' attention interface or computes a softmax
+            over its positions after a query-key product itself, or its re-run does not reproduce its queries (and, for
+            a layer that computes its attention itself, its attention weights: the load's self-check).
     """
 
     CHECK_LENGTH = 6
@@ -366,11 +367,11 @@ class FirstAttentionCapture:
         self._own: OwnAttention | None = None
         if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
             try:
-                module = first_own_attention(model)
+                module = first_own_attention(model, _token_ids(model, 1, 5))
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
                 raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
                                             f"softmax attention failed: {type(error).__name__}: {error}") from None
-            self._own = None if module is None else OwnAttention(module)
+            self._own = None if module is None else OwnAttention(module, AttentionCall)
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
                                         "or computes a softmax over its positions itself (no softmax attention)")

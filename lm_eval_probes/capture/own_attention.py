@@ -114,11 +114,9 @@ class _FirstSoftmax(TorchFunctionMode):
 
 
 @torch.no_grad()
-def first_own_attention(model: nn.Module, length: int = 5) -> nn.Module | None:
+def first_own_attention(model: nn.Module, ids: torch.Tensor) -> nn.Module | None:
     """The first module of ``model`` that computes softmax attention itself (see the module docstring), in a forward
-    of ``length`` tokens; ``None``: none does."""
-    from lm_eval_probes.capture.attention import _token_ids
-
+    of ``ids`` ``[1, T]`` (a few tokens); ``None``: none does."""
     stack: list[nn.Module] = []
 
     def left(_module: nn.Module, _args: Any, _out: Any) -> None:
@@ -128,10 +126,10 @@ def first_own_attention(model: nn.Module, length: int = 5) -> nn.Module | None:
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(lambda m, _args: stack.append(m)))
         handles.append(module.register_forward_hook(left))
-    mode = _FirstSoftmax(stack, length)
+    mode = _FirstSoftmax(stack, ids.shape[1])
     try:
         with mode:
-            model(input_ids=_token_ids(model, 1, length), use_cache=False)
+            model(input_ids=ids, use_cache=False)
     except _Stop:
         pass
     finally:
@@ -233,19 +231,19 @@ class OwnAttention:
     """A layer that computes its attention itself (:func:`first_own_attention`): its recorded calls (:meth:`recorded`),
     its logit scale (found at load), its self-check (:meth:`check`)."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
+    def __init__(self, module: nn.Module, make_call: Callable[..., Any]) -> None:
+        """``make_call(module, queries, keys, scaling, softcap, sliding_window, sinks, mask)``: one recorded call
+        (:class:`~lm_eval_probes.capture.attention.AttentionCall`)."""
+        self.module, self.make_call = module, make_call
         self.scale: float | None = None
         self.keep_weights = False
         self.weights: torch.Tensor | None = None
 
     def call(self, queries: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor | None,
              weights: torch.Tensor | None = None) -> Any:
-        from lm_eval_probes.capture.attention import AttentionCall
-
         if weights is not None:
             self.weights = weights.detach()
-        return AttentionCall(self.module, queries, keys, self.scale, None, None, None, bias)
+        return self.make_call(self.module, queries, keys, self.scale, None, None, None, bias)
 
     def bias(self, z: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, shadow: torch.Tensor | None) -> torch.Tensor:
         """``[B, H, T, S]`` b = z − c · q·k (float64); finds c from the shadow at its first call (the module docstring)."""
