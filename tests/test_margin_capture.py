@@ -309,6 +309,17 @@ def test_the_own_attention_scale_and_bias_are_read_from_the_layers_code():
     assert FirstAttentionCapture(own_attention_model("openai-gpt"))._own.scale == pytest.approx(8**-0.5)
 
 
+@pytest.mark.parametrize("family", ["bloom", "gpt_neo"])
+def test_own_attention_in_bfloat16_passes_the_loads_check_at_the_models_precision(family):
+    """In bfloat16 (GPT-Neo upcasts its queries to float32 before its product, BLOOM its softmax) the load's checks
+    take the model's precision, and the margins are those of float32 within bfloat16's rounding (measured: 0.044 at
+    most on these models)."""
+    model, ids = own_attention_model(family), list(range(3, 15))
+    want, _ = captured_margins(model, ids)
+    got, _ = captured_margins(model.to(torch.bfloat16), ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0.1, equal_nan=True)
+
+
 def test_a_self_computed_attention_whose_logits_are_not_affine_in_its_product_is_refused_at_load():
     """The load's self-check of a layer that computes its attention itself: logits soft-capped after the product (no
     scale and query-free bias reproduce them) are refused in one line, not read with the wrong weights."""

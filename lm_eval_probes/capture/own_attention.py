@@ -146,6 +146,7 @@ class _Recording(TorchFunctionMode):
         self.owner, self.record, self.early = owner, record, early
         self.inside = False
         self.rows = self.positions = 0
+        self.dtype = torch.float32
         self.product: tuple[torch.Tensor, torch.Tensor] | None = None
         self.shadows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -153,17 +154,23 @@ class _Recording(TorchFunctionMode):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if isinstance(hidden, torch.Tensor) and hidden.ndim == 3:
             self.inside, self.rows, self.positions = True, hidden.shape[0], hidden.shape[1]
+            self.dtype = hidden.dtype
             if hidden.dtype == torch.float64:  # a float64 re-run: tensors its code makes are float64 too (XGLM's
                 torch.set_default_dtype(torch.float64)  # lowest-value fill would not fit a float32)
 
     def _heads(self, value: torch.Tensor, own: bool) -> torch.Tensor:
-        """``[B, H, n, ·]`` from ``[B, H, n, ·]`` or ``[B·H, n, ·]``, in float64 (``own``: as it is)."""
+        """``[B, H, n, ·]`` from ``[B, H, n, ·]`` or ``[B·H, n, ·]``, in float64 (``own``: in the layer's input dtype
+        where that is narrower — GPT-Neo upcasts its bfloat16 queries to float32 —, so the load's check of the queries
+        takes the model's precision)."""
         if value.ndim == 3 and value.shape[0] % self.rows == 0:
             value = value.unflatten(0, (self.rows, -1))
         if value.ndim != 4 or value.shape[0] != self.rows:
             raise ValueError(f"its query-key product's operand {tuple(value.shape)} is not [rows, heads, positions, "
                              "width] or [rows · heads, positions, width]")
-        return value if own else value.double()
+        if own:
+            narrow = torch.finfo(self.dtype).eps > torch.finfo(value.dtype).eps if value.is_floating_point() else False
+            return value.to(self.dtype) if narrow else value
+        return value.double()
 
     def _shadowed(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Repeat ``func`` on the shadows of the tensors it read that come from the product."""
