@@ -206,11 +206,11 @@ def write_document_runs(root: Path, models: int, tasks: int, documents: int, *, 
 
 
 def write_lm_eval_runs(root: Path, model_dirs: dict[str, str], data_dir: Path, *, tasks: Sequence[str], limit: int,
-                       probes: str = "tcb+bte", **model_args: str) -> dict[str, Path]:
+                       probes: str = "tcb+bte", model: str = "hf-probes", **model_args: str) -> dict[str, Path]:
     """Runs that lm_eval itself writes (``simple_evaluate`` then its ``EvaluationTracker``, as ``lm-eval-probes run
-    --log_samples --output_path``): ``hf-probes`` with ``probe_traces=true`` on each of ``model_dirs`` (label → tiny
-    model folder), one output folder per label under ``root``; its samples hold lm_eval's strings (a log-likelihood
-    ``"-3.71"``, a target ``"1"``)."""
+    --log_samples --output_path``): ``model`` (``hf-probes``, or ``hf-probes-diffusion`` on a masked LM) with
+    ``probe_traces=true`` on each of ``model_dirs`` (label → tiny model folder), one output folder per label under
+    ``root``; its samples hold lm_eval's strings (a log-likelihood ``"-3.71"``, a target ``"1"``)."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
@@ -220,7 +220,7 @@ def write_lm_eval_runs(root: Path, model_dirs: dict[str, str], data_dir: Path, *
     for label, model_dir in model_dirs.items():
         tracker = EvaluationTracker(output_path=str(root / label))
         results = lm_eval.simple_evaluate(
-            model="hf-probes", model_args={"pretrained": model_dir, "probes": probes, "probe_traces": "true", **model_args},
+            model=model, model_args={"pretrained": model_dir, "probes": probes, "probe_traces": "true", **model_args},
             tasks=list(tasks), limit=limit, device="cpu", batch_size=4, log_samples=True, evaluation_tracker=tracker,
             gen_kwargs={"max_gen_toks": 4},
             task_manager=lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.tasks_dir(),

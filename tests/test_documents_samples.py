@@ -219,3 +219,47 @@ def test_one_document_draws_its_choices_and_lens_grids(runs, site, driver, width
     assert all(len(c) == 1 for c in colours.values())
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
+
+
+@pytest.fixture(scope="module")
+def diffusion_site(tmp_path_factory) -> tuple[Path, Path]:
+    """A run of ``hf-probes-diffusion`` (the diffusion tests' tiny BERT, ``probe_traces=true``) written by lm_eval
+    itself, and its report."""
+    from tiny_models import save_tiny_bert
+
+    root = tmp_path_factory.mktemp("diffusion-runs")
+    data = write_data_dir(root / "data", n=4)
+    bert = save_tiny_bert(root / "tiny-bert", seed=7, special_tokens={"mask_token": "<|mask|>"})
+    write_lm_eval_runs(root / "runs", {"bert": bert}, data, tasks=[MC, GEN], limit=4, probes="reader",
+                       model="hf-probes-diffusion", diffusion_gen_length="4", diffusion_steps="4",
+                       diffusion_mc_samples="2")
+    out = root / "site"
+    build_report([root / "runs"], out, n_resamples=20, seed=0, plots=False)
+    return root / "runs", out
+
+
+@pytest.mark.parametrize("task", [MC, GEN])
+def test_a_diffusion_document_draws_its_lens_grid_at_reveal(diffusion_site, driver, task):  # noqa: F811
+    """``#docs=<task>&model=<label>&doc=<id>`` of a diffusion model's traced run: one ``data-lens-cell`` per kept layer
+    and response position of its trace (the lens at each token's reveal; for multiple choice the scored option's)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    runs, site = diffusion_site
+    (model,) = [m.name for m in read_runs([runs])]
+    doc = 1
+    line = next(li for li in lines_of(runs, task)["bert"] if li["doc_id"] == doc)
+    trace = line["trace"]
+    layers, n = trace["lens_layers"], len(trace["tokens"])
+    assert len(trace["lens"]["emitted_prob"]) == len(layers) and n >= 1
+    assert trace["lens"]["emitted_prob"][-1] == pytest.approx([math.exp(v) for v in trace["logprob"]], rel=2e-3)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1400, "height": 1200, "deviceScaleFactor": 1, "mobile": False})
+    driver.get("about:blank")
+    driver.get((site / "index.html").as_uri() + f"#docs={task}&model={model}&doc={doc}")
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+        "return document.querySelectorAll('#document-detail .doc-model .lens-grid').length === 1;"))
+    cells = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#document-detail [data-lens-cell]'))"
+        ".map(e => e.getAttribute('data-lens-cell'));")
+    assert sorted(cells) == sorted(f"{layer},{j}" for layer in layers for j in range(n))
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

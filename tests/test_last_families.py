@@ -49,7 +49,8 @@ positions too, and the model's own output depends on its batch."""
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
 NAN_MARGINS = {"deepseek_v4": "its first attention layer reads compressed keys beside its sliding window once a "
-                              "sequence is longer than a compression block: the margins read one key per position"}
+                              "sequence is longer than a compression block (128 positions; the task's documents are "
+                              "longer): the margins read one key per position"}
 """The families whose margin rows are nan (undefined), and why."""
 
 
@@ -70,16 +71,37 @@ def build_independently(model_type: str, folder: Path) -> str:
     return str(folder)
 
 
+def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
+    """Each document's support tokens' margins equal an autograd Jacobian through the first attention layer's own
+    eager weights (``test_margin_capture.eager_margins``), on the option the task read, as ``check_documents``."""
+    import transformers
+    from test_margin_capture import own_eager_margins
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    for sample in samples:
+        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
+        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
+        context, continuation = architectures._moved_space(context, continuation)
+        seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+        support = sample["margin_support"]
+        assert len(support["positions"]) == 5
+        want = own_eager_margins(model, seen, support["positions"])[support["positions"]]
+        assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)
+        assert sample["margin_min"] == pytest.approx(float(want.min()), rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
 def test_probes_all_gives_every_row_checked_against_the_model_itself(model_type, tmp_path):
     folder = build_independently(model_type, tmp_path)
     result, samples = architectures.run(folder, 2)
     rows = architectures.headline_rows(result)
-    skipped = result["config"].get("probes_skipped") or {}
-    assert not skipped.keys() - {"margin"}, skipped
+    assert not result["config"].get("probes_skipped"), result["config"]["probes_skipped"]
     assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
-    assert math.isfinite(rows["margin"]) or skipped.get("margin") or model_type in NAN_MARGINS, (rows, skipped)
+    assert math.isfinite(rows["margin"]) != (model_type in NAN_MARGINS), rows
     assert architectures.check_documents(folder, samples) <= architectures.CHECK_TOLERANCE
+    if model_type not in NAN_MARGINS:
+        assert_margins_equal_the_eager_reference(folder, samples)
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
@@ -123,3 +145,56 @@ def test_the_lens_reads_several_residual_streams_through_the_models_own_merge(mo
             handle.remove()
         got = readout.logprobs(middle[0], normalized=False)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "xglm"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_margins_of_layers_that_compute_their_attention_themselves_in_both_modes(model_type, batch_size, tmp_path):
+    """BLOOM and XGLM compute their attention themselves (no attention-interface call): the margins of each
+    loglikelihood request and of each generation (``generate``'s calls joined: BLOOM's ALiBi bias spans every key so
+    far, the last call's covers them all) equal those of the sequence the model saw, captured alone."""
+    import transformers
+    from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
+    from test_margin_capture import captured_margins
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+    from lm_eval_probes.plugins.margin import MarginSummary
+
+    folder = build_independently(model_type, tmp_path)
+    lm = ProbeHFLM(pretrained=transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), tokenizer=folder,
+                   device="cpu", batch_size=batch_size, probes="margin", probe_gen_capture="generate")
+
+    def assert_alone(probe, seen):
+        want = MarginSummary.of(captured_margins(lm.model, seen)[0][0], torch.tensor(seen), 5)
+        assert probe.get("margin_mean") == pytest.approx(want.mean, rel=1e-6, abs=1e-9)
+        assert probe.get("margin_min") == pytest.approx(want.minimum, rel=1e-6, abs=1e-9)
+        assert probe.get("margin_support_positions") == want.positions
+
+    for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances()), strict=True):
+        context_ids, continuation_ids = lm._encode_pair(context, continuation)
+        assert math.isfinite(answer.probe.get("margin_mean"))
+        assert_alone(answer.probe, (context_ids + continuation_ids)[:-1])
+    if model_type == "xglm" and batch_size > 1:
+        return  # XGLM counts positions from the padded batch's first column: a left-padded row is another sequence
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances([], max_gen_toks=6)), strict=True):
+        seen = _prompt_ids(lm, prompt) + _free_generation(lm, prompt, 6)[: max(text.probe.n_tokens, 1) - 1]
+        assert_alone(text.probe, seen)
+
+
+def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_key_exists(tmp_path):
+    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, once a
+    sequence is longer than a compression block (128 positions), to compressed keys, each a gated sum over a block of
+    positions: no one input position's. Below that its margins equal an autograd Jacobian through its own eager weights;
+    beyond it every margin of the sequence is nan (the margins read one key per position)."""
+    import transformers
+    from test_margin_capture import captured_margins, eager_margins
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("deepseek_v4", tmp_path)).eval()
+    assert model.config.layer_types[0] == "heavily_compressed_attention"
+    assert model.config.compress_rates["heavily_compressed_attention"] == 128
+    short = list(range(3, 23))
+    margins, _ = captured_margins(model, short)
+    assert torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
+    long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
+    assert torch.isnan(long).all()

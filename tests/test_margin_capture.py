@@ -130,12 +130,12 @@ def test_reader_equals_the_hand_computation(tiny_model_dir, arch):
     torch.testing.assert_close(margins[0], reference_margins(lm.model, ids), rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
-def eager_margins(model, ids: list[int]) -> torch.Tensor:
+def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
     """The margins from the model's own first attention module (the first ``*Attention`` module), copied to float64
     with eager attention: per head, e_t(x_t) = x_t − Σ_{s<t} α_ts x_s with α the module's own attention
     probabilities P at row t without s = t, P_ts / (1 − P_tt) (renormalised over s < t, and an attention sink if any;
     x_t substituted in the module's input, the other rows fixed),
-    m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0."""
+    m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0 (``at``: at these positions only, nan elsewhere)."""
     module = next(sub for sub in model.modules() if type(sub).__name__.endswith("Attention"))
     seen = {}
     handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.update(args=args, kwargs=kwargs),
@@ -144,14 +144,17 @@ def eager_margins(model, ids: list[int]) -> torch.Tensor:
         model(torch.tensor([ids]), use_cache=False)
     handle.remove()
     eager = copy.deepcopy(module).double()
-    eager.config = copy.deepcopy(module.config)
-    eager.config._attn_implementation = "eager"
+    if hasattr(module, "config"):  # a layer that computes its attention itself has none (BLOOM, XGLM, GPT-1, ...)
+        eager.config = copy.deepcopy(module.config)
+        eager.config._attn_implementation = "eager"
 
     def wide(value):
         if isinstance(value, torch.Tensor):
             return value.double() if value.is_floating_point() else value
         if isinstance(value, tuple):
             return tuple(wide(item) for item in value)
+        if isinstance(value, dict):  # DeepSeek-V4's rotary tables per rope type
+            return {key: wide(item) for key, item in value.items()}
         return None if type(value).__name__.endswith("Cache") else value
 
     def first(value, n):
@@ -162,13 +165,17 @@ def eager_margins(model, ids: list[int]) -> torch.Tensor:
                 if size == len(ids):
                     value = value.narrow(axis, 0, n)
             return value
+        if isinstance(value, dict):
+            return {key: first(item, n) for key, item in value.items()}
         return tuple(first(item, n) for item in value) if isinstance(value, tuple) else value
 
     all_args, all_kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
+    if "output_attentions" in all_kwargs:  # GPT-1's attention returns its weights only when asked
+        all_kwargs["output_attentions"] = True
     named = "hidden_states" in all_kwargs
     x = (all_kwargs["hidden_states"] if named else all_args[0])[0]
     out = torch.full((len(ids),), math.nan, dtype=torch.float64)
-    for t in range(1, len(ids)):
+    for t in range(1, len(ids)) if at is None else [t for t in at if t > 0]:
         args, kwargs = [first(a, t + 1) for a in all_args], {k: first(v, t + 1) for k, v in all_kwargs.items()}
 
         def residual(xt, t=t, args=args, kwargs=kwargs):
@@ -238,6 +245,126 @@ def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attenti
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     # the harness's forward runs in float32 (its rotary tables, positions, norms' inputs): ~1e-6 relative
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def _own_attention_configs():
+    import transformers as tf
+
+    return {  # layers that compute their attention themselves (no attention-interface call)
+        "bloom": lambda: tf.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4,
+                                        initializer_range=0.25),  # ALiBi bias in baddbmm, fused qkv
+        "xglm": lambda: tf.XGLMConfig(vocab_size=64, d_model=32, ffn_dim=64, num_layers=2, attention_heads=4,
+                                      max_position_embeddings=64, init_std=0.25),  # queries scaled before bmm
+        "gpt_neo": lambda: tf.GPTNeoConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                                           attention_types=[[["global", "local"], 1]], window_size=6,
+                                           max_position_embeddings=64, initializer_range=0.25),  # no scale, where-mask
+        "gpt_neox_japanese": lambda: tf.GPTNeoXJapaneseConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2,
+            max_position_embeddings=64, initializer_range=0.25),  # rotary, baddbmm's alpha
+        "openai-gpt": lambda: tf.OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                 initializer_range=0.25),  # w / √p after matmul, w·b − 1e4(1 − b)
+        "trocr": lambda: tf.TrOCRConfig(vocab_size=64, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                                        decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.25),
+    }
+
+
+def own_attention_model(family: str):
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(_own_attention_configs()[family]()).eval()
+
+
+def own_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
+    """:func:`eager_margins` with float64 as the default dtype (XGLM's code fills a tensor of the default dtype with
+    its logits' lowest value)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return eager_margins(model, ids, at)
+    finally:
+        torch.set_default_dtype(default)
+
+
+@pytest.mark.parametrize("family", sorted(_own_attention_configs()))
+def test_margins_where_the_layer_computes_its_attention_itself_equal_its_eager_weights(family):
+    """No layer calls the attention interface: the first attention is the first module that computes a softmax over
+    its positions, stopped there; its queries, keys, logit scale and bias (ALiBi, masks) read from its own code equal an
+    autograd Jacobian through its own attention probabilities (BLOOM and GPT-Neo take their softmax in float32: ~1e-6)."""
+    model, ids = own_attention_model(family), list(range(3, 15))
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], own_eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_the_own_attention_scale_and_bias_are_read_from_the_layers_code():
+    """BLOOM: the scale is baddbmm's alpha 1/√p, the bias its ALiBi slopes times the key's position (the causal mask
+    beyond); GPT-1: the division by √p after its product."""
+    from lm_eval_probes.capture.attention import FirstAttentionCapture
+
+    bloom = own_attention_model("bloom")
+    capture = FirstAttentionCapture(bloom)
+    assert capture.module is bloom.transformer.h[0].self_attention and capture._own.scale == pytest.approx(8**-0.5)
+    ids = list(range(3, 10))
+    with capture.capture() as inputs, torch.no_grad():
+        bloom(torch.tensor([ids]), use_cache=False)
+    row = next(capture.batch(inputs.latest()).rows())
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi = build_alibi_tensor(torch.ones(1, len(ids)), 4, torch.float64)  # [heads, 1, T]
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    torch.testing.assert_close(row.mask.masked_select(causal), alibi.expand(4, len(ids), len(ids)).masked_select(causal),
+                               rtol=0, atol=1e-12)
+    assert bool((row.mask.masked_select(~causal) < -1e30).all())
+    assert FirstAttentionCapture(own_attention_model("openai-gpt"))._own.scale == pytest.approx(8**-0.5)
+
+
+@pytest.mark.parametrize("family", ["bloom", "gpt_neo"])
+def test_own_attention_in_bfloat16_passes_the_loads_check_at_the_models_precision(family):
+    """In bfloat16 (GPT-Neo upcasts its queries to float32 before its product, BLOOM its softmax) the load's checks
+    take the model's precision, and the margins are those of float32 within bfloat16's rounding (measured: 0.044 at
+    most on these models)."""
+    model, ids = own_attention_model(family), list(range(3, 15))
+    want, _ = captured_margins(model, ids)
+    got, _ = captured_margins(model.to(torch.bfloat16), ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0.1, equal_nan=True)
+
+
+def test_a_self_computed_attention_whose_logits_are_not_affine_in_its_product_is_refused_at_load():
+    """The load's self-check of a layer that computes its attention itself: logits soft-capped after the product (no
+    scale and query-free bias reproduce them) are refused in one line, not read with the wrong weights."""
+    model = own_attention_model("openai-gpt")
+    attention = model.transformer.h[0].attn
+
+    class Capped(type(attention)):
+        def _attn(self, q, k, v, attention_mask=None, output_attentions=False):
+            w = 4 * torch.tanh(torch.matmul(q, k) / 4)
+            b = self.bias[:, :, : w.size(-2), : w.size(-1)]
+            return [torch.matmul(torch.softmax(w * b - 1e4 * (1 - b), -1), v)]
+
+    attention.__class__ = Capped
+    with pytest.raises(UnsupportedModelError, match=r"'openai-gpt': Capped: .*not c · q·k plus a bias that reads no query"):
+        FirstAttentionCapture(model)
+
+
+@pytest.mark.parametrize(("family", "left"), [("bloom", True), ("bloom", False), ("xglm", False)])
+def test_own_attention_margins_of_a_padded_batch_equal_each_row_alone(family, left):
+    """Padded rows of one batch (BLOOM's ALiBi bias ``[B · heads, 1, T]`` cut to the row's heads; it counts positions
+    from the first real token, so left padding too) give each sequence's margins alone."""
+    model = own_attention_model(family)
+    capture = FirstAttentionCapture(model)
+    rows = [list(range(3, 15)), list(range(20, 27))]
+    pad = [0] * 5
+    ids = torch.tensor([rows[0], pad + rows[1] if left else rows[1] + pad])
+    mask = torch.tensor([[1] * 12, [0] * 5 + [1] * 7 if left else [1] * 7 + [0] * 5])
+    with capture.capture() as inputs, torch.no_grad():
+        model(ids, attention_mask=mask, use_cache=False)
+    batch = margin_probe().first_attention.values(capture.batch(inputs.latest()))
+    for index, row in enumerate(rows):
+        alone, _ = captured_margins(model, row)
+        real = slice(12 - len(row), 12) if left else slice(0, len(row))
+        torch.testing.assert_close(batch[index, real], alone[0], rtol=1e-6, atol=1e-8, equal_nan=True)
+        assert int(torch.isnan(batch[index]).sum()) == 1 + 12 - len(row)
 
 
 def _eager_built(model_type: str, **fields):

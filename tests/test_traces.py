@@ -169,13 +169,6 @@ def test_a_record_with_a_trace_round_trips_through_its_dict():
     assert "trace" not in ResponseProbe(n_tokens=1, mean_token_logprob=-0.5).to_dict()
 
 
-def test_the_diffusion_wrapper_refuses_traces_before_loading():
-    from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
-
-    with pytest.raises(ValueError, match="probe_traces=true is an hf-probes option"):
-        DiffusionProbeHFLM(pretrained="/nowhere", probe_traces="true", probes="none")
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_lens_grid_is_the_same_whichever_probe_read_the_layers_out(tiny_model_dir, dtype):
     """The grid of a span's kept layers: read out for the grid alone (δ_TCB keeps only L), noted while BTE reads

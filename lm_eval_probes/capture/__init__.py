@@ -3,6 +3,8 @@
 * :mod:`.readouts` — the one place that knows each architecture's final norm, unembedding and logit transform
   (:class:`~lm_eval_probes.capture.readouts.LensReadout`) and re-runs its last blocks for Ω
   (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`);
+* :mod:`.masked_readout` — a masked-diffusion LM's lens (its own head, found by what its forward does and checked at
+  load) and the lens grid of a few positions (``probe_traces=true`` of ``hf-probes-diffusion``);
 * :mod:`.positions` — the hidden-state hooks, every enabled probe's :class:`~lm_eval_probes.api.PositionProbe` at
   a response span's positions (the probes themselves: :mod:`lm_eval_probes.plugins` and the entry points), and their
   reduction to a record;

@@ -24,6 +24,12 @@ those columns. Which columns of u each query head reads is found at load by reve
 product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
 D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads.
 
+A model none of whose modules calls the interface (BLOOM, XGLM, GPT-NeoX-Japanese, GPT-Neo, TrOCR, GPT-1: layers that
+compute their attention themselves) is read the same way, with the layer's softmax in place of the attention call and
+its query-key product giving the queries and keys (:mod:`~lm_eval_probes.capture.own_attention`, :meth:`_recorded`):
+its logits' scale and bias (ALiBi, masks) are read from its own code, each row re-run whole (the bias is a ``[H, T, T]``
+float mask).
+
 Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
 model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
 capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.UnsupportedModelError`).
@@ -32,6 +38,7 @@ capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.Unsupporte
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +49,7 @@ import torch
 from torch import nn
 
 from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, FirstAttention, jacobian_chunks
+from lm_eval_probes.capture.own_attention import OwnAttention, first_own_attention
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.records import trace_values
 
@@ -203,7 +211,9 @@ def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
     if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.ndim == first.ndim for v in values):
         axes = [axis for axis in range(first.ndim) if all(v.shape[axis] == n for v, n in zip(values, lengths))
                 and all(v.shape[:axis] + v.shape[axis + 1:] == first.shape[:axis] + first.shape[axis + 1:] for v in values)]
-        return (True, torch.cat(values, axes[0])) if len(axes) == 1 else (False, None)
+        if len(axes) == 1:
+            return True, torch.cat(values, axes[0])
+        return _over_all_keys(values, lengths)
     if isinstance(first, (tuple, list)) and all(type(v) is type(first) and len(v) == len(first) for v in values):
         joined = [_joined(list(items), lengths) for items in zip(*values)]
         return (all(ok for ok, _ in joined), type(first)(value for _, value in joined))
@@ -216,6 +226,18 @@ def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
         return (True, first) if all(type(v) is type(first) and v == first for v in values) else (False, None)
     except (RuntimeError, ValueError, TypeError):  # values that hold tensors of other lengths
         return False, None
+
+
+def _over_all_keys(values: list[torch.Tensor], lengths: list[int]) -> tuple[bool, Any]:
+    """Tensors with one axis over every key so far (BLOOM's ALiBi bias in ``generate``: the positions of all calls up
+    to each): the last, when it extends the first (``(False, None)`` otherwise)."""
+    first, totals = values[0], list(itertools.accumulate(lengths))
+    spans = [axis for axis in range(first.ndim) if all(v.shape[axis] == n for v, n in zip(values, totals))
+             and all(v.shape[:axis] + v.shape[axis + 1:] == first.shape[:axis] + first.shape[axis + 1:] for v in values)]
+    if len(spans) == 1 and totals[0] != totals[-1] and \
+            torch.equal(values[-1].narrow(spans[0], 0, totals[0]).to(first.device), first):
+        return True, values[-1]
+    return False, None
 
 
 def _joined_segment(segments: list[_Segment]) -> _Segment | None:
@@ -349,8 +371,9 @@ class FirstAttentionCapture:
     model's own forwards (:meth:`capture`), re-run in float64 one row at a time (:meth:`batch`).
 
     Raises:
-        UnsupportedModelError: no module of the model calls transformers' attention interface, or its re-run does not
-            reproduce its queries (the load's self-check).
+        UnsupportedModelError: no module of the model calls transformers' attention interface or computes a softmax
+            over its positions after a query-key product itself, or its re-run does not reproduce its queries (and, for
+            a layer that computes its attention itself, its attention weights: the load's self-check).
     """
 
     CHECK_LENGTH = 6
@@ -362,9 +385,17 @@ class FirstAttentionCapture:
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
             raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
                                         f"layer failed: {type(error).__name__}: {error}") from None
+        self._own: OwnAttention | None = None
+        if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
+            try:
+                module = first_own_attention(model, _token_ids(model, 1, 5))
+            except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+                raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
+                                            f"softmax attention failed: {type(error).__name__}: {error}") from None
+            self._own = None if module is None else OwnAttention(module, AttentionCall)
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
-                                        "(no softmax attention, or attention written without it)")
+                                        "or computes a softmax over its positions itself (no softmax attention)")
         self.model, self.module = model, module
         self._name = f"model_type {model_type!r}: {type(module).__name__}"
         self._columns: torch.Tensor | None = None
@@ -377,6 +408,13 @@ class FirstAttentionCapture:
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{type(error).__name__}: {error}") from None
 
+    def _recorded(self, record: Callable[[AttentionCall], None], *, early: bool = False) -> Any:
+        """The layer's calls recorded, each run stopped there: at its attention-interface call, or for a layer that
+        computes its attention itself at its softmax (``early``: at its query-key product; :mod:`.own_attention`)."""
+        if self._own is not None:
+            return self._own.recorded(record, early=early)
+        return attention_calls_recorded(record, stop=True)
+
     # -- load: the layer's arguments, its projections, the self-check -------------------------------------------------
 
     def _discover(self) -> None:
@@ -388,7 +426,13 @@ class FirstAttentionCapture:
         self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
                       for path in shapes[1]}
         self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
-        self._projections, own_queries = self._find_projections(long)
+        if self._own is not None:
+            self._own.keep_weights = True
+        try:
+            self._projections, own_queries = self._find_projections(long)
+        finally:
+            if self._own is not None:
+                self._own.keep_weights = False
         inside = {sub for projection in self._projections for sub in projection.modules()}
         reading = [sub for sub in self._called if sub not in inside]
         names = {sub: name for name, sub in module.named_modules()}
@@ -396,6 +440,12 @@ class FirstAttentionCapture:
                         for sub in reading
                         for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
         self._check(long, own_queries)
+        if self._own is not None:
+            try:
+                self._own.check(self._row(long, 0), self._own.weights, _tolerance(own_queries.dtype))
+            except ValueError as error:
+                raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
+                                            f"{error}") from None
         self.reads_mask = self._reads_mask(long)
 
     def _reads_mask(self, segment: _Segment) -> bool:
@@ -414,7 +464,7 @@ class FirstAttentionCapture:
         """The layer's arguments in a forward of ``rows × length`` tokens (stopped at its attention call)."""
         ids = _token_ids(self.model, rows, length)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
-        with self.capture() as inputs, attention_calls_recorded(lambda call: None, stop=True):
+        with self.capture() as inputs, self._recorded(lambda call: None, early=True):
             try:  # positions per row, as generate gives them
                 _stopped(lambda: self.model(**kwargs, position_ids=torch.arange(length, device=ids.device).expand_as(ids)))
             except TypeError:
@@ -442,7 +492,7 @@ class FirstAttentionCapture:
         handles = [hook for sub in self.module.modules() if sub is not self.module
                    for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen, with_kwargs=True))]
         try:
-            with attention_calls_recorded(calls.append, stop=True):
+            with self._recorded(calls.append):
                 _stopped(lambda: self.module(*segment.args, **segment.kwargs))
         finally:
             for handle in handles:
@@ -551,8 +601,9 @@ class FirstAttentionCapture:
             if row is not None:  # a first axis of the batch's size counts too (per-row positions, say)
                 first = (0,) if value.ndim and value.shape[0] == rows and 0 not in axes.positions else ()
                 for axis in sorted({*axes.rows, *first}):
-                    if value.shape[axis] == rows and rows > 1:
-                        value = value.narrow(axis, row, 1)
+                    per = value.shape[axis] // rows  # entries per row (BLOOM's ALiBi bias [B · heads, 1, T]: heads)
+                    if rows > 1 and per and value.shape[axis] == per * rows:
+                        value = value.narrow(axis, row * per, per)
             if positions is not None:
                 for axis in axes.positions:
                     if axis < value.ndim and value.shape[axis] == length:
@@ -585,14 +636,14 @@ class FirstAttentionCapture:
                   for name, value in (*module.named_parameters(), *module.named_buffers())}
         return torch.func.functional_call(module, params, (x,))
 
-    def _queries(self, tree: Any, parts: Sequence[torch.Tensor]) -> AttentionCall:
+    def _queries(self, tree: Any, parts: Sequence[torch.Tensor], *, early: bool = False) -> AttentionCall:
         """The layer run on ``tree``'s arguments with its input projections returning ``parts`` (one ``[1, L, w]`` each)
         instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
         calls: list[AttentionCall] = []
         for module, part in zip(self._projections, parts, strict=True):
             module.forward = lambda *_args, part=part, **_kwargs: part
         try:
-            with attention_calls_recorded(calls.append, stop=True):
+            with self._recorded(calls.append, early=early):
                 _stopped(lambda: torch.func.functional_call(self.module, self._params, tree[0], tree[1]))
         finally:
             for module in self._projections:
@@ -620,6 +671,8 @@ class FirstAttentionCapture:
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
         step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
+        if self._own is not None:  # its bias is read from the whole row's logits
+            step = length
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):
@@ -673,7 +726,8 @@ class FirstAttentionCapture:
 
                 def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
                     given = iter(dual)
-                    return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)]).queries
+                    return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)],
+                                         early=True).queries
 
                 with torch.no_grad():
                     primal, derivative = torch.func.jvp(
@@ -697,7 +751,8 @@ class FirstAttentionCapture:
         ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
         cotangent (a column is read when its gradient is nonzero anywhere)."""
         length = u.shape[1]
-        queries, pullback = torch.func.vjp(lambda v: self._queries(hollow(tree, length), v.split(widths, -1)).queries, u)
+        queries, pullback = torch.func.vjp(
+            lambda v: self._queries(hollow(tree, length), v.split(widths, -1), early=True).queries, u)
         generator = torch.Generator(device="cpu").manual_seed(0)
         cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
         supports = []

@@ -25,6 +25,21 @@ only (no logit lens, no focal-depth or first-attention capture: those read an au
 through the same :func:`~lm_eval_probes.capture.positions.position_probes` as ``hf-probes`` — the reader among the
 built-ins. It names no probe.
 
+``probe_traces=true`` writes each response's trace as ``hf-probes`` does (tokens, log-probabilities, the probes'
+per-position arrays, the lens grid of the kept layers), through the model's masked-LM readout
+(:func:`~lm_eval_probes.capture.masked_readout.masked_lm_readout`, found and checked at load) and from states a
+forward already returns (no extra forward):
+
+* a generation's grid is read **at reveal**: each kept token's column holds the kept layers' states of the denoising
+  step that revealed it (at the column whose logits scored it), read out as the decoding read that step's logits (EOS
+  suppressed under ``diffusion_logits_eos_inf``), against the revealed token; its ``logprob`` is the reveal-time
+  log-probability, so at the last layer ``emitted_prob`` is ``exp(logprob)``. With ``diffusion_cfg_scale > 0`` the
+  grid reads the conditional pass (the guided probability mixes two forwards);
+* a loglikelihood request's (a multiple-choice option's) grid is read from the one forward over the unmasked request
+  the probes read: the continuation's tokens scored at their own positions (one earlier under
+  ``diffusion_logits_shift``), ``logprob`` their log-probabilities in that forward — not the Monte-Carlo estimate,
+  which the record keeps.
+
 ``docs/diffusion.md`` describes every option and its source in the authors' code.
 """
 
@@ -47,7 +62,15 @@ from lm_eval.models.huggingface import HFLM
 
 import lm_eval_probes
 from lm_eval_probes import registry
-from lm_eval_probes.capture.positions import WholeForward, position_captures, position_probes, read_layers, whole_forward
+from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
+from lm_eval_probes.capture.positions import (
+    LensGrid,
+    WholeForward,
+    position_captures,
+    position_probes,
+    read_layers,
+    whole_forward,
+)
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
@@ -147,6 +170,8 @@ class _Generation:
     states: dict[int, torch.Tensor]  # hidden_states index → [G, H] at the canvas positions (final pass; the probes' layers)
     prompt_tokens: int
     prompt_means: LayerStates | None  # the prompt means a probe asked for
+    canvas: list[int]  # every canvas token (an empty kept text is traced at the canvas start)
+    reveal_lens: tuple[torch.Tensor, ...] = ()  # probe_traces=true: top_token, top_prob, emitted_prob [k, G] at reveal
 
 
 @register_model(DIFFUSION_MODEL_NAME)
@@ -172,8 +197,6 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
                 f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
                 "probes need an autoregressive next-token readout"
             )
-        if self.probe_config.traces:
-            raise ValueError("probe_traces=true is an hf-probes option: hf-probes-diffusion writes no per-token traces yet")
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
                          subfolder=hf_args.get("subfolder"), trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
         if hf_args.get("backend", "default") not in ("default", "causal"):
@@ -193,6 +216,16 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
         folder = None if self.whole.states_folder is None else self.whole.states_folder[1]
         self.states_writer = states_writer(folder, self.rank)
+        self.lens_readout: MaskedLMReadout | None = None
+        """``probe_traces=true`` (with a probe to trace): the model's masked-LM readout, read at every kept layer
+        (:attr:`lens_layers`) into each trace's lens grid."""
+        if self.probe_config.traces and self.captures:
+            self.lens_readout = masked_lm_readout(self.model)
+            if self.lens_readout.num_layers != self.num_layers:
+                raise ValueError(f"the model's forward gives {self.lens_readout.num_layers + 1} hidden states, its config "
+                                 f"{self.num_layers} layers")
+        self.lens_layers: tuple[int, ...] = tuple(sorted({*self.state_layers, self.num_layers}))
+        """The layers of a trace's lens grid: those the probes keep, and the last (the model's own readout)."""
 
     def _plan_probes(self, config: Any) -> None:
         """The enabled probes' position probes for this model's depth, what they ask of a forward, and the
@@ -219,16 +252,52 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
 
     def _probe_record(self, layer_states: list[torch.Tensor | None], prompt_means: LayerStates | None, n: int, *,
                       mean_token_logprob: float, prompt_tokens: int, generation: bool = False,
-                      token_ends: tuple[int, ...] | None = None, empty: bool = False) -> ResponseProbe:
+                      token_ends: tuple[int, ...] | None = None, empty: bool = False,
+                      trace: tuple[list[int], torch.Tensor, LensGrid] | None = None) -> ResponseProbe:
         """The record of one response's ``n`` positions, with the enabled probes' values (their states:
-        ``layer_states``)."""
+        ``layer_states``); ``trace`` (``probe_traces=true``): the positions' token ids, their log-probabilities and
+        their lens grid, written into the record's trace."""
         if not self.captures:
             return ResponseProbe(n_tokens=n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
                                  token_ends=token_ends, empty=empty)
         probes = position_probes(layer_states, None, self.probe_config, lens=False)
-        return probes.summarize(0, n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
-                                fields=self.whole.prompt_fields(prompt_means), generation=generation,
-                                token_ends=token_ends, empty=empty)
+        trace_ids = None
+        if trace is not None:
+            trace_ids, token_logprob, grid = trace
+            probes = dataclasses.replace(probes, token_logprob=token_logprob, lens=grid)
+        record = probes.summarize(0, n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
+                                  fields=self.whole.prompt_fields(prompt_means), generation=generation,
+                                  token_ends=token_ends, empty=empty, trace_ids=trace_ids)
+        return self._with_trace_tokens(record)
+
+    def _with_trace_tokens(self, probe: ResponseProbe) -> ResponseProbe:
+        """``probe`` with its trace's token ids decoded one by one into its ``tokens``, and its lens grid's top tokens
+        into ``lens_tokens`` (id → text), as ``hf-probes`` writes them (unchanged without a trace)."""
+        if probe.trace is None or "token_ids" not in probe.trace:
+            return probe
+        trace = dict(probe.trace)
+        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
+        if "lens" in trace:
+            top = sorted({token for row in trace["lens"]["top_token"] for token in row})
+            trace["lens_tokens"] = {str(token): self.tok_decode([token]) for token in top}
+        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
+
+    def _state_columns(self, columns: torch.Tensor) -> torch.Tensor:
+        """The columns of a forward's states whose logits score the tokens at ``columns`` (one column earlier under
+        ``diffusion_logits_shift``, the first column scoring itself, as :meth:`_forward` shifts the logits)."""
+        return (columns - 1).clamp(min=0) if self.diffusion_config.logits_shift else columns
+
+    def _ruled_out(self) -> tuple[int, ...]:
+        """The tokens the decoding sets to −inf at every step (``diffusion_logits_eos_inf``)."""
+        return tuple(self.sampler.eos_ids) if self.sampler.logits_eos_inf else ()
+
+    def _reveal_cells(self, states: Any, row: int, columns: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The lens grid at reveal (:data:`~lm_eval_probes.models.diffusion_decoding.RevealCells`): the kept layers'
+        states of this step at the revealed positions, read out against the revealed tokens."""
+        at = self._state_columns(columns)
+        grid = lens_grid_of({layer: states[layer][row, at] for layer in self.lens_layers}, self.lens_readout, tokens,
+                            chunk_positions=self.probe_config.chunk_positions, ruled_out=self._ruled_out())
+        return grid.top_token, grid.top_prob, grid.emitted_prob
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionProbeHFLM:
@@ -344,7 +413,7 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         decoded = masked_diffusion_decode(
             self._forward(prompt_mask), prompt, mask_token_id=self.mask_token_id, gen_length=gen_length,
             block_length=block_length, steps=steps, state_layers=self.state_layers, sampler=self.sampler,
-            generators=generators,
+            generators=generators, reveal_cells=None if self.lens_readout is None else self._reveal_cells,
         )
         at_steps = trajectory_steps(steps, [percent / 100 for percent in TRAJECTORY_PERCENTS])
         trajectory = self._trajectory(decoded, prompt, prompt_mask, at_steps)
@@ -438,7 +507,8 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
             reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
             final_logprob=decoded.final_logprob[row], steps=steps, trajectory_steps=at_steps, trajectory=trajectory,
             states=states, prompt_tokens=prompt_tokens,
-            prompt_means=prompt_means,
+            prompt_means=prompt_means, canvas=canvas,
+            reveal_lens=tuple(cells[row] for cells in decoded.reveal_cells),
         )
 
     def _generation_probe(self, generation: _Generation, text: str) -> ResponseProbe:
@@ -451,9 +521,13 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         token_ends = (0,) if empty else tuple(min(ends[i], len(text)) for i in range(kept))
         index = torch.tensor(generation.positions[:n] if generation.positions else [0], dtype=torch.long)
         reveal = generation.reveal_logprob[index]
+        trace = None
+        if generation.reveal_lens:  # probe_traces=true: the tokens, their reveal-time log-probabilities and lens grid
+            grid = LensGrid(self.lens_layers, *(cells[:, index] for cells in generation.reveal_lens))
+            trace = ([generation.canvas[i] for i in index.tolist()], reveal, grid)
         record = self._probe_record(self._layer_states(generation.states, index), generation.prompt_means, n,
                                     mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
-                                    generation=True, token_ends=token_ends, empty=empty)
+                                    generation=True, token_ends=token_ends, empty=empty, trace=trace)
         return dataclasses.replace(
             record, token_logprobs=tuple(float(v) for v in reveal),
             reveal_steps=tuple(int(s) for s in generation.reveal_step[index]),
@@ -529,7 +603,7 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         n, p = continuation.numel(), context.numel()
         if not self.captures:
             return self._probe_record([], None, n, mean_token_logprob=estimate / n, prompt_tokens=p)
-        _, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
+        logits, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
         picked = {layer: states[layer][0] for layer in self.state_layers}
         prompt_means = None
         if self.whole.prompt_layers:
@@ -538,8 +612,17 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
             if p > start:
                 prompt_means = span_mean_states(self.whole.prompt_layers,
                                                  [picked[layer][start:p] for layer in self.whole.prompt_layers])
+        trace = None
+        if self.lens_readout is not None:  # probe_traces=true: the continuation's tokens scored by this same forward
+            at = self._state_columns(torch.arange(p, p + n, device=logits.device))
+            token_logprob = torch.log_softmax(logits[0, p:].double(), dim=-1).gather(
+                -1, continuation.unsqueeze(-1)).squeeze(-1).cpu()
+            grid = lens_grid_of({layer: states[layer][0, at.to(states[layer].device)] for layer in self.lens_layers},
+                                self.lens_readout, continuation, chunk_positions=self.probe_config.chunk_positions)
+            trace = (continuation.tolist(), token_logprob, grid)
+        del logits
         return self._probe_record(self._layer_states(picked, slice(p, None)), prompt_means, n,
-                                  mean_token_logprob=estimate / n, prompt_tokens=p)
+                                  mean_token_logprob=estimate / n, prompt_tokens=p, trace=trace)
 
 
 def _num_layers(config: Any) -> int:

@@ -36,6 +36,11 @@ import torch
 Forward = Callable[[torch.Tensor, bool], tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]]
 """``forward(ids [B, T], want_states) -> (logits [B, T, V], hidden_states (L+1 of [B, T, H]) or None)``."""
 
+RevealCells = Callable[[Sequence[torch.Tensor], int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+"""``reveal_cells(hidden_states, row, columns, tokens) -> (cells [k, n], ...)``: per-position reductions of the step's
+states (L+1 of ``[B, T, H]``) at the ``n`` columns of ``ids`` the step reveals in ``row``, with their ``tokens``
+(``probe_traces=true``: the lens grid at reveal)."""
+
 LLADA_ALGS: tuple[str, ...] = ("low_confidence", "random")
 """LLaDA's remasking strategies (``generate(remasking=…)``): blocks and the uniform schedule."""
 
@@ -140,6 +145,8 @@ class Decoded:
             input was still the mask there); for earlier tokens the pass sees the token itself.
         final_states: the final pass's hidden states of the requested layers, each ``[B, T, H]`` over
             prompt + canvas (``()`` when none were asked for).
+        reveal_cells: with a ``reveal_cells`` callback, what it returned for each position at its reveal step,
+            each ``[B, k, G]`` (CPU; ``()`` without one).
     """
 
     tokens: torch.Tensor
@@ -147,6 +154,7 @@ class Decoded:
     reveal_logprob: torch.Tensor
     final_logprob: torch.Tensor
     final_states: tuple[torch.Tensor, ...] = ()
+    reveal_cells: tuple[torch.Tensor, ...] = ()
 
 
 @torch.no_grad()
@@ -161,6 +169,7 @@ def masked_diffusion_decode(
     state_layers: Sequence[int] = (),
     sampler: Sampler = Sampler(),
     generators: Sequence[torch.Generator] | None = None,
+    reveal_cells: RevealCells | None = None,
 ) -> Decoded:
     """Decode a canvas of ``gen_length`` masks after ``prompt`` ``[B, P]`` (see the module docstring).
 
@@ -169,7 +178,9 @@ def masked_diffusion_decode(
     (``block_length == gen_length``), any ``steps >= 1``. Ties in a ranking go to the lower position (a
     stable sort). ``generators``: one CPU generator per row, required when ``sampler.random``; row r's
     draws come from ``generators[r]`` alone. ``state_layers``: ``hidden_states`` indices kept from the final
-    (conditional) pass.
+    (conditional) pass. ``reveal_cells``: called at every step with that step's (conditional) hidden states and the
+    positions it reveals (every forward then returns its states; nothing of them outlives the step but what the
+    callback returns, kept in :attr:`Decoded.reveal_cells`).
     """
     if sampler.dream:
         if block_length != gen_length or steps < 1:
@@ -190,13 +201,14 @@ def masked_diffusion_decode(
     forward = guided_forward(forward, prompt_len, mask_token_id, sampler.cfg_scale)
     final_logits: torch.Tensor | None = None
     final_states: tuple[torch.Tensor, ...] = ()
+    cells: list[torch.Tensor] = []
     for block in range(num_blocks):
         lo, hi = prompt_len + block * block_length, prompt_len + (block + 1) * block_length
         counts = None if sampler.dream else transfer_counts(block_length, per_block)
         for i in range(per_block):
             step = block * per_block + i
             last = step == steps - 1
-            logits, states = forward(ids, last and bool(state_layers))
+            logits, states = forward(ids, reveal_cells is not None or (last and bool(state_layers)))
             if sampler.logits_eos_inf and sampler.eos_ids:
                 logits[:, :, list(sampler.eos_ids)] = float("-inf")
             if last:
@@ -221,6 +233,14 @@ def masked_diffusion_decode(
                 ids[row, lo + chosen] = tokens
                 reveal_step[row, lo - prompt_len + chosen.cpu()] = step
                 reveal_logprob[row, lo - prompt_len + chosen.cpu()] = logprob.cpu()
+                if reveal_cells is not None:
+                    if states is None:
+                        raise RuntimeError("the forward returned no hidden_states although asked to")
+                    got = reveal_cells(states, row, lo + chosen, tokens)
+                    if not cells:
+                        cells = [torch.zeros(batch, value.shape[0], gen_length, dtype=value.dtype) for value in got]
+                    for kept, value in zip(cells, got, strict=True):
+                        kept[row, :, lo - prompt_len + chosen.cpu()] = value.cpu()
             del logits, states  # before the next forward allocates its own
     tokens = ids[:, prompt_len:]
     if final_logits is None:  # unreachable: steps >= 1 and the last step always runs
@@ -230,7 +250,7 @@ def masked_diffusion_decode(
         for row in range(batch)
     ])
     return Decoded(tokens=tokens.cpu(), reveal_step=reveal_step, reveal_logprob=reveal_logprob,
-                   final_logprob=final_logprob, final_states=final_states)
+                   final_logprob=final_logprob, final_states=final_states, reveal_cells=tuple(cells))
 
 
 def _ranking(values: torch.Tensor, sampler: Sampler) -> torch.Tensor:
