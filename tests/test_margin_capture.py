@@ -286,13 +286,15 @@ def own_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
         torch.set_default_dtype(default)
 
 
+@pytest.mark.parametrize("precision", ["auto", "float32"])
 @pytest.mark.parametrize("family", sorted(_own_attention_configs()))
-def test_margins_where_the_layer_computes_its_attention_itself_equal_its_eager_weights(family):
+def test_margins_where_the_layer_computes_its_attention_itself_equal_its_eager_weights(family, precision):
     """No layer calls the attention interface: the first attention is the first module that computes a softmax over
     its positions, stopped there; its queries, keys, logit scale and bias (ALiBi, masks) read from its own code equal an
-    autograd Jacobian through its own attention probabilities (BLOOM and GPT-Neo take their softmax in float32: ~1e-6)."""
+    autograd Jacobian through its own attention probabilities (BLOOM and GPT-Neo take their softmax in float32: ~1e-6),
+    in float64 (this CPU's ``auto``) and on float32 products (a GPU's)."""
     model, ids = own_attention_model(family), list(range(3, 15))
-    margins, _ = captured_margins(model, ids)
+    margins, _ = captured_margins(model, ids, precision=precision)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     torch.testing.assert_close(margins[0], own_eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
@@ -428,7 +430,7 @@ def test_chunks_of_positions_and_groups_of_columns_give_the_whole_rows_margins(f
 
     model, ids = family_model(family), list(range(3, 15))
     whole, whole32 = captured_margins(model, ids)[0], captured_margins(model, ids, precision="float32")[0]
-    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args: (5, 3))
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args, **_kwargs: (5, 3))
     chunked, chunked32 = captured_margins(model, ids)[0], captured_margins(model, ids, precision="float32")[0]
     torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12, equal_nan=True)
     torch.testing.assert_close(chunked32, whole32, rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -557,7 +559,7 @@ def test_the_margins_precision_resolves_per_device_and_refuses_other_values():
     """``auto`` is float64 where the device has no float32 products of bfloat16 terms (this CPU) and float32 where
     it has them (a CUDA GPU: emulated here); ``float32``/``float64`` are taken as they are; anything else is refused
     in one line, at the model argument and at the function."""
-    from lm_eval_probes.plugins.margin import margin_dtype
+    from lm_eval_probes.probes.margin import margin_dtype
     from lm_eval_probes.stack_api import float32_products_emulated
 
     assert margin_dtype("auto", "cpu") == torch.float64

@@ -24,20 +24,7 @@ PRECISIONS: tuple[str, ...] = ("auto", "float32", "float64")
 """The margins' arithmetic (``probe_margin_precision``, ``docs/precision.md``): ``float64`` (every product in
 float64: exact to the float64 references), ``float32`` (float32 products, on tensor cores where the device has them:
 bfloat16 terms with float32 accumulation, :func:`~lm_eval_probes.stack_api.matmul_float32`), ``auto`` (float32 where
-the device has those products, a CUDA GPU; float64 elsewhere)."""
-
-
-def margin_dtype(precision: str, device: Any) -> Any:
-    """The torch dtype of the margins' products for ``precision`` (:data:`PRECISIONS`) on ``device``."""
-    import torch
-
-    if precision not in PRECISIONS:
-        raise ValueError(f"probe_margin_precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "auto":
-        from lm_eval_probes.stack_api import float32_products_native
-
-        return torch.float32 if float32_products_native(device) else torch.float64
-    return torch.float32 if precision == "float32" else torch.float64
+the device has those products, a CUDA GPU; float64 elsewhere): :func:`~lm_eval_probes.probes.margin.margin_dtype`."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +116,7 @@ class MarginPositions:
         values leave the device once)."""
         import torch
 
-        from lm_eval_probes.probes.margin import layer_margins
+        from lm_eval_probes.probes.margin import layer_margins, margin_dtype
 
         work = margin_dtype(self.options.precision, batch.ids.device)
         rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,

@@ -30,6 +30,7 @@ __all__ = [
     "attention_covariance",
     "head_margins",
     "layer_margins",
+    "margin_dtype",
     "prefix_attention_weights",
     "prior_jacobian",
     "prior_margins",
@@ -382,6 +383,20 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     if w_q.ndim != 2 or w_q.shape != w_k.shape or x.shape[-1] != w_q.shape[1]:
         raise ValueError(f"expected x [..., T, d] and w_q, w_k [p, d], got {tuple(x.shape)}, {tuple(w_q.shape)}, {tuple(w_k.shape)}")
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
+
+
+def margin_dtype(precision: str, device: torch.device | str) -> torch.dtype:
+    """The dtype of the margins' products for ``precision`` (``probe_margin_precision``: ``auto``, ``float32`` or
+    ``float64``) on ``device``: ``auto`` is float32 where the device has float32 products of bfloat16 terms
+    (:func:`~lm_eval_probes.stack_api.float32_products_native`: a CUDA GPU's tensor cores), float64 elsewhere."""
+    from lm_eval_probes.stack_api import float32_products_native
+
+    dtypes = {"float32": torch.float32, "float64": torch.float64}
+    if precision == "auto":
+        return torch.float32 if float32_products_native(device) else torch.float64
+    if precision not in dtypes:
+        raise ValueError(f"probe_margin_precision must be one of auto, float32, float64, got {precision!r}")
+    return dtypes[precision]
 
 
 def _products(work: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
