@@ -166,13 +166,13 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     layer's own query code a block of positions at a time: about 2²³ values each) or the margins: each head's inputs
     and keys (2·T·H·p) and one chunk of c positions (:func:`~lm_eval_probes.api.jacobian_chunks`) — its query-map
     Jacobians (H·c·p·n, n = p columns per head) and either one forward-mode product (float64, g·c·(2m + 8·H·p)
-    values) or one group of h heads' margins (h·c·n·p at most 2²³, :func:`~lm_eval_probes.probes.margin.layer_margins`):
-    their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
+    values) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
+    :func:`~lm_eval_probes.probes.margin.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
     inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
     values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
     cores: :attr:`~lm_eval_probes.api.Shapes.tensor_cores`), where D_t C_t is also held in float32 before its float64
     copy and a product covers :data:`~lm_eval_probes.api.PRODUCT_ELEMENTS_TENSOR_CORES`."""
-    from lm_eval_probes.probes.margin import WORK_ELEMENTS
+    from lm_eval_probes.probes.margin import WORK_ELEMENTS, WORK_ELEMENTS_FLOAT32
 
     wide = options.precision == "float32" or (options.precision == "auto" and shapes.tensor_cores)
     size = 4 if wide else 8
@@ -183,7 +183,7 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     held = 8 * t * (m + h * p + kv * p)
     rerun = 8 * (t * d + 3 * (1 << 23))
     product = 8 * group * chunk * (2 * m + 8 * h * p)
-    heads = min(h, max(1, WORK_ELEMENTS // (chunk * p * max(p, t))))
+    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * p * max(p, t))))
     margins = size * heads * (3 * chunk * t + chunk * p * p) + (size if size == 4 else 0) * heads * chunk * p * p \
         + 8 * heads * chunk * p * p
     jacobians = size * (h * chunk * p * p + 2 * t * h * p)

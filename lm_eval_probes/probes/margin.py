@@ -249,7 +249,12 @@ def head_margins(
 
 WORK_ELEMENTS = 1 << 23
 """Elements of the largest transient of :func:`head_margins` beside its ``[chunk, p, p]`` products: the flattened
-outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64)."""
+outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64); in :func:`layer_margins`, a group of
+heads' C_t and a block of its weighted inputs, in float64."""
+
+WORK_ELEMENTS_FLOAT32 = 1 << 25
+""":data:`WORK_ELEMENTS` of :func:`layer_margins` on float32 products (a GPU's, 128 MiB): larger groups of heads,
+fewer launches."""
 
 
 def _indices(lead: torch.Size) -> list[tuple[int, ...]]:
@@ -421,7 +426,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     sliding window and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap,
     and m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read);
     the position's margin is the mean (or ``min``) over heads. Only one chunk's Jacobians and one group's weights,
-    C_t and products are held (a group: at most :data:`WORK_ELEMENTS` values of C_t).
+    C_t and products are held (a group: at most :data:`WORK_ELEMENTS` values of C_t, :data:`WORK_ELEMENTS_FLOAT32`
+    on float32 products).
 
     Precision (``docs/precision.md``): the weights, the means, C_t and D_t C_t are ``work`` (float64, or float32
     products through :func:`~lm_eval_probes.stack_api.matmul_float32`: bfloat16 terms with float32 accumulation on
@@ -455,6 +461,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[0]
     product = _products(work)
+    budget = WORK_ELEMENTS if work == torch.float64 else WORK_ELEMENTS_FLOAT32
     q_all = queries.to(work)
     k_all = keys.to(work).repeat_interleave(groups, 0) if groups > 1 else keys.to(work)  # [H, T, p]
     u_all = (torch.stack([query_inputs(head) for head in range(num_heads)]) if callable(query_inputs) else
@@ -466,7 +473,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         jacobian = query_jacobian(lo, hi)
-        step = max(1, WORK_ELEMENTS // max(1, (hi - lo) * width * max(dim, hi)))  # heads per group
+        step = max(1, budget // max(1, (hi - lo) * width * max(dim, hi)))  # heads per group
         per_group = []
         for first in range(0, num_heads, step):
             last = min(num_heads, first + step)
@@ -483,7 +490,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
             beta = alpha if capped is None else alpha.mul(capped)
             del capped
             u = u_all[first:last] if u_all.shape[0] > 1 else u_all
-            margins = _chunk_margins(u[:, :hi], k, alpha, beta, jacobian[first:last], scale, product)
+            margins = _chunk_margins(u[:, :hi], k, alpha, beta, jacobian[first:last], scale, product, budget)
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
         del jacobian
@@ -494,17 +501,17 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
 
 
 def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,
-                   product: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+                   product: Callable[[Tensor, Tensor], Tensor], budget: int) -> Tensor:
     """log|det(I_p − scale · D_t C_t)| of h heads at a chunk of c query positions: u ``[h or 1, S, n]``, keys
     ``[h, S, p]``, weights α and β ``[h, c, S]``, D ``[h, c, p, n]`` → ``[h, c]`` (``product``: :func:`_products`).
 
     C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ with ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with a sink) is summed as
     Σ_s w_ts (k_s − κ)ᵀ + (Σ_s w_ts) κᵀ with w_ts = β_ts (u_s − ū_t) and κ the keys' mean over the prefix: one batched
-    product ``[h, c·n, S'] @ [h, S', p]`` per block of S' prefix positions (the block's w: at most
-    :data:`WORK_ELEMENTS` values)."""
+    product ``[h, c·n, S'] @ [h, S', p]`` per block of S' prefix positions (the block's w: at most ``budget``
+    values)."""
     heads, rows, span = alpha.shape
     width = u.shape[-1]
-    block = max(1, WORK_ELEMENTS // max(1, heads * rows * width))
+    block = max(1, budget // max(1, heads * rows * width))
     mean_u = product(alpha, u)  # ū_t, [h, c, n]
     centre = keys.mean(1, keepdim=True)  # κ, [h, 1, p]
     centred = keys - centre
