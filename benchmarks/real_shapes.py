@@ -205,12 +205,13 @@ def time_worker(args: argparse.Namespace) -> None:
 
 
 def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batch: int = 1,
-                  chunk: int = 64) -> list[dict[str, Any]]:
+                  chunk: int = 64, margin_precisions: tuple[str, ...] = ("auto",)) -> list[dict[str, Any]]:
     """Each probe's own phase on ``model``, its allocations counted by the profiler (:func:`shapes.peak_allocated`),
     beside its declaration (:attr:`~lm_eval_probes.api.Probe.memory`): the generated tokens' log-probabilities and
     the lens probes on one chunk of ``chunk`` positions; Ω's decoding of one forward of ``batch`` × ``tokens`` (the
     source layers' states, held before, left out of both); the margins of one sequence of ``tokens``. One row per
-    probe: ``measured`` and ``declared`` bytes."""
+    probe: ``measured`` and ``declared`` bytes; the margins once per ``probe_margin_precision`` of
+    ``margin_precisions`` (rows ``margin``, then ``margin/<precision>``)."""
     import torch
 
     from lm_eval_probes import registry
@@ -230,8 +231,8 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
         rows.append({"probe": probe, "layers": num_layers, "batch": shapes.batch, "tokens": shapes.tokens,
                      "positions": shapes.lens_positions, "measured": measured, "declared": declared})
 
-    def config_of(probe: str) -> ProbeConfig:
-        return ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk})
+    def config_of(probe: str, **options: str) -> ProbeConfig:
+        return ProbeConfig.from_model_args({"probes": probe, "probe_chunk_positions": chunk, **options})
 
     def declaration(probe: str, shapes: Any) -> int:
         return int(registry.probe(probe).memory_bytes(config_of(probe).options_of(probe), shapes))
@@ -261,13 +262,16 @@ def declared_rows(model: Any, tokenizer: Any, shape: Shape, *, tokens: int, batc
         row("omega", measured, declaration("omega", shapes) - held, shapes)
 
     capture = FirstAttentionCapture(model)
-    margins = registry.probe("margin").position_probe(config_of("margin").options_of("margin"), num_layers)
     input_ids = torch.randint(0, len(tokenizer), (1, tokens), generator=generator)
     with capture.capture() as inputs, torch.no_grad():
         model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-    _, measured = peak_allocated(lambda: margins.first_attention.values(capture.batch(inputs.latest())))
-    row("margin", measured, declaration("margin", model_shapes(model, batch=1, tokens=tokens, vocab=readout.vocab_size,
-                                                                chunk_positions=chunk)), shapes)
+    shapes = model_shapes(model, batch=1, tokens=tokens, vocab=readout.vocab_size, chunk_positions=chunk)
+    for index, precision in enumerate(margin_precisions):
+        options = config_of("margin", probe_margin_precision=precision).options_of("margin")
+        margins = registry.probe("margin").position_probe(options, num_layers)
+        _, measured = peak_allocated(lambda: margins.first_attention.values(capture.batch(inputs.latest())))
+        row("margin" if index == 0 else f"margin/{precision}", measured,
+            int(registry.probe("margin").memory_bytes(options, shapes)), shapes)
     return rows
 
 

@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
-    "CORRELATION", "FAMILIES", "JACOBIAN_ELEMENTS", "NON_NEGATIVE", "PRODUCT_ELEMENTS", "PRODUCT_POSITIONS",
-    "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates",
+    "CORRELATION", "FAMILIES", "JACOBIAN_ELEMENTS", "NON_NEGATIVE", "PRODUCT_ELEMENTS", "PRODUCT_ELEMENTS_TENSOR_CORES",
+    "PRODUCT_POSITIONS", "TRACE_REDUCTIONS", "UNBOUNDED", "UNIT_INTERVAL", "VALUE_KINDS", "FirstAttention", "FocalDepth", "LayerStates",
     "LensChunk", "NoOptions", "PromptMeans", "PositionProbe", "Probe", "ProbeOptions", "Row", "Shapes", "TraceField",
     "as_choice", "as_flag", "as_float", "as_int", "as_int_list", "as_range", "jacobian_chunks", "option",
     "unknown_message",
@@ -431,6 +431,9 @@ class Shapes:
         ffn: the width of a block's feed-forward layer (0: unknown, read as 4·d).
         layer_types: each block's attention type (``config.layer_types``: sliding or full; empty: all alike).
         kv_heads: key/value heads of a block (0: unknown, read as :attr:`heads`).
+        tensor_cores: whether the model's device has float32 products of bfloat16 terms (a CUDA GPU:
+            :func:`~lm_eval_probes.stack_api.float32_products_native`), where a probe may take other paths (the
+            margins' ``auto`` precision).
     """
 
     batch: int
@@ -446,6 +449,7 @@ class Shapes:
     ffn: int = 0
     layer_types: tuple[str, ...] = ()
     kv_heads: int = 0
+    tensor_cores: bool = False
 
     @property
     def lens_positions(self) -> int:
@@ -619,20 +623,28 @@ its repeated inputs and tangents ``[g·c, m]`` and about eight ``[H, g·c, p]`` 
 rotations and norms), g the columns of u one product covers (:func:`jacobian_chunks`)."""
 
 
+PRODUCT_ELEMENTS_TENSOR_CORES = 1 << 26
+""":data:`PRODUCT_ELEMENTS` where the margins' products are float32 (a GPU's: 512 MiB): each product is a run of the
+layer's query code, about a hundred kernel launches, so fewer, larger ones where launches are what costs
+(``benchmarks/gpu_cost.py``)."""
+
+
 PRODUCT_POSITIONS = 1024
 """The most positions one forward-mode product runs the query code on (g·c): code that compares positions with each
 other before the attention call (DeepSeek-V3.2's indexer) costs their square."""
 
 
-def jacobian_chunks(tokens: int, heads: int, head_dim: int, columns: int, inputs: int) -> tuple[int, int]:
+def jacobian_chunks(tokens: int, heads: int, head_dim: int, columns: int, inputs: int, *,
+                    tensor_cores: bool = False) -> tuple[int, int]:
     """``(c, g)``: the positions of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (at
     most 256, and :data:`JACOBIAN_ELEMENTS` values) and the columns one forward-mode product covers (about
-    :data:`PRODUCT_ELEMENTS` values moved, on at most :data:`PRODUCT_POSITIONS` positions), for a sequence of
-    ``tokens``, ``heads`` query heads of width ``head_dim``, n = ``columns`` read per head and m = ``inputs``
-    input-projection outputs."""
+    :data:`PRODUCT_ELEMENTS` values moved, :data:`PRODUCT_ELEMENTS_TENSOR_CORES` with ``tensor_cores``, on at most
+    :data:`PRODUCT_POSITIONS` positions), for a sequence of ``tokens``, ``heads`` query heads of width ``head_dim``,
+    n = ``columns`` read per head and m = ``inputs`` input-projection outputs."""
     chunk = max(1, min(tokens, 256, JACOBIAN_ELEMENTS // max(1, heads * head_dim * columns)))
+    budget = PRODUCT_ELEMENTS_TENSOR_CORES if tensor_cores else PRODUCT_ELEMENTS
     group = max(1, min(columns, PRODUCT_POSITIONS // chunk,
-                       PRODUCT_ELEMENTS // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))
+                       budget // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))
     return chunk, group
 
 

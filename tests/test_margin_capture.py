@@ -103,19 +103,21 @@ def hand_margins(model, ids: list[int]) -> torch.Tensor:
     return out
 
 
-def margin_probe(heads: str = "mean"):
-    """The margins' position probe with options ``heads``."""
-    config = ProbeConfig.from_model_args({"probes": "margin", "probe_margin_heads": heads})
+def margin_probe(heads: str = "mean", precision: str = "auto"):
+    """The margins' position probe with options ``heads`` and ``precision``."""
+    config = ProbeConfig.from_model_args({"probes": "margin", "probe_margin_heads": heads,
+                                          "probe_margin_precision": precision})
     return probe("margin").position_probe(config.options_of("margin"), 1)
 
 
-def captured_margins(model, ids: list[int], *, heads: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def captured_margins(model, ids: list[int], *, heads: str = "mean",
+                     precision: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """``[1, T]`` margins and ids of one sequence through the capture and the margins' position probe."""
     capture = FirstAttentionCapture(model)
     with capture.capture() as inputs, torch.no_grad():
         model(torch.tensor([ids]), use_cache=False)
     batch = capture.batch(inputs.latest())
-    return margin_probe(heads).first_attention.values(batch), batch.ids
+    return margin_probe(heads, precision).first_attention.values(batch), batch.ids
 
 
 @pytest.mark.parametrize("arch", MARGIN_ARCHS)
@@ -228,10 +230,18 @@ def _family_configs():
     }
 
 
+@pytest.mark.parametrize("products", ["float64", "float32", "tensor cores"])
 @pytest.mark.parametrize("family", sorted(_family_configs()))
-def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attention(family):
+def test_margins_of_every_family_equal_an_autograd_jacobian_of_its_eager_attention(family, products):
+    """In float64 (a CPU's ``auto``), on this device's float32 products (``probe_margin_precision=float32``), and on
+    a GPU's (``auto`` there: bfloat16 terms with float32 accumulation, emulated here)."""
+    from contextlib import nullcontext
+
+    from lm_eval_probes.stack_api import float32_products_emulated
+
     model, ids = family_model(family), list(range(3, 15))
-    margins, _ = captured_margins(model, ids)
+    with float32_products_emulated() if products == "tensor cores" else nullcontext():
+        margins, _ = captured_margins(model, ids, precision="auto" if products == "tensor cores" else products)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     # the harness's forward runs in float32 (its rotary tables, positions, norms' inputs): ~1e-6 relative
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
@@ -276,13 +286,15 @@ def own_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
         torch.set_default_dtype(default)
 
 
+@pytest.mark.parametrize("precision", ["auto", "float32"])
 @pytest.mark.parametrize("family", sorted(_own_attention_configs()))
-def test_margins_where_the_layer_computes_its_attention_itself_equal_its_eager_weights(family):
+def test_margins_where_the_layer_computes_its_attention_itself_equal_its_eager_weights(family, precision):
     """No layer calls the attention interface: the first attention is the first module that computes a softmax over
     its positions, stopped there; its queries, keys, logit scale and bias (ALiBi, masks) read from its own code equal an
-    autograd Jacobian through its own attention probabilities (BLOOM and GPT-Neo take their softmax in float32: ~1e-6)."""
+    autograd Jacobian through its own attention probabilities (BLOOM and GPT-Neo take their softmax in float32: ~1e-6),
+    in float64 (this CPU's ``auto``) and on float32 products (a GPU's)."""
     model, ids = own_attention_model(family), list(range(3, 15))
-    margins, _ = captured_margins(model, ids)
+    margins, _ = captured_margins(model, ids, precision=precision)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     torch.testing.assert_close(margins[0], own_eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
@@ -412,14 +424,17 @@ def family_model(family: str):
 @pytest.mark.parametrize("family", ["gemma2", "olmo2", "phi3"])
 def test_chunks_of_positions_and_groups_of_columns_give_the_whole_rows_margins(family, monkeypatch):
     """The query map's Jacobians a few positions and columns per product (at real widths: 128 MiB and 64 MiB at a
-    time) give the margins of one product over the whole row (soft cap and window; shared columns; fused qkv)."""
+    time) give the margins of one product over the whole row (soft cap and window; shared columns; fused qkv), in
+    float64 and, to float32's rounding (other chunks are products of other shapes), in float32."""
     from lm_eval_probes.capture import attention
 
     model, ids = family_model(family), list(range(3, 15))
-    whole, _ = captured_margins(model, ids)
-    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args: (5, 3))
-    chunked, _ = captured_margins(model, ids)
+    whole, whole32 = captured_margins(model, ids)[0], captured_margins(model, ids, precision="float32")[0]
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args, **_kwargs: (5, 3))
+    chunked, chunked32 = captured_margins(model, ids)[0], captured_margins(model, ids, precision="float32")[0]
     torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(chunked32, whole32, rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(whole32, whole, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 def test_a_layer_that_reads_its_input_beside_its_projections_is_refused_at_load():
@@ -538,3 +553,28 @@ def test_margin_options_are_validated():
         ProbeConfig.from_model_args({"probe_margin_support": "-1"})
     with pytest.raises(ValueError, match="probe_margin_heads"):
         ProbeConfig.from_model_args({"probe_margin_heads": "max"})
+
+
+def test_the_margins_precision_resolves_per_device_and_refuses_other_values():
+    """``auto`` is float64 where the device has no float32 products of bfloat16 terms (this CPU) and float32 where
+    it has them (a CUDA GPU: emulated here); ``float32``/``float64`` are taken as they are; anything else is refused
+    in one line, at the model argument and at the function."""
+    from lm_eval_probes.probes.margin import margin_dtype
+    from lm_eval_probes.stack_api import float32_products_emulated
+
+    assert margin_dtype("auto", "cpu") == torch.float64
+    assert margin_dtype("float32", "cpu") == torch.float32 and margin_dtype("float64", "cpu") == torch.float64
+    with float32_products_emulated():
+        assert margin_dtype("auto", "cpu") == torch.float32
+    with pytest.raises(ValueError, match="probe_margin_precision must be one of auto, float32, float64"):
+        margin_dtype("float16", "cpu")
+    with pytest.raises(ValueError, match="float16"):
+        ProbeConfig.from_model_args({"probes": "margin", "probe_margin_precision": "float16"})
+
+
+def test_a_position_with_one_key_in_its_prefix_has_margin_zero_exactly_in_float32():
+    """C_t is summed from deviations from the position's own weighted mean (docs/precision.md): with one key in the
+    prefix every deviation is 0, so the margin is 0 exactly, not float32 rounding that could rank it a support token."""
+    model, ids = family_model("qwen3"), list(range(3, 15))
+    margins, _ = captured_margins(model, ids, precision="float32")
+    assert margins[0, 1].item() == 0.0 and torch.isnan(margins[0, 0])

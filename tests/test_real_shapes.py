@@ -114,9 +114,11 @@ def test_the_lens_probes_stay_within_the_bound_at_the_largest_vocabulary(gemma_o
 def test_each_probe_declares_the_memory_it_allocates(gemma_one_layer):
     """At Gemma-3-4B's real widths each probe's declared memory (what ``batch_size=auto`` reserves and the memory model
     of docs/performance.md adds up) is within ±20 % of what its own phase allocates (torch's profiler): the lens
-    probes on a chunk of 64 positions, the token log-probabilities, Ω's decoding and the margins at T = 256."""
+    probes on a chunk of 64 positions, the token log-probabilities, Ω's decoding and the margins at T = 256 (this
+    CPU's ``auto``: float64; and float32, a GPU's path)."""
     real_shapes = _load_real_shapes()
-    rows = real_shapes.declared_rows(gemma_one_layer, offline_tokenizer("tiny"), SHAPES["gemma3-4b"], tokens=256)
-    assert {row["probe"] for row in rows} == {"logprobs", "tcb", "bte", "reader", "omega", "margin"}
+    rows = real_shapes.declared_rows(gemma_one_layer, offline_tokenizer("tiny"), SHAPES["gemma3-4b"], tokens=256,
+                                     margin_precisions=("auto", "float32"))
+    assert {row["probe"] for row in rows} == {"logprobs", "tcb", "bte", "reader", "omega", "margin", "margin/float32"}
     for row in rows:
         assert 0.8 <= row["measured"] / row["declared"] <= 1.2, row

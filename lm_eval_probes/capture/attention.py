@@ -283,6 +283,8 @@ class AttentionRow:
             sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
             (``None``: no padding); mask: ``None`` or ``[H or 1, T, T]`` the mask the layer handed its attention
             (windows, chunks, biases: bool attended, float added to the logits).
+        checks: per chunk of ``query_jacobian`` computed so far, a bool tensor (its re-run's queries differ from the
+            whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
     """
 
     queries: torch.Tensor
@@ -297,14 +299,20 @@ class AttentionRow:
     sinks: torch.Tensor | None
     valid: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    checks: list[torch.Tensor] = field(default_factory=list)
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
         return self.inputs[:, self.columns[head if self.columns.shape[0] > 1 else 0]]
 
+    def all_query_inputs(self) -> torch.Tensor:
+        """``[H or 1, T, n]`` :meth:`query_inputs` of every head at once (``1``: one set shared by every head)."""
+        return self.inputs[:, self.columns].transpose(0, 1)
+
 
 def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
-    """Rows of consecutive spans of one sequence (re-run alone: calls whose arguments could not be joined) as one."""
+    """Rows of consecutive spans of one sequence (re-run alone: calls whose arguments could not be joined) as one (the
+    parts share their ``checks``: :meth:`FirstAttentionCapture.joined`)."""
     if len(parts) == 1:
         return parts[0]
     starts = [0]
@@ -319,25 +327,38 @@ def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
     first = parts[0]
     return AttentionRow(torch.cat([p.queries for p in parts], 1), torch.cat([p.keys for p in parts], 1),
                         torch.cat([p.inputs for p in parts]), first.columns, query_jacobian, min(p.chunk for p in parts),
-                        first.scale, first.softcap, first.sliding_window, first.sinks)
+                        first.scale, first.softcap, first.sliding_window, first.sinks, checks=first.checks)
 
 
 @dataclass
 class AttentionBatch:
     """One captured batch of the first softmax-attention layer: its token ids ``[B, T]``, ``valid`` ``[B, T]`` bool
     (False at padding; ``None``: no padding), and :meth:`row`, each row's :class:`AttentionRow` re-run when asked
-    (one row's float64 re-run held at a time)."""
+    (one row's re-run held at a time; ``work``: the dtype of its input projections' products and query-map
+    Jacobians, float64 or float32 — :data:`~lm_eval_probes.probes.margin` precision)."""
 
     ids: torch.Tensor
     valid: torch.Tensor | None
-    row: Callable[[int], AttentionRow]
+    row: Callable[[int, torch.dtype], AttentionRow]
+    _checks: list[list[torch.Tensor]] = field(default_factory=list)
 
-    def rows(self) -> Iterator[AttentionRow]:
-        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions."""
+    def rows(self, work: torch.dtype = torch.float64) -> Iterator[AttentionRow]:
+        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions (``work``: see the class)."""
         for index in range(self.ids.shape[0]):
-            row = self.row(index)
+            row = self.row(index, work)
             row.valid = None if self.valid is None else self.valid[index]
+            self._checks.append(row.checks)
             yield row
+
+    def verify(self) -> None:
+        """Raise when a chunk of any row given so far re-ran to other queries than its whole row (its query map does
+        not read each position alone): one value read by the host for the whole batch."""
+        pending = [check for checks in self._checks for check in checks]
+        if pending and bool(torch.stack(pending).any()):
+            raise RuntimeError("the first attention layer's re-run on a chunk of positions alone differs from the "
+                               "whole row's queries: its query map does not read each position alone")
+        for checks in self._checks:
+            checks.clear()
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -378,6 +399,7 @@ class FirstAttentionCapture:
         self.model, self.module = model, module
         self._name = f"model_type {model_type!r}: {type(module).__name__}"
         self._columns: torch.Tensor | None = None
+        self._read: list[bool] | None = None
         try:
             self._discover()
         except UnsupportedModelError:
@@ -491,6 +513,7 @@ class FirstAttentionCapture:
                                             f"{error:.1e} (relative) from its own queries")
             for lo in range(0, self.CHECK_LENGTH, 2):
                 row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + 2))
+            AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
@@ -536,7 +559,7 @@ class FirstAttentionCapture:
         length = segment.ids.shape[1]
         mask = segment.mask
         valid = mask[:, -length:].bool() if joined_mask and mask is not None and mask.shape[1] >= length else None
-        return AttentionBatch(segment.ids, valid, lambda row: self._row(segment, row))
+        return AttentionBatch(segment.ids, valid, lambda row, work: self._row(segment, row, work=work))
 
     def joined(self, inputs: CapturedInputs) -> AttentionBatch:
         """The calls of one ``generate`` (prefill, then one position per step) as one sequence. The query and key maps
@@ -550,7 +573,12 @@ class FirstAttentionCapture:
         ids = torch.cat([part.ids for part in parts], 1)
         mask = inputs.segments[-1].mask
         valid = None if mask is None or mask.shape[1] < ids.shape[1] else mask[:, -ids.shape[1]:].bool()
-        return AttentionBatch(ids, valid, lambda row: _joined_rows([self._row(part, row) for part in parts]))
+
+        def joined_row(row: int, work: torch.dtype) -> AttentionRow:
+            checks: list[torch.Tensor] = []
+            return _joined_rows([self._row(part, row, work=work, checks=checks) for part in parts])
+
+        return AttentionBatch(ids, valid, joined_row)
 
     # -- one row's float64 re-run -------------------------------------------------------------------------------------
 
@@ -584,11 +612,19 @@ class FirstAttentionCapture:
 
         return _mapped(tree, cut)
 
-    def _project(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """One input projection's output in float64: a block of its weight's rows at a time for a linear layer (its
-        float64 copy never whole), else the module re-run with float64 parameters."""
+    def _project(self, module: nn.Module, x: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+        """One input projection's output (float64 values). A linear layer: with ``work`` float32, x Wᵀ by
+        :func:`~lm_eval_probes.stack_api.matmul_float32` (float32 accumulation of float32-exact inputs: bfloat16
+        terms on tensor cores; a bfloat16 model's weight is one term) plus the bias in float64; with float64, in
+        float64 a block of its weight's rows at a time (its float64 copy never whole). Any other module: re-run with
+        float64 parameters."""
         weight = getattr(module, "weight", None)
         if isinstance(module, nn.Linear) and weight is not None and weight.is_floating_point():
+            if work == torch.float32:
+                from lm_eval_probes.stack_api import matmul_float32
+
+                out = matmul_float32(x.flatten(0, -2), weight.detach().T).double().unflatten(0, x.shape[:-1])
+                return out if module.bias is None else out.add_(module.bias.detach().double())
             out = x.new_empty(*x.shape[:-1], weight.shape[0])
             step = max(1, PRODUCT_ELEMENTS // weight.shape[1])  # 64 MiB of float64 weights at a time
             for lo in range(0, weight.shape[0], step):
@@ -614,13 +650,14 @@ class FirstAttentionCapture:
                 del module.forward
         return self._one_call(calls)
 
-    def _row(self, segment: _Segment, row: int, *, check_chunk: int | None = None) -> AttentionRow:
-        """One row of ``segment`` re-run in float64 (see the module docstring)."""
+    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
+             checks: list[torch.Tensor] | None = None) -> AttentionRow:
+        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
         rows, length = segment.ids.shape
         tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
-            outputs = [self._project(module, x) for module in self._projections]
+            outputs = [self._project(module, x, work) for module in self._projections]
         widths = [out.shape[-1] for out in outputs]
         u = torch.cat(outputs, -1)
         x_shape = x.shape
@@ -655,19 +692,24 @@ class FirstAttentionCapture:
         columns = self._columns
         heads, _, dim = queries.shape
         copies = columns.shape[1]
-        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1])
+        chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
         if check_chunk is not None:
             chunk, group = check_chunk, 1
 
         starts = [sum(widths[:index]) for index in range(len(widths))]
-        read = [bool(((columns >= start) & (columns < start + width)).any()) for start, width in zip(starts, widths)]
+        if self._read is None or len(self._read) != len(widths):  # which projections any query reads: once per layer
+            self._read = [bool(((columns >= start) & (columns < start + width)).any())
+                          for start, width in zip(starts, widths)]
+        read = self._read
+
+        checks = [] if checks is None else checks  # per chunk: its re-run's queries differ from the whole row's
 
         def query_jacobian(lo: int, hi: int) -> torch.Tensor:
             """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
             each copy with a tangent on its column (see the module docstring); the projections no query reads (keys,
             values) carry none."""
             span = hi - lo
-            out = queries.new_empty(heads, span, copies, dim)  # Dᵀ, filled a column (here: a row) of D per copy
+            out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, filled a column (here: a row) of D per copy
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
             for first in range(0, copies, group):
                 last = min(copies, first + group)
@@ -678,8 +720,8 @@ class FirstAttentionCapture:
                 part, gathered = repeated[last - first]
                 inputs = gathered.split(widths, -1)
                 tangent = torch.zeros_like(gathered)
-                for copy in range(last - first):
-                    tangent[0, copy * span:(copy + 1) * span, columns[:, first + copy]] = 1.0
+                at = torch.arange((last - first) * span, device=u.device)  # copy c's rows: its column of every head
+                tangent[0, at[None, :], columns[:, first + at // span]] = 1.0
                 tangents = tangent.split(widths, -1)
 
                 def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
@@ -691,20 +733,17 @@ class FirstAttentionCapture:
                     primal, derivative = torch.func.jvp(
                         of_read, tuple(v for v, r in zip(inputs, read) if r), tuple(t for t, r in zip(tangents, read) if r))
                 del tangent, tangents
-                if first == 0:  # every product's primal is the same
+                if first == 0:  # every product's primal is the same; checked by verify(), once per batch
                     want = queries[:, lo:hi]
-                    error = float((primal[0, :, :span] - want).abs().max())
-                    if not error <= 1e-9 * max(float(want.abs().max()), 1e-30):
-                        raise RuntimeError(f"{self._name}: its re-run on positions {lo}..{hi - 1} alone differs from "
-                                           f"the whole row's queries by {error:.1e}: its query map does not read each "
-                                           "position alone")
+                    checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
                 out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
             return out.transpose(-2, -1)
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window,
-                            None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask)
+                            None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask,
+                            checks=checks)
 
     def _supports(self, tree: Any, hollow: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:

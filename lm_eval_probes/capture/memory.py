@@ -23,6 +23,7 @@ from torch import nn
 from lm_eval_probes import registry
 from lm_eval_probes.api import Shapes
 from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.stack_api import float32_products_native
 
 
 def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk_positions: int) -> Shapes:
@@ -38,9 +39,10 @@ def model_shapes(model: nn.Module, *, batch: int, tokens: int, vocab: int, chunk
     ffn = int(_largest(text, "intermediate_size") or 0)
     layer_types = tuple(getattr(text, "layer_types", None) or ())
     kv_heads = int(_largest(text, "num_key_value_heads") or heads)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return Shapes(batch=batch, tokens=tokens, response_tokens=tokens, layers=layers, width=width, vocab=vocab,
                   heads=heads, head_dim=head_dim, dtype_bytes=dtype_bytes, chunk_positions=chunk_positions, ffn=ffn,
-                  layer_types=layer_types, kv_heads=kv_heads)
+                  layer_types=layer_types, kv_heads=kv_heads, tensor_cores=float32_products_native(device))
 
 
 def _largest(config: Any, name: str) -> Any:

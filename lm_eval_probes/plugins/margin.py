@@ -20,6 +20,12 @@ from lm_eval_probes.api import (UNBOUNDED, FirstAttention, Probe, ProbeOptions, 
 
 HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "min")
 
+PRECISIONS: tuple[str, ...] = ("auto", "float32", "float64")
+"""The margins' arithmetic (``probe_margin_precision``, ``docs/precision.md``): ``float64`` (every product in
+float64: exact to the float64 references), ``float32`` (float32 products, on tensor cores where the device has them:
+bfloat16 terms with float32 accumulation, :func:`~lm_eval_probes.stack_api.matmul_float32`), ``auto`` (float32 where
+the device has those products, a CUDA GPU; float64 elsewhere): :func:`~lm_eval_probes.probes.margin.margin_dtype`."""
+
 
 @dataclass(frozen=True)
 class MarginOptions(ProbeOptions):
@@ -28,6 +34,9 @@ class MarginOptions(ProbeOptions):
     support: int = option(5, "k, the number of support tokens (smallest margins) kept per response (k >= 0)")
     heads: str = option("mean", "how the first layer's per-head margins combine per position: mean or min",
                         parse=as_choice(*HEAD_REDUCTIONS))
+    precision: str = option("auto", "the margins' arithmetic: float64 (exact to the float64 references), float32 "
+                            "(float32 products, on tensor cores where the device has them), or auto (float32 on such a "
+                            "device, a CUDA GPU; float64 elsewhere)", parse=as_choice(*PRECISIONS))
 
     def __post_init__(self) -> None:
         if self.support < 0:
@@ -74,12 +83,13 @@ class MarginSummary:
 
         defined = margins[~torch.isnan(margins)]
         support = support_tokens(margins, k)
-        return cls(
-            mean=float(defined.mean()) if defined.numel() else math.nan,
-            minimum=float(defined.min()) if defined.numel() else math.nan,
-            positions=tuple(int(i) for i in support),
-            token_ids=tuple(int(token_ids[i]) for i in support),
-            values=tuple(float(margins[i]) for i in support),
+        ids = torch.as_tensor(token_ids)
+        return cls(  # read as lists: one transfer each, no read of a single value (a sync on a device)
+            mean=defined.mean().tolist() if defined.numel() else math.nan,
+            minimum=defined.min().tolist() if defined.numel() else math.nan,
+            positions=tuple(support.tolist()),
+            token_ids=tuple(ids[support.to(ids.device)].tolist()),
+            values=tuple(margins[support].tolist()),
         )
 
     def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -102,16 +112,19 @@ class MarginPositions:
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`
-        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time)."""
+        of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time; the batch's
+        values leave the device once)."""
         import torch
 
-        from lm_eval_probes.probes.margin import layer_margins
+        from lm_eval_probes.probes.margin import layer_margins, margin_dtype
 
-        rows = [layer_margins(row.queries, row.keys, row.query_inputs, row.query_jacobian, scale=row.scale,
+        work = margin_dtype(self.options.precision, batch.ids.device)
+        rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
                               softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk, mask=row.mask).cpu()
-                if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows()]
-        return torch.stack(rows) if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+                              heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work)
+                if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows(work)]
+        batch.verify()
+        return torch.stack(rows).cpu() if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
@@ -140,30 +153,41 @@ def _undefined(row: Any) -> Any:
         logging.getLogger(__name__).warning(
             "margins: the first attention layer reads %d keys for %d positions (compressed keys): its margins are nan",
             row.keys.shape[-2], row.queries.shape[-2])
-    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64)
+    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64, device=row.queries.device)
 
 
 _WARNED = False
 
 
 def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
-    """Float64 (8 bytes), one sequence at a time (the first attention layer's float64 re-run of one row): held
-    throughout, its input projections' outputs u (T·m, m = (H + 2·KV)·p), queries (T·H·p) and keys (T·KV·p); beside
-    them the larger of two phases — the re-run (the row's inputs T·d, a block of a projection's float64 weight and its
-    output, and the layer's own query code a block of positions at a time: about 2²³ values each) or one chunk of c
-    positions (:func:`~lm_eval_probes.api.jacobian_chunks`): its query-map Jacobians (H·c·p·n, n = p columns per
-    head) and either one forward-mode product (g·c·(2m + 8·H·p) values) or one head's margins — its weights over the
-    prefix (3·c·T: logits, softmax, the soft cap's), its inputs u (T·p), one block of weighted inputs (at most 2²³),
-    its sum and three ``[c, p, p]`` products."""
+    """One sequence at a time. The capture's float64 re-run of one row (8 bytes) holds throughout its input
+    projections' outputs u (T·m, m = (H + 2·KV)·p), queries (T·H·p) and keys (T·KV·p); beside them the larger of two
+    phases — the re-run (the row's inputs T·d, a block of a projection's float64 weight and its output, and the
+    layer's own query code a block of positions at a time: about 2²³ values each) or the margins: each head's inputs
+    and keys (2·T·H·p) and one chunk of c positions (:func:`~lm_eval_probes.api.jacobian_chunks`) — its query-map
+    Jacobians (H·c·p·n, n = p columns per head) and either one forward-mode product (float64, g·c·(2m + 8·H·p)
+    values) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
+    :func:`~lm_eval_probes.probes.margin.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
+    inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
+    values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
+    cores: :attr:`~lm_eval_probes.api.Shapes.tensor_cores`), where D_t C_t is also held in float32 before its float64
+    copy and a product covers :data:`~lm_eval_probes.api.PRODUCT_ELEMENTS_TENSOR_CORES`."""
+    from lm_eval_probes.probes.margin import WORK_ELEMENTS, WORK_ELEMENTS_FLOAT32
+
+    wide = options.precision == "float32" or (options.precision == "auto" and shapes.tensor_cores)
+    size = 4 if wide else 8
     p, d, t, h = shapes.head_dim, shapes.width, shapes.tokens, shapes.heads
     kv = shapes.kv_heads or h
     m = (h + 2 * kv) * p
-    chunk, group = jacobian_chunks(t, h, p, p, m)
-    held = t * (m + h * p + kv * p)
-    rerun = t * d + 3 * (1 << 23)
-    product = group * chunk * (2 * m + 8 * h * p)
-    head = 3 * chunk * t + t * p + min(chunk * t * p, 1 << 23) + 4 * chunk * p * p
-    return 8 * (held + max(rerun, h * chunk * p * p + max(product, head)))
+    chunk, group = jacobian_chunks(t, h, p, p, m, tensor_cores=wide)
+    held = 8 * t * (m + h * p + kv * p)
+    rerun = 8 * (t * d + 3 * (1 << 23))
+    product = 8 * group * chunk * (2 * m + 8 * h * p)
+    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * p * max(p, t))))
+    margins = size * heads * (3 * chunk * t + chunk * p * p) + (size if size == 4 else 0) * heads * chunk * p * p \
+        + 8 * heads * chunk * p * p
+    jacobians = size * (h * chunk * p * p + 2 * t * h * p)
+    return held + max(rerun, jacobians + max(product, margins))
 
 
 @dataclass(frozen=True)

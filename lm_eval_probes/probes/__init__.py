@@ -54,6 +54,7 @@ _SOURCES: dict[str, str] = {
     "attention_covariance": "margin",
     "head_margins": "margin",
     "layer_margins": "margin",
+    "margin_dtype": "margin",
     "prefix_attention_weights": "margin",
     "prior_jacobian": "margin",
     "prior_margins": "margin",

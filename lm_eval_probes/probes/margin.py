@@ -30,6 +30,7 @@ __all__ = [
     "attention_covariance",
     "head_margins",
     "layer_margins",
+    "margin_dtype",
     "prefix_attention_weights",
     "prior_jacobian",
     "prior_margins",
@@ -47,7 +48,8 @@ def _check_float(name: str, value: Tensor) -> None:
 
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
                              softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
-                             positions: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+                             positions: Tensor | None = None, mask: Tensor | None = None,
+                             logits: Tensor | None = None) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -64,6 +66,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         mask: the mask the model's attention was handed, ``[..., T (or n), T]``: bool (False: not attended) or float
             (added to the logits after the soft cap; windows, chunks and biases; an entry at or below float16's lowest
             value, transformers' masked entry, is not attended); ``None``: none.
+        logits: ``scale · q_t·k_s`` computed by the caller (``[..., T (or n), T]``, consumed: changed in place);
+            ``None``: computed here.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -77,7 +81,7 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions), got "
                          f"{tuple(queries.shape)} and {tuple(keys.shape)}")
     length = keys.shape[-2]
-    logits = scale * queries @ keys.transpose(-1, -2)
+    logits = scale * queries @ keys.transpose(-1, -2) if logits is None else logits
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
@@ -245,7 +249,12 @@ def head_margins(
 
 WORK_ELEMENTS = 1 << 23
 """Elements of the largest transient of :func:`head_margins` beside its ``[chunk, p, p]`` products: the flattened
-outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64)."""
+outer products u_s k_sᵀ of a block of prefix positions (64 MiB in float64); in :func:`layer_margins`, a group of
+heads' C_t and a block of its weighted inputs, in float64."""
+
+WORK_ELEMENTS_FLOAT32 = 1 << 25
+""":data:`WORK_ELEMENTS` of :func:`layer_margins` on float32 products (a GPU's, 128 MiB): larger groups of heads,
+fewer launches."""
 
 
 def _indices(lead: torch.Size) -> list[tuple[int, ...]]:
@@ -381,22 +390,55 @@ def _projections(x: Tensor, w_q: Tensor, w_k: Tensor, scale: float | None) -> tu
     return w_q.to(x.dtype), w_k.to(x.dtype), 1.0 / math.sqrt(w_q.shape[0]) if scale is None else float(scale)
 
 
-def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], Tensor],
+def margin_dtype(precision: str, device: torch.device | str) -> torch.dtype:
+    """The dtype of the margins' products for ``precision`` (``probe_margin_precision``: ``auto``, ``float32`` or
+    ``float64``) on ``device``: ``auto`` is float32 where the device has float32 products of bfloat16 terms
+    (:func:`~lm_eval_probes.stack_api.float32_products_native`: a CUDA GPU's tensor cores), float64 elsewhere."""
+    from lm_eval_probes.stack_api import float32_products_native
+
+    dtypes = {"float32": torch.float32, "float64": torch.float64}
+    if precision == "auto":
+        return torch.float32 if float32_products_native(device) else torch.float64
+    if precision not in dtypes:
+        raise ValueError(f"probe_margin_precision must be one of auto, float32, float64, got {precision!r}")
+    return dtypes[precision]
+
+
+def _products(work: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
+    """``a @ b`` in ``work``: float64 products, or :func:`~lm_eval_probes.stack_api.matmul_float32`."""
+    if work == torch.float64:
+        return lambda a, b: torch.matmul(a.double(), b.double())
+    from lm_eval_probes.stack_api import matmul_float32
+
+    return matmul_float32
+
+
+def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable[[int], Tensor],
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
-                  heads: str = "mean", chunk: int = 64, mask: Tensor | None = None) -> Tensor:
+                  heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
+                  work: torch.dtype = torch.float64) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
-    at a time.
+    at a time, a group of heads at a time.
 
-    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); per head h of the chunk
-    (reading key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap, sliding window
-    and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap, and
-    m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read); the
-    position's margin is the mean (or ``min``) over heads. Only one chunk's weights ``[c, T]`` and Jacobians are held.
+    Per chunk of positions, the query map's Jacobians D_t of every head (``query_jacobian``); for a group of heads h
+    together (head h reads key head h // (H / KV)): α = :func:`prefix_attention_weights` of its queries (soft cap,
+    sliding window and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap,
+    and m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read);
+    the position's margin is the mean (or ``min``) over heads. Only one chunk's Jacobians and one group's weights,
+    C_t and products are held (a group: at most :data:`WORK_ELEMENTS` values of C_t, :data:`WORK_ELEMENTS_FLOAT32`
+    on float32 products).
+
+    Precision (``docs/precision.md``): the weights, the means, C_t and D_t C_t are ``work`` (float64, or float32
+    products through :func:`~lm_eval_probes.stack_api.matmul_float32`: bfloat16 terms with float32 accumulation on
+    tensor cores); C_t is summed as Σ_s β_ts (u_s − ū_t)(k_s − κ)ᵀ + (Σ_s β_ts (u_s − ū_t)) κᵀ, κ a per-head centre
+    of the keys: each term a deviation, so no sum cancels (a position with one key in its prefix has C_t = 0, margin
+    0, exactly); the p×p log-determinants are taken in float64. No value is read by the host.
 
     Args:
         queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T, p]`` (H a multiple of KV).
-        query_inputs: ``(head) -> [T, n]`` the inputs u that head's queries read.
+        query_inputs: ``[H or 1, T, n]`` the inputs u each head's queries read (``1``: shared by every head), or
+            ``(head) -> [T, n]``.
         query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi).
         scale, softcap, window: the layer's logit scale, soft cap (``None``: none) and sliding window (``None``: none).
         sinks: ``[H]`` attention-sink logits (``None``: none).
@@ -405,59 +447,85 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Callable[[int], T
         chunk: query positions per chunk.
         mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
             none (the window alone).
+        work: float64 or float32 (:func:`~lm_eval_probes.plugins.margin.margin_dtype`).
 
     Returns:
         ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
     """
     if heads not in ("mean", "min"):
         raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
+    if work not in (torch.float32, torch.float64):
+        raise ValueError(f"work must be torch.float32 or torch.float64, got {work}")
     num_heads, length, dim = queries.shape
     if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
         raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[0]
+    product = _products(work)
+    budget = WORK_ELEMENTS if work == torch.float64 else WORK_ELEMENTS_FLOAT32
+    q_all = queries.to(work)
+    k_all = keys.to(work).repeat_interleave(groups, 0) if groups > 1 else keys.to(work)  # [H, T, p]
+    u_all = (torch.stack([query_inputs(head) for head in range(num_heads)]) if callable(query_inputs) else
+             query_inputs).to(work)  # [H or 1, T, n]: a set shared by every head is not repeated
+    width = u_all.shape[-1]
+    sinks = None if sinks is None else sinks.to(work)
     parts = []
     for lo in range(0, length, chunk):
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         jacobian = query_jacobian(lo, hi)
-        per_head = []
-        for head in range(num_heads):
-            q, k = queries[head, lo:hi], keys[head // groups, :hi]  # no query in the chunk attends past hi
-            prefix = None if valid is None else valid[:hi]
-            given = None if mask is None else mask[head if mask.shape[0] > 1 else 0, lo:hi, :hi]
-            weights = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
-                                               sink=None if sinks is None else sinks[head], positions=at, mask=given)
-            key_weights = None
-            if softcap is not None:
-                key_weights = weights * (1 - torch.tanh(scale * (q @ k.T) / softcap).pow(2))
-            margins = _chunk_margins(query_inputs(head)[:hi], k, weights, key_weights, jacobian[head], scale)
-            per_head.append(margins.masked_fill(weights.sum(-1) == 0, math.nan))
-            del weights, key_weights
+        step = max(1, budget // max(1, (hi - lo) * width * max(dim, hi)))  # heads per group
+        per_group = []
+        for first in range(0, num_heads, step):
+            last = min(num_heads, first + step)
+            q, k = q_all[first:last, lo:hi], k_all[first:last, :hi]  # no query in the chunk attends past hi
+            prefix = None if valid is None else valid[:hi].expand(last - first, hi)
+            given = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
+            given = None if given is None else given[:, lo:hi, :hi]
+            logits = product(q, k.transpose(-1, -2)).mul_(scale)  # [h, c, hi]
+            capped = None if softcap is None else 1 - torch.tanh(logits / softcap).pow(2)
+            sink = None if sinks is None else sinks[first:last, None, None]
+            alpha = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
+                                             sink=sink, positions=at, mask=given, logits=logits)  # [h, c, hi]
+            del logits
+            beta = alpha if capped is None else alpha.mul(capped)
+            del capped
+            u = u_all[first:last] if u_all.shape[0] > 1 else u_all
+            margins = _chunk_margins(u[:, :hi], k, alpha, beta, jacobian[first:last], scale, product, budget)
+            per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
+            del alpha, beta
         del jacobian
-        stacked = torch.stack(per_head)
-        parts.append(stacked.min(0).values if heads == "min" else stacked.mean(0))  # nan propagates: no margin anywhere
-    margins = torch.cat(parts) if parts else queries.new_empty(0)
-    return margins if valid is None else margins.masked_fill(~valid.bool(), math.nan)
+        margins = torch.cat(per_group)
+        parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
+    out = torch.cat(parts).to(queries.dtype) if parts else queries.new_empty(0)
+    return out if valid is None else out.masked_fill(~valid.bool(), math.nan)
 
 
-def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor | None, jacobian: Tensor, scale: float) -> Tensor:
-    """log|det(I_p − scale · D_t C_t)| of one head at a chunk of c query positions (no autograd): u ``[S, n]``, keys
-    ``[S, p]``, weights α (and β, ``None``: α) ``[c, S]``, D ``[c, p, n]``. C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ
-    is summed over the prefix the chunk attends to, a block of positions at a time as ``[c, n, S'] @ [S', p]`` (the
-    weighted inputs of a block: at most :data:`WORK_ELEMENTS` values; no outer products built)."""
-    beta = alpha if beta is None else beta
-    attended = torch.nonzero(alpha.ne(0).any(0))
-    span = int(attended[-1]) + 1 if attended.numel() else 1  # no prefix at all: one all-zero column
-    rows, width = alpha.shape[0], u.shape[-1]
-    block = max(1, WORK_ELEMENTS // max(1, rows * width))
-    cross = None  # Σ_s β_ts u_s k_sᵀ, [c, n, p]
+def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,
+                   product: Callable[[Tensor, Tensor], Tensor], budget: int) -> Tensor:
+    """log|det(I_p − scale · D_t C_t)| of h heads at a chunk of c query positions: u ``[h or 1, S, n]``, keys
+    ``[h, S, p]``, weights α and β ``[h, c, S]``, D ``[h, c, p, n]`` → ``[h, c]`` (``product``: :func:`_products`).
+
+    C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ with ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with a sink) is summed as
+    Σ_s w_ts (k_s − κ)ᵀ + (Σ_s w_ts) κᵀ with w_ts = β_ts (u_s − ū_t) and κ the keys' mean over the prefix: one batched
+    product ``[h, c·n, S'] @ [h, S', p]`` per block of S' prefix positions (the block's w: at most ``budget``
+    values)."""
+    heads, rows, span = alpha.shape
+    width = u.shape[-1]
+    block = max(1, budget // max(1, heads * rows * width))
+    mean_u = product(alpha, u)  # ū_t, [h, c, n]
+    centre = keys.mean(1, keepdim=True)  # κ, [h, 1, p]
+    centred = keys - centre
+    u_t = u.transpose(1, 2)  # [h or 1, n, S]
+    cross, total = None, None  # Σ_s w_ts (k_s − κ)ᵀ [h, c·n, p] and Σ_s w_ts [h, c·n]
     for start in range(0, span, block):
         stop = min(span, start + block)
-        part = (beta[:, start:stop, None] * u[None, start:stop]).transpose(1, 2) @ keys[start:stop]
+        weighted = (u_t[:, None, :, start:stop] - mean_u[..., None]).mul_(beta[:, :, None, start:stop]).flatten(1, 2)
+        part = product(weighted, centred[:, start:stop])
         cross = part if cross is None else cross.add_(part)
-        del part
-    mean_u, mean_k = alpha[:, :span] @ u[:span], beta[:, :span] @ keys[:span]  # ū_t (Σ_s α_ts < 1 with a sink), Σ β k
-    cross.baddbmm_(mean_u[:, :, None], mean_k[:, None, :], alpha=-1)
-    matrix = torch.bmm(jacobian, cross).mul_(-scale)  # I − scale · D_t C_t
+        total = weighted.sum(-1) if total is None else total.add_(weighted.sum(-1))
+        del weighted, part
+    cross.add_(total[..., None] * centre)  # [h, c·n, p] + [h, c·n, 1] ⊗ [h, 1, p]
+    del total, centred
+    matrix = product(jacobian, cross.unflatten(1, (rows, width))).double().mul_(-scale)  # I − scale · D_t C_t
     matrix.diagonal(dim1=-2, dim2=-1).add_(1.0)
     return torch.linalg.slogdet(matrix).logabsdet
