@@ -414,6 +414,35 @@ def test_granite_swa_sinks_are_a_softmax_denominator_logit():
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+def test_routed_query_experts_are_read_through_the_layers_input():
+    """JetMoE's attention is a mixture of attention experts: each token's queries come from the query projections of
+    the experts its router picks (a method of the experts' module, reading the input rows it gathers), so no submodule
+    maps the layer's input to its queries; the capture then takes the layer's input itself as the queries' input
+    (u = x, D_t = ∂q_t/∂x_t through the router and the picked experts: the routing is constant near x_t) and
+    equals the eager reference."""
+    model, ids = _eager_built("jetmoe", initializer_range=0.25), list(range(3, 15))
+    capture = FirstAttentionCapture(model)
+    assert capture._projections == []
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_an_indexers_selection_folded_into_the_mask_is_read_from_the_whole_row(monkeypatch):
+    """Qwen4-exp's indexer picks blocks of keys per query and folds them into the mask it hands its attention (and
+    fails without a mask: the capture's ``reads_mask``); a run over a block of positions would select among that
+    block's keys only, so such a layer is re-run a whole row at a time (here: blocks of 4 positions otherwise). With
+    a budget of 8 keys the selection drops keys from position 11 on; the margins equal the eager reference."""
+    from lm_eval_probes.capture import attention
+
+    monkeypatch.setattr(attention, "PRODUCT_POSITIONS", 4)
+    model, ids = _eager_built("qwen4_exp_text", indexer_budget=8, initializer_range=0.25), list(range(3, 17))
+    margins, _ = captured_margins(model, ids)
+    assert FirstAttentionCapture(model).reads_mask
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 def family_model(family: str):
     import transformers
 

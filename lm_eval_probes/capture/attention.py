@@ -22,7 +22,13 @@ head reads (along their position axes, found at load by comparing the layer's ar
 and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
 those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
 product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
-D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads.
+D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads. Where no submodule maps
+the layer's input alone to its queries, or the re-run so split does not reproduce them (JetMoE: a mixture of attention
+experts whose query projections a router picks per token, called through a method of the experts' module on the rows
+it gathers), u is the layer's input itself (u_t = x_t, m = d) and D_t = ∂q_t/∂x_t through all its query code. A layer
+whose code before the attention call reads the attention mask (``reads_mask``: an indexer that folds the keys it
+selects into the mask it hands its attention, DeepSeek-V3.2, Qwen4-exp) is re-run a whole row at a time: a block of
+positions alone would select among its own keys.
 
 A model none of whose modules calls the interface (BLOOM, XGLM, GPT-NeoX-Japanese, GPT-Neo, TrOCR, GPT-1: layers that
 compute their attention themselves) is read the same way, with the layer's softmax in place of the attention call and
@@ -426,20 +432,29 @@ class FirstAttentionCapture:
         self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
                       for path in shapes[1]}
         self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
+        self.reads_mask = False
         if self._own is not None:
             self._own.keep_weights = True
         try:
-            self._projections, own_queries = self._find_projections(long)
+            projections, own_queries = self._find_projections(long)
         finally:
             if self._own is not None:
                 self._own.keep_weights = False
-        inside = {sub for projection in self._projections for sub in projection.modules()}
-        reading = [sub for sub in self._called if sub not in inside]
-        names = {sub: name for name, sub in module.named_modules()}
-        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
-                        for sub in reading
-                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
-        self._check(long, own_queries)
+        try:
+            if not projections:
+                raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection "
+                                            "was not found)")
+            self._use_projections(projections)
+            self._check(long, own_queries)
+        except UnsupportedModelError as error:
+            if self._own is not None:
+                raise
+            self._use_projections([])  # the query code reads the layer's input itself (JetMoE's routed query experts)
+            try:
+                self._check(long, own_queries)
+            except UnsupportedModelError as other:
+                raise UnsupportedModelError(f"{error}; with the layer's input itself as the queries' input: "
+                                            f"{str(other).removeprefix(self._prefix)}") from None
         if self._own is not None:
             try:
                 self._own.check(self._row(long, 0), self._own.weights, _tolerance(own_queries.dtype))
@@ -448,6 +463,21 @@ class FirstAttentionCapture:
                                             f"{error}") from None
         self.reads_mask = self._reads_mask(long)
 
+    @property
+    def _prefix(self) -> str:
+        return f"{self._name}: the first-attention capture cannot re-run this layer: "
+
+    def _use_projections(self, projections: list[nn.Module]) -> None:
+        """Split the query map at ``projections`` (their outputs are u), or, with none, at the layer's input itself
+        (u = x: a query code that reads x other than through submodules of x alone, JetMoE's mixture of attention
+        heads routing each token's queries to its experts); the float64 copies of the parameters its other code reads."""
+        self._projections, self._columns, self._read = projections, None, None
+        inside = {sub for projection in projections for sub in projection.modules()}
+        names = {sub: name for name, sub in self.module.named_modules()}
+        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
+                        for sub in self._called if sub not in inside
+                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
+
     def _reads_mask(self, segment: _Segment) -> bool:
         """Whether the layer's code before the attention call reads the attention mask (DeepSeek-V3.2's indexer): its
         re-run fails without it. Then the calls of one ``generate`` cannot be re-run as one (their masks do not join)."""
@@ -455,7 +485,7 @@ class FirstAttentionCapture:
             return False
         try:
             self._row(_Segment(segment.ids, segment.mask, segment.args, {**segment.kwargs, "attention_mask": None}), 0)
-        except (RuntimeError, ValueError, TypeError, IndexError):
+        except (RuntimeError, ValueError, TypeError, IndexError, AttributeError):
             return True
         return False
 
@@ -497,9 +527,6 @@ class FirstAttentionCapture:
         finally:
             for handle in handles:
                 handle.remove()
-        if not projections:
-            raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection was "
-                                        "not found)")
         return projections, self._one_call(calls).queries
 
     def _check(self, segment: _Segment, own_queries: torch.Tensor) -> None:
@@ -638,9 +665,13 @@ class FirstAttentionCapture:
 
     def _queries(self, tree: Any, parts: Sequence[torch.Tensor], *, early: bool = False) -> AttentionCall:
         """The layer run on ``tree``'s arguments with its input projections returning ``parts`` (one ``[1, L, w]`` each)
-        instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
+        instead (their ``forward`` shadowed on the instance while it runs; with none, ``parts`` is the layer's input),
+        stopped at the attention call."""
         calls: list[AttentionCall] = []
-        for module, part in zip(self._projections, parts, strict=True):
+        if not self._projections:
+            (part,) = parts
+            tree = _mapped(tree, lambda path, value: part if path == self._hidden else value)
+        for module, part in zip(self._projections, parts if self._projections else (), strict=True):
             module.forward = lambda *_args, part=part, **_kwargs: part
         try:
             with self._recorded(calls.append, early=early):
@@ -657,7 +688,7 @@ class FirstAttentionCapture:
         tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
-            outputs = [self._project(module, x, work) for module in self._projections]
+            outputs = [self._project(module, x, work) for module in self._projections] if self._projections else [x]
         widths = [out.shape[-1] for out in outputs]
         u = torch.cat(outputs, -1)
         x_shape = x.shape
@@ -671,8 +702,8 @@ class FirstAttentionCapture:
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
         step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
-        if self._own is not None:  # its bias is read from the whole row's logits
-            step = length
+        if self._own is not None or self.reads_mask:  # its bias is read from the whole row's logits; an indexer
+            step = length  # folds its selection into the mask the attention is handed, which only the whole row gives
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):
