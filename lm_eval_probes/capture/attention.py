@@ -28,7 +28,11 @@ experts whose query projections a router picks per token, called through a metho
 it gathers), u is the layer's input itself (u_t = x_t, m = d) and D_t = ∂q_t/∂x_t through all its query code. A layer
 whose code before the attention call reads the attention mask (``reads_mask``: an indexer that folds the keys it
 selects into the mask it hands its attention, DeepSeek-V3.2, Qwen4-exp) is re-run a whole row at a time: a block of
-positions alone would select among its own keys.
+positions alone would select among its own keys. A query map that reads the K positions before its own too (Zaya's
+causal convolution over its queries' and keys' inputs; K found at load from one forward-mode product per position,
+refused where a query reads its whole row) is re-run a whole row at a time and differentiated at each query's own
+position, the others fixed: per product the prefix up to the chunk's end, with a tangent on one column of every head at
+the chunk's positions K + 1 apart.
 
 A model none of whose modules calls the interface (BLOOM, XGLM, GPT-NeoX-Japanese, GPT-Neo, TrOCR, GPT-1: layers that
 compute their attention themselves) is read the same way, with the layer's softmax in place of the attention call and
@@ -406,6 +410,7 @@ class FirstAttentionCapture:
         self._name = f"model_type {model_type!r}: {type(module).__name__}"
         self._columns: torch.Tensor | None = None
         self._read: list[bool] | None = None
+        self._reach = 0  # how many positions before its own a query reads (a causal convolution: Zaya)
         try:
             self._discover()
         except UnsupportedModelError:
@@ -471,7 +476,7 @@ class FirstAttentionCapture:
         """Split the query map at ``projections`` (their outputs are u), or, with none, at the layer's input itself
         (u = x: a query code that reads x other than through submodules of x alone, JetMoE's mixture of attention
         heads routing each token's queries to its experts); the float64 copies of the parameters its other code reads."""
-        self._projections, self._columns, self._read = projections, None, None
+        self._projections, self._columns, self._read, self._reach = projections, None, None, 0
         inside = {sub for projection in projections for sub in projection.modules()}
         names = {sub: name for name, sub in self.module.named_modules()}
         self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
@@ -538,13 +543,45 @@ class FirstAttentionCapture:
             if not error <= _tolerance(own_queries.dtype):
                 raise UnsupportedModelError(f"its float64 re-run (input projections replaced by their outputs) is "
                                             f"{error:.1e} (relative) from its own queries")
-            for lo in range(0, self.CHECK_LENGTH, 2):
-                row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + 2))
-            AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
+            try:
+                self._check_chunks(segment, row)
+            except RuntimeError:  # a query that reads positions before its own: found, or the first error
+                self._reach = self._reach_of(segment) or 0
+                if not self._reach:
+                    raise
+                self._check_chunks(segment, self._row(segment, 0), self.CHECK_LENGTH)  # its products read the prefix
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{why}") from None
+
+    def _check_chunks(self, segment: _Segment, row: AttentionRow, chunk: int = 2) -> None:
+        """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
+        for lo in range(0, self.CHECK_LENGTH, chunk):
+            row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
+        AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
+
+    def _reach_of(self, segment: _Segment) -> int | None:
+        """How many positions before its own each query reads, at most (a causal convolution over the queries' and
+        keys' inputs: Zaya), from one forward-mode product per position of the load's row with a random tangent on its
+        u: the queries it moves. ``None``: a query moves before the tangent's position, or the first position's moves
+        the last (no window within the load's row)."""
+        tree, hollow, u, widths = self._prepared(segment, 0, torch.float64)
+        length = u.shape[1]
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        reach = 0
+        for position in range(length):
+            tangent = torch.zeros_like(u)
+            tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
+            with torch.no_grad():
+                _, derivative = torch.func.jvp(
+                    lambda v: self._queries(hollow(tree, length), v.split(widths, -1), early=True).queries,
+                    (u,), (tangent,))
+            moved = torch.nonzero(derivative[0].ne(0).any(-1).any(0)).flatten().tolist()  # positions of moved queries
+            if moved and moved[0] < position:
+                return None
+            reach = max(reach, (moved[-1] - position) if moved else 0)
+        return reach if reach < length - 1 else None
 
     # -- the harness's forwards ---------------------------------------------------------------------------------------
 
@@ -681,9 +718,10 @@ class FirstAttentionCapture:
                 del module.forward
         return self._one_call(calls)
 
-    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
-             checks: list[torch.Tensor] | None = None) -> AttentionRow:
-        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
+    def _prepared(self, segment: _Segment, row: int, work: torch.dtype) -> tuple[Any, Callable[[Any, int], Any],
+                                                                               torch.Tensor, list[int]]:
+        """One row's arguments in float64 with the layer's input hollowed, :func:`hollow`, u ``[1, T, m]`` and the
+        widths of its parts (one per input projection)."""
         rows, length = segment.ids.shape
         tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
@@ -701,9 +739,16 @@ class FirstAttentionCapture:
             shape = (*x_shape[:-2], positions, x_shape[-1])
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
+        return tree, hollow, u, widths
+
+    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
+             checks: list[torch.Tensor] | None = None) -> AttentionRow:
+        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
+        length = segment.ids.shape[1]
+        tree, hollow, u, widths = self._prepared(segment, row, work)
         step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
-        if self._own is not None or self.reads_mask:  # its bias is read from the whole row's logits; an indexer
-            step = length  # folds its selection into the mask the attention is handed, which only the whole row gives
+        if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
+            step = length  # indexer folds its selection into the mask its attention is handed; a query reads its past
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):
@@ -741,6 +786,8 @@ class FirstAttentionCapture:
             values) carry none."""
             span = hi - lo
             out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, filled a column (here: a row) of D per copy
+            if self._reach:
+                return local_jacobian(lo, hi, out)
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
             for first in range(0, copies, group):
                 last = min(copies, first + group)
@@ -768,6 +815,34 @@ class FirstAttentionCapture:
                     want = queries[:, lo:hi]
                     checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
                 out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return out.transpose(-2, -1)
+
+        def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
+            """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
+            convolution): per product the prefix [0, hi) with a tangent on one column of every head at the chunk's
+            positions ``K + 1`` apart (each query then sees its own position's tangent alone)."""
+            part = hollow(tree if hi == length else self._cut(tree, rows=1, length=length,
+                                                              positions=torch.arange(hi, device=u.device)), hi)
+            inputs = u[:, :hi].split(widths, -1)
+
+            def of_read(*dual: torch.Tensor) -> torch.Tensor:
+                given = iter(dual)
+                return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)], early=True).queries
+
+            for first in range(lo, min(hi, lo + self._reach + 1)):
+                targets = torch.arange(first, hi, self._reach + 1, device=u.device)
+                for copy in range(copies):
+                    tangent = torch.zeros_like(u[:, :hi])
+                    tangent[0, targets[None, :], columns[:, copy, None]] = 1.0
+                    with torch.no_grad():
+                        primal, derivative = torch.func.jvp(
+                            of_read, tuple(v for v, r in zip(inputs, read) if r),
+                            tuple(t for t, r in zip(tangent.split(widths, -1), read) if r))
+                    if first == lo and copy == 0:
+                        want = queries[:, lo:hi]
+                        checks.append((primal[0, :, lo:hi] - want).abs().max() >
+                                      1e-9 * want.abs().max().clamp_min(1e-30))
+                    out[:, targets - lo, copy] = derivative[0][:, targets].to(work)
             return out.transpose(-2, -1)
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
