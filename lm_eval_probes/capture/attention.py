@@ -946,7 +946,8 @@ class AttentionSpan:
 def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,
                     bounds: Sequence[int]) -> list[AttentionSpan]:
     """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound (``nan`` where
-    the layer reads the attention mask before its attention call: :func:`_generate_unread`)."""
+    the layer reads the attention mask before its attention call, :func:`_generate_unread`, and on the left-padded rows
+    of a layer whose queries read the positions before their own, :func:`_padded_unread`)."""
     batch = capture.joined(inputs)
     ids = batch.ids.cpu()
     if capture.reads_mask:
@@ -956,10 +957,22 @@ def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, requ
         values = request.values(batch)
     mask = inputs.segments[-1].mask
     first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
+    if capture._reach and any(first):  # the joined re-run has no mask: the first real queries would read the padding
+        _padded_unread(capture._name)
+        values[torch.tensor(first) > 0] = float("nan")
     return [
         AttentionSpan(values[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
         for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
     ]
+
+
+@functools.cache
+def _padded_unread(name: str) -> None:
+    """Say once per layer why the first-attention values of a generation's left-padded rows are ``nan``."""
+    logger.warning("%s: its queries read the positions before their own (a causal convolution), and the calls of one "
+                   "generate are re-run as one without their masks (they do not join), so a left-padded row's first "
+                   "queries would read its padding: the first-attention values of left-padded generations are nan "
+                   "(those of loglikelihood requests and of unpadded rows are computed)", name)
 
 
 @functools.cache
