@@ -25,8 +25,8 @@ product per head); where the heads read disjoint blocks of equal width n (every 
 D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads. Where no submodule maps
 the layer's input alone to its queries, or the re-run so split does not reproduce them (JetMoE: a mixture of attention
 experts whose query projections a router picks per token, called through a method of the experts' module on the rows
-it gathers), u is the layer's input itself (u_t = x_t, m = d) and D_t = ∂q_t/∂x_t through all its query code. A layer
-whose code before the attention call reads the attention mask (``reads_mask``: an indexer that folds the keys it
+it gathers), u is the layer's input itself (u_t = x_t, m = d) and D_t = ∂q_t/∂x_t through all its query code. A
+layer whose code before the attention call reads the attention mask (``reads_mask``: an indexer that folds the keys it
 selects into the mask it hands its attention, DeepSeek-V3.2, Qwen4-exp) is re-run a whole row at a time: a block of
 positions alone would select among its own keys. A query map that reads the K positions before its own too (Zaya's
 causal convolution over its queries' and keys' inputs; K found at load from one forward-mode product per position,
@@ -475,7 +475,8 @@ class FirstAttentionCapture:
     def _use_projections(self, projections: list[nn.Module]) -> None:
         """Split the query map at ``projections`` (their outputs are u), or, with none, at the layer's input itself
         (u = x: a query code that reads x other than through submodules of x alone, JetMoE's mixture of attention
-        heads routing each token's queries to its experts); the float64 copies of the parameters its other code reads."""
+        heads routing each token's queries to its experts); the float64 copies of the parameters its other code
+        reads."""
         self._projections, self._columns, self._read, self._reach = projections, None, None, 0
         inside = {sub for projection in projections for sub in projection.modules()}
         names = {sub: name for name, sub in self.module.named_modules()}
