@@ -179,3 +179,38 @@ def test_a_looped_model_gives_one_lens_reading_per_pass_of_a_block(tmp_path):
     assert all(len(sample["bte_profile"]) == 4 for sample in samples)
     assert "looped model" in result["config"]["probes_skipped"]["omega"]
     assert architectures.check_documents(folder, samples) <= architectures.CHECK_TOLERANCE
+
+
+@pytest.mark.parametrize("model_type", ["jetmoe", "zaya"])
+def test_generation_margins_of_routed_and_convolved_queries(model_type, tmp_path):
+    """JetMoE (queries of the attention experts its router picks) and Zaya (queries through a causal convolution over
+    the positions before their own; its key scale drawn, and both models' query and key weights scaled by 8, so that
+    the margins are not ~0) in ``generate`` at batch size 3 (left padding): each row's margins equal one pass over
+    its prompt and kept tokens, except Zaya's left-padded rows, which are nan (the joined re-run has no mask, so their
+    first queries would read the padding: here the pad token's embedding is zero, which hides it)."""
+    import transformers
+    from test_capture import PROMPTS, _free_generation, _prompt_ids, gen_instances
+    from test_margin_capture import captured_margins
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = architectures.build(model_type, tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "ZayaQKNorm":
+                module.temp.normal_(generator=torch.Generator().manual_seed(0))
+            for name in ("q_proj", "k_proj", "kv_proj", "input_linear"):
+                if isinstance(getattr(getattr(module, name, None), "weight", None), torch.Tensor):
+                    getattr(module, name).weight.mul_(8)
+    model.save_pretrained(folder)
+    lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=3, probes="margin")
+    longest = max(len(_prompt_ids(lm, prompt)) for prompt in PROMPTS)
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(["\n\n\n\n"], 6)), strict=True):
+        if model_type == "zaya" and len(_prompt_ids(lm, prompt)) < longest:
+            assert math.isnan(text.probe.get("margin_mean"))
+            continue
+        seen = _prompt_ids(lm, prompt) + _free_generation(lm, prompt, 6)[: max(text.probe.n_tokens, 1) - 1]
+        margins, _ = captured_margins(lm.model, seen)
+        assert abs(float(margins[0, 1:].mean())) > 1e-3
+        assert text.probe.get("margin_mean") == pytest.approx(float(margins[0, 1:].mean()), rel=1e-5)

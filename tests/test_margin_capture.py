@@ -414,6 +414,74 @@ def test_granite_swa_sinks_are_a_softmax_denominator_logit():
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+def test_routed_query_experts_are_read_through_the_layers_input():
+    """JetMoE's attention is a mixture of attention experts: each token's queries come from the query projections of
+    the experts its router picks (a method of the experts' module, reading the input rows it gathers), so no submodule
+    maps the layer's input to its queries; the capture then takes the layer's input itself as the queries' input
+    (u = x, D_t = ∂q_t/∂x_t through the router and the picked experts: the routing is constant near x_t) and
+    equals the eager reference."""
+    model, ids = _eager_built("jetmoe", initializer_range=0.25), list(range(3, 15))
+    capture = FirstAttentionCapture(model)
+    assert capture._projections == []
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_an_indexers_selection_folded_into_the_mask_is_read_from_the_whole_row(monkeypatch):
+    """Qwen4-exp's indexer picks blocks of keys per query and folds them into the mask it hands its attention (and
+    fails without a mask: the capture's ``reads_mask``); a run over a block of positions would select among that
+    block's keys only, so such a layer is re-run a whole row at a time (here: blocks of 4 positions otherwise). With
+    a budget of 8 keys the selection drops keys from position 11 on; the margins equal the eager reference."""
+    from lm_eval_probes.capture import attention
+
+    monkeypatch.setattr(attention, "PRODUCT_POSITIONS", 4)
+    model, ids = _eager_built("qwen4_exp_text", indexer_budget=8, initializer_range=0.25), list(range(3, 17))
+    margins, _ = captured_margins(model, ids)
+    assert FirstAttentionCapture(model).reads_mask
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_a_query_that_reads_the_positions_before_its_own_is_differentiated_at_its_own():
+    """Zaya's queries and keys pass a causal convolution over the last K + 1 positions' projections (CCA; K = 2
+    here) and its value projection runs on a zero row too, so no submodule's output alone is u: the capture takes the
+    layer's input (u = x), finds at load how many positions before its own a query reads, and differentiates each
+    query at its own position (the other rows fixed, as the margins' definition does): per product the prefix with
+    tangents K + 1 positions apart. The margins equal the eager reference (its key scale drawn: at its initial zeros
+    every key is zero and every margin 0)."""
+    model, ids = _eager_built("zaya", initializer_range=0.25, hidden_size=32), list(range(3, 12))
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "ZayaQKNorm":
+                module.temp.normal_(generator=torch.Generator().manual_seed(0))
+    capture = FirstAttentionCapture(model)
+    assert capture._projections == [] and capture._reach == 2
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all() and margins[0, 2:].abs().min() > 0.01
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_a_query_that_reads_every_position_is_refused_at_load():
+    """A query map that reads every position of its row (here: the query norm plus its input's mean over the row's
+    positions) has no window of positions the capture could differentiate within: refused at load."""
+    model = family_model("qwen3")
+    attention = model.model.layers[0].self_attn
+
+    class PlusRowMean(torch.nn.Module):
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, v):  # [B, T, H, p]
+            return self.norm(v) + v.mean(1, keepdim=True)
+
+    attention.q_norm = PlusRowMean(attention.q_norm)
+    with pytest.raises(UnsupportedModelError, match="qwen3.*does not read each position alone.*with the layer's input "
+                                                    "itself.*does not read each position alone"):
+        FirstAttentionCapture(model)
+
+
 def family_model(family: str):
     import transformers
 

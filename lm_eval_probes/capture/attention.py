@@ -22,7 +22,17 @@ head reads (along their position axes, found at load by comparing the layer's ar
 and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
 those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
 product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
-D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads.
+D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads. Where no submodule maps
+the layer's input alone to its queries, or the re-run so split does not reproduce them (JetMoE: a mixture of attention
+experts whose query projections a router picks per token, called through a method of the experts' module on the rows
+it gathers), u is the layer's input itself (u_t = x_t, m = d) and D_t = ∂q_t/∂x_t through all its query code. A
+layer whose code before the attention call reads the attention mask (``reads_mask``: an indexer that folds the keys it
+selects into the mask it hands its attention, DeepSeek-V3.2, Qwen4-exp) is re-run a whole row at a time: a block of
+positions alone would select among its own keys. A query map that reads the K positions before its own too (Zaya's
+causal convolution over its queries' and keys' inputs; K found at load from one forward-mode product per position,
+refused where a query reads its whole row) is re-run a whole row at a time and differentiated at each query's own
+position, the others fixed: per product the prefix up to the chunk's end, with a tangent on one column of every head at
+the chunk's positions K + 1 apart.
 
 A model none of whose modules calls the interface (BLOOM, XGLM, GPT-NeoX-Japanese, GPT-Neo, TrOCR, GPT-1: layers that
 compute their attention themselves) is read the same way, with the layer's softmax in place of the attention call and
@@ -400,6 +410,7 @@ class FirstAttentionCapture:
         self._name = f"model_type {model_type!r}: {type(module).__name__}"
         self._columns: torch.Tensor | None = None
         self._read: list[bool] | None = None
+        self._reach = 0  # how many positions before its own a query reads (a causal convolution: Zaya)
         try:
             self._discover()
         except UnsupportedModelError:
@@ -426,20 +437,29 @@ class FirstAttentionCapture:
         self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
                       for path in shapes[1]}
         self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
+        self.reads_mask = False
         if self._own is not None:
             self._own.keep_weights = True
         try:
-            self._projections, own_queries = self._find_projections(long)
+            projections, own_queries = self._find_projections(long)
         finally:
             if self._own is not None:
                 self._own.keep_weights = False
-        inside = {sub for projection in self._projections for sub in projection.modules()}
-        reading = [sub for sub in self._called if sub not in inside]
-        names = {sub: name for name, sub in module.named_modules()}
-        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
-                        for sub in reading
-                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
-        self._check(long, own_queries)
+        try:
+            if not projections:
+                raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection "
+                                            "was not found)")
+            self._use_projections(projections)
+            self._check(long, own_queries)
+        except UnsupportedModelError as error:
+            if self._own is not None:
+                raise
+            self._use_projections([])  # the query code reads the layer's input itself (JetMoE's routed query experts)
+            try:
+                self._check(long, own_queries)
+            except UnsupportedModelError as other:
+                raise UnsupportedModelError(f"{error}; with the layer's input itself as the queries' input: "
+                                            f"{str(other).removeprefix(self._prefix)}") from None
         if self._own is not None:
             try:
                 self._own.check(self._row(long, 0), self._own.weights, _tolerance(own_queries.dtype))
@@ -448,6 +468,22 @@ class FirstAttentionCapture:
                                             f"{error}") from None
         self.reads_mask = self._reads_mask(long)
 
+    @property
+    def _prefix(self) -> str:
+        return f"{self._name}: the first-attention capture cannot re-run this layer: "
+
+    def _use_projections(self, projections: list[nn.Module]) -> None:
+        """Split the query map at ``projections`` (their outputs are u), or, with none, at the layer's input itself
+        (u = x: a query code that reads x other than through submodules of x alone, JetMoE's mixture of attention
+        heads routing each token's queries to its experts); the float64 copies of the parameters its other code
+        reads."""
+        self._projections, self._columns, self._read, self._reach = projections, None, None, 0
+        inside = {sub for projection in projections for sub in projection.modules()}
+        names = {sub: name for name, sub in self.module.named_modules()}
+        self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
+                        for sub in self._called if sub not in inside
+                        for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
+
     def _reads_mask(self, segment: _Segment) -> bool:
         """Whether the layer's code before the attention call reads the attention mask (DeepSeek-V3.2's indexer): its
         re-run fails without it. Then the calls of one ``generate`` cannot be re-run as one (their masks do not join)."""
@@ -455,7 +491,7 @@ class FirstAttentionCapture:
             return False
         try:
             self._row(_Segment(segment.ids, segment.mask, segment.args, {**segment.kwargs, "attention_mask": None}), 0)
-        except (RuntimeError, ValueError, TypeError, IndexError):
+        except (RuntimeError, ValueError, TypeError, IndexError, AttributeError):
             return True
         return False
 
@@ -497,9 +533,6 @@ class FirstAttentionCapture:
         finally:
             for handle in handles:
                 handle.remove()
-        if not projections:
-            raise UnsupportedModelError(f"{self._name}: no submodule reads the layer's input (its query projection was "
-                                        "not found)")
         return projections, self._one_call(calls).queries
 
     def _check(self, segment: _Segment, own_queries: torch.Tensor) -> None:
@@ -511,13 +544,45 @@ class FirstAttentionCapture:
             if not error <= _tolerance(own_queries.dtype):
                 raise UnsupportedModelError(f"its float64 re-run (input projections replaced by their outputs) is "
                                             f"{error:.1e} (relative) from its own queries")
-            for lo in range(0, self.CHECK_LENGTH, 2):
-                row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + 2))
-            AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
+            try:
+                self._check_chunks(segment, row)
+            except RuntimeError:  # a query that reads positions before its own: found, or the first error
+                self._reach = self._reach_of(segment) or 0
+                if not self._reach:
+                    raise
+                self._check_chunks(segment, self._row(segment, 0), self.CHECK_LENGTH)  # its products read the prefix
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{why}") from None
+
+    def _check_chunks(self, segment: _Segment, row: AttentionRow, chunk: int = 2) -> None:
+        """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
+        for lo in range(0, self.CHECK_LENGTH, chunk):
+            row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
+        AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
+
+    def _reach_of(self, segment: _Segment) -> int | None:
+        """How many positions before its own each query reads, at most (a causal convolution over the queries' and
+        keys' inputs: Zaya), from one forward-mode product per position of the load's row with a random tangent on its
+        u: the queries it moves. ``None``: a query moves before the tangent's position, or the first position's moves
+        the last (no window within the load's row)."""
+        tree, hollow, u, widths = self._prepared(segment, 0, torch.float64)
+        length = u.shape[1]
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        reach = 0
+        for position in range(length):
+            tangent = torch.zeros_like(u)
+            tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
+            with torch.no_grad():
+                _, derivative = torch.func.jvp(
+                    lambda v: self._queries(hollow(tree, length), v.split(widths, -1), early=True).queries,
+                    (u,), (tangent,))
+            moved = torch.nonzero(derivative[0].ne(0).any(-1).any(0)).flatten().tolist()  # positions of moved queries
+            if moved and moved[0] < position:
+                return None
+            reach = max(reach, (moved[-1] - position) if moved else 0)
+        return reach if reach < length - 1 else None
 
     # -- the harness's forwards ---------------------------------------------------------------------------------------
 
@@ -638,9 +703,13 @@ class FirstAttentionCapture:
 
     def _queries(self, tree: Any, parts: Sequence[torch.Tensor], *, early: bool = False) -> AttentionCall:
         """The layer run on ``tree``'s arguments with its input projections returning ``parts`` (one ``[1, L, w]`` each)
-        instead (their ``forward`` shadowed on the instance while it runs), stopped at the attention call."""
+        instead (their ``forward`` shadowed on the instance while it runs; with none, ``parts`` is the layer's input),
+        stopped at the attention call."""
         calls: list[AttentionCall] = []
-        for module, part in zip(self._projections, parts, strict=True):
+        if not self._projections:
+            (part,) = parts
+            tree = _mapped(tree, lambda path, value: part if path == self._hidden else value)
+        for module, part in zip(self._projections, parts if self._projections else (), strict=True):
             module.forward = lambda *_args, part=part, **_kwargs: part
         try:
             with self._recorded(calls.append, early=early):
@@ -650,14 +719,15 @@ class FirstAttentionCapture:
                 del module.forward
         return self._one_call(calls)
 
-    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
-             checks: list[torch.Tensor] | None = None) -> AttentionRow:
-        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
+    def _prepared(self, segment: _Segment, row: int, work: torch.dtype) -> tuple[Any, Callable[[Any, int], Any],
+                                                                               torch.Tensor, list[int]]:
+        """One row's arguments in float64 with the layer's input hollowed, :func:`hollow`, u ``[1, T, m]`` and the
+        widths of its parts (one per input projection)."""
         rows, length = segment.ids.shape
         tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
-            outputs = [self._project(module, x, work) for module in self._projections]
+            outputs = [self._project(module, x, work) for module in self._projections] if self._projections else [x]
         widths = [out.shape[-1] for out in outputs]
         u = torch.cat(outputs, -1)
         x_shape = x.shape
@@ -670,9 +740,16 @@ class FirstAttentionCapture:
             shape = (*x_shape[:-2], positions, x_shape[-1])
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
+        return tree, hollow, u, widths
+
+    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
+             checks: list[torch.Tensor] | None = None) -> AttentionRow:
+        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
+        length = segment.ids.shape[1]
+        tree, hollow, u, widths = self._prepared(segment, row, work)
         step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
-        if self._own is not None:  # its bias is read from the whole row's logits
-            step = length
+        if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
+            step = length  # indexer folds its selection into the mask its attention is handed; a query reads its past
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):
@@ -710,6 +787,8 @@ class FirstAttentionCapture:
             values) carry none."""
             span = hi - lo
             out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, filled a column (here: a row) of D per copy
+            if self._reach:
+                return local_jacobian(lo, hi, out)
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
             for first in range(0, copies, group):
                 last = min(copies, first + group)
@@ -737,6 +816,34 @@ class FirstAttentionCapture:
                     want = queries[:, lo:hi]
                     checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
                 out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return out.transpose(-2, -1)
+
+        def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
+            """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
+            convolution): per product the prefix [0, hi) with a tangent on one column of every head at the chunk's
+            positions ``K + 1`` apart (each query then sees its own position's tangent alone)."""
+            part = hollow(tree if hi == length else self._cut(tree, rows=1, length=length,
+                                                              positions=torch.arange(hi, device=u.device)), hi)
+            inputs = u[:, :hi].split(widths, -1)
+
+            def of_read(*dual: torch.Tensor) -> torch.Tensor:
+                given = iter(dual)
+                return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)], early=True).queries
+
+            for first in range(lo, min(hi, lo + self._reach + 1)):
+                targets = torch.arange(first, hi, self._reach + 1, device=u.device)
+                for copy in range(copies):
+                    tangent = torch.zeros_like(u[:, :hi])
+                    tangent[0, targets[None, :], columns[:, copy, None]] = 1.0
+                    with torch.no_grad():
+                        primal, derivative = torch.func.jvp(
+                            of_read, tuple(v for v, r in zip(inputs, read) if r),
+                            tuple(t for t, r in zip(tangent.split(widths, -1), read) if r))
+                    if first == lo and copy == 0:
+                        want = queries[:, lo:hi]
+                        checks.append((primal[0, :, lo:hi] - want).abs().max() >
+                                      1e-9 * want.abs().max().clamp_min(1e-30))
+                    out[:, targets - lo, copy] = derivative[0][:, targets].to(work)
             return out.transpose(-2, -1)
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
@@ -840,7 +947,8 @@ class AttentionSpan:
 def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,
                     bounds: Sequence[int]) -> list[AttentionSpan]:
     """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound (``nan`` where
-    the layer reads the attention mask before its attention call: :func:`_generate_unread`)."""
+    the layer reads the attention mask before its attention call, :func:`_generate_unread`, and on the left-padded rows
+    of a layer whose queries read the positions before their own, :func:`_padded_unread`)."""
     batch = capture.joined(inputs)
     ids = batch.ids.cpu()
     if capture.reads_mask:
@@ -850,10 +958,22 @@ def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, requ
         values = request.values(batch)
     mask = inputs.segments[-1].mask
     first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
+    if capture._reach and any(first):  # the joined re-run has no mask: the first real queries would read the padding
+        _padded_unread(capture._name)
+        values[torch.tensor(first) > 0] = float("nan")
     return [
         AttentionSpan(values[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
         for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
     ]
+
+
+@functools.cache
+def _padded_unread(name: str) -> None:
+    """Say once per layer why the first-attention values of a generation's left-padded rows are ``nan``."""
+    logger.warning("%s: its queries read the positions before their own (a causal convolution), and the calls of one "
+                   "generate are re-run as one without their masks (they do not join), so a left-padded row's first "
+                   "queries would read its padding: the first-attention values of left-padded generations are nan "
+                   "(those of loglikelihood requests and of unpadded rows are computed)", name)
 
 
 @functools.cache
