@@ -519,7 +519,8 @@ def position_probes(
             token_logprob.append(torch.log_softmax(chunk.final_logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1).cpu())
         for name, capture in captures.items():
             for key, value in capture.at_positions(chunk).items():
-                parts[name].setdefault(key, []).append(value.detach().to("cpu"))
+                kept = value.detach() if value.requires_grad else value  # under no_grad: no detach op to launch
+                parts[name].setdefault(key, []).append(kept.to("cpu"))
         if grid_layers:  # after the probes: a layer they read out left its cells on the way
             grid.append(chunk.lens_grid(grid_layers))
     measured = {
