@@ -60,16 +60,8 @@ from lm_eval_probes.capture.loglikelihood import (
 )
 from lm_eval_probes.capture.attention import AttentionRows, AttentionSpan, FirstAttentionCapture, attention_spans
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
-from lm_eval_probes.capture.positions import (
-    PositionProbes,
-    WholeForward,
-    hidden_state_tap,
-    kept_layers,
-    position_captures,
-    position_probes_of_spans,
-    states_request,
-    whole_forward,
-)
+from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
+from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
 from lm_eval_probes.capture.reader import masked_mean_states
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
 from lm_eval_probes.capture.saved_states import states_writer
@@ -81,13 +73,7 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
-from lm_eval_probes.harness.applicability import (
-    SkippedProbes,
-    built_or_skipped,
-    model_config,
-    not_applying,
-    without_skipped,
-)
+from lm_eval_probes.harness.applicability import SkippedProbes, built_or_skipped, model_config, not_applying
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.stack_api import hidden_states_of
@@ -118,42 +104,46 @@ class ProbeHFLM(SkippedProbes, HFLM):
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
         check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         plugin_args, hf_args = split_model_args(kwargs)
-        self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
+        config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
                          subfolder=hf_args.get("subfolder"),
                          trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
-        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
-        if self.probe_config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
-            self.probe_config = without_skipped(
-                self.probe_config, not_applying(self.probe_config, lambda: model_config(pretrained, hf_args)), self.probes_skipped)
-        if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
+        skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
+            config = without_skipped(config, not_applying(config, lambda: model_config(pretrained, hf_args)), skipped)
+        if hf_args.get("think_end_token") is not None and config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
+        self.plan = ProbePlan(config, 0, skipped=skipped)  # no probe yet: the states are planned once the model is loaded
         self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
-        self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        self.readout = LensReadout(self.model) if config.enabled else None
+        self.focal_decoder: FocalDepthDecoder | None = None
+        self.first_attention: FirstAttentionCapture | None = None
         if self.readout is not None:
             check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
-        self.whole = WholeForward()  # what the enabled probes ask beyond the states at their positions
-        if self.readout is not None:
-            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
-        refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
-        self.focal_decoder: FocalDepthDecoder | None = None
-        if self.whole.focal_depth is not None:
-            self.focal_decoder = built_or_skipped(self.probe_config, self.whole.focal_depth[0], self._focal_decoder, refused)
-        self.first_attention: FirstAttentionCapture | None = None
-        if self.whole.first_attention is not None:
-            self.first_attention = built_or_skipped(self.probe_config, self.whole.first_attention[0],
-                                                    lambda: FirstAttentionCapture(self.model), refused)
-        if refused:
-            self.probe_config = without_skipped(self.probe_config, refused, self.probes_skipped)
-            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
-        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
-                                                                             self.whole)
+            self.plan = ProbePlan.of(config, self.readout.num_layers, skipped)  # the one plan of this model
+            refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
+            if self.whole.focal_depth is not None:
+                self.focal_decoder = built_or_skipped(config, self.whole.focal_depth[0], self._focal_decoder, refused)
+            if self.whole.first_attention is not None:
+                self.first_attention = built_or_skipped(config, self.whole.first_attention[0],
+                                                        lambda: FirstAttentionCapture(self.model), refused)
+            self.plan = self.plan.without(refused)
         self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
                                            self.rank)
+
+    @property
+    def whole(self) -> WholeForward:
+        """The whole-forward captures of :attr:`plan`."""
+        return self.plan.whole
+
+    @property
+    def kept_layers(self) -> frozenset[int]:
+        """The ``hidden_states`` indices a probed forward keeps (:attr:`plan`'s; none without probes)."""
+        return self.plan.kept_layers if self.readout is not None else frozenset()
 
     def _focal_decoder(self) -> FocalDepthDecoder:
         """The Ω capture's decoder of this model, self-checked (its re-run blocks reproduce their own output)."""
@@ -191,8 +181,8 @@ class ProbeHFLM(SkippedProbes, HFLM):
                 return super().loglikelihood(requests, disable_tqdm)
         note_unprobed_requests(requests)
         plan = LensPlan() if self._responses_cached else lens_plan(requests)
-        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
-                                plan, keep_logits_argument=keep_logits) as rows, \
+        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.focal_decoder, plan,
+                                                             keep_logits_argument=keep_logits) as rows, \
                 self._attention_capture() as first_attention:
             attention_rows = None if first_attention is None else AttentionRows(
                 self.first_attention, first_attention, self.whole.first_attention[1], locate=rows.locate,
@@ -350,7 +340,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
             prompt_means = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
         spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
-        rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
+        rows = position_probes_of_spans(spans, self.readout, self.plan, token_ids)
         if self.focal_decoder is not None:
             masses = self.focal_decoder.confidences(teacher_forced, block_inputs, focal_spans)
             name = self.whole.focal_depth[0]

@@ -63,14 +63,8 @@ from lm_eval.models.huggingface import HFLM
 import lm_eval_probes
 from lm_eval_probes import registry
 from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
-from lm_eval_probes.capture.positions import (
-    LensGrid,
-    WholeForward,
-    position_captures,
-    position_probes,
-    read_layers,
-    whole_forward,
-)
+from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
+from lm_eval_probes.capture.positions import LensGrid, position_probes
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
@@ -93,7 +87,7 @@ from lm_eval_probes.harness.hflm import (
     note_unprobed_requests,
     take_ranks_from_accelerate,
 )
-from lm_eval_probes.harness.applicability import SkippedProbes, model_config, not_applying, without_skipped
+from lm_eval_probes.harness.applicability import SkippedProbes, model_config, not_applying
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.harness.supported_versions import check_supported_versions
@@ -185,13 +179,13 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         diffusion_args, rest = split_diffusion_args(kwargs)
         self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
         plugin_args, hf_args = split_model_args(rest)
-        self.probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
+        probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
         supported = supported_probes()
-        unsupported = [p for p in self.probe_config.probes if p not in supported]
-        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
-        if unsupported and self.probe_config.every_applicable:
-            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
-                unsupported, "hf-probes-diffusion has no autoregressive next-token readout"), self.probes_skipped)
+        unsupported = [p for p in probe_config.probes if p not in supported]
+        skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if unsupported and probe_config.every_applicable:
+            probe_config = without_skipped(probe_config, dict.fromkeys(
+                unsupported, "hf-probes-diffusion has no autoregressive next-token readout"), skipped)
         elif unsupported:
             raise ValueError(
                 f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
@@ -204,11 +198,10 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
         config = model_config(pretrained, hf_args)
-        self.probe_config = without_skipped(self.probe_config, not_applying(self.probe_config, lambda: config),
-                                            self.probes_skipped)
+        probe_config = without_skipped(probe_config, not_applying(probe_config, lambda: config), skipped)
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
         self.AUTO_MODEL_CLASS = model_class_for(config)  # HFLM's _get_backend keeps a class already set
-        self._plan_probes(config)
+        self.plan = self._planned(ProbePlan.of(probe_config, _num_layers(config), skipped))
         super().__init__(pretrained, **{**hf_args, "backend": "causal"})
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
@@ -219,7 +212,7 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         self.lens_readout: MaskedLMReadout | None = None
         """``probe_traces=true`` (with a probe to trace): the model's masked-LM readout, read at every kept layer
         (:attr:`lens_layers`) into each trace's lens grid."""
-        if self.probe_config.traces and self.captures:
+        if self.probe_config.traces and self.plan.captures:
             self.lens_readout = masked_lm_readout(self.model)
             if self.lens_readout.num_layers != self.num_layers:
                 raise ValueError(f"the model's forward gives {self.lens_readout.num_layers + 1} hidden states, its config "
@@ -227,24 +220,30 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         self.lens_layers: tuple[int, ...] = tuple(sorted({*self.state_layers, self.num_layers}))
         """The layers of a trace's lens grid: those the probes keep, and the last (the model's own readout)."""
 
-    def _plan_probes(self, config: Any) -> None:
-        """The enabled probes' position probes for this model's depth, what they ask of a forward, and the
-        ``hidden_states`` layers to keep (before any weight is loaded: a probe that needs an autoregressive capture is
-        refused here)."""
-        self.num_layers = _num_layers(config)
-        self.captures = position_captures(self.probe_config, self.num_layers)
-        self.whole: WholeForward = whole_forward(self.captures)
-        autoregressive = [asked[0] for asked in (self.whole.focal_depth, self.whole.first_attention) if asked is not None]
-        if autoregressive and self.probe_config.every_applicable:
-            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
-                autoregressive, "it re-runs or hooks an autoregressive model's blocks"), self.probes_skipped)
-            self._plan_probes(config)
-            return
-        if autoregressive:
+    @staticmethod
+    def _planned(plan: ProbePlan) -> ProbePlan:
+        """``plan`` (the model's, before any weight is loaded) without the probes that need an autoregressive capture
+        (``probes=all``; a probe named explicitly is refused here)."""
+        autoregressive = [asked[0] for asked in (plan.whole.focal_depth, plan.whole.first_attention) if asked is not None]
+        if autoregressive and not plan.config.every_applicable:
             raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
                              "autoregressive model's blocks")
-        layers = read_layers(self.num_layers, self.probe_config) | set(self.whole.prompt_layers)
-        self.state_layers: tuple[int, ...] = tuple(sorted(layers)) if self.captures else ()
+        return plan.without(dict.fromkeys(autoregressive, "it re-runs or hooks an autoregressive model's blocks"))
+
+    @property
+    def num_layers(self) -> int:
+        """The model's blocks (``hidden_states`` has one more entry)."""
+        return self.plan.num_layers
+
+    @property
+    def whole(self) -> WholeForward:
+        """The whole-forward captures of :attr:`plan` (the prompt means, the states folder)."""
+        return self.plan.whole
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The ``hidden_states`` layers the probes read, kept from the final denoising pass (none without a probe)."""
+        return self.plan.state_layers
 
     def _layer_states(self, states: dict[int, torch.Tensor], index: torch.Tensor | slice) -> list[torch.Tensor | None]:
         """The L + 1 ``hidden_states`` entries the probes read, each ``[n, H]`` at ``index`` (``None`` elsewhere)."""
@@ -257,10 +256,10 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         """The record of one response's ``n`` positions, with the enabled probes' values (their states:
         ``layer_states``); ``trace`` (``probe_traces=true``): the positions' token ids, their log-probabilities and
         their lens grid, written into the record's trace."""
-        if not self.captures:
+        if not self.plan.captures:
             return ResponseProbe(n_tokens=n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
                                  token_ends=token_ends, empty=empty)
-        probes = position_probes(layer_states, None, self.probe_config, lens=False)
+        probes = position_probes(layer_states, None, self.plan, lens=False)
         trace_ids = None
         if trace is not None:
             trace_ids, token_logprob, grid = trace
@@ -601,7 +600,7 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         """The estimate as a record; with probes, their values from one forward over the unmasked request (at the
         continuation's positions; the prompt means over the context's)."""
         n, p = continuation.numel(), context.numel()
-        if not self.captures:
+        if not self.plan.captures:
             return self._probe_record([], None, n, mean_token_logprob=estimate / n, prompt_tokens=p)
         logits, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
         picked = {layer: states[layer][0] for layer in self.state_layers}

@@ -1,0 +1,90 @@
+"""One :class:`~lm_eval_probes.capture.plan.ProbePlan` per loaded model: built once at load, read by every call."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from test_diffusion import MODEL_ARGS, generate, masked_lm_dir, mask_tokenizer  # noqa: F401
+from lm_eval_probes import registry
+from lm_eval_probes.capture import plan as plan_module
+from lm_eval_probes.capture.plan import ProbePlan
+from lm_eval_probes.config import ProbeConfig
+from lm_eval_probes.models.autoregressive import ProbeHFLM
+from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
+from lm_eval_probes.records import probe_of
+
+LL = [("Question: 2 + 2 =", " 4"), ("Question: 2 + 2 =", " 5"), ("The sky is", " blue")]
+PROMPTS = ["Question: 2 + 2 =", "The sky is"]
+
+
+def _planned_once(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each probe's :attr:`~lm_eval_probes.api.Probe.position_probe` call from here on, by probe name (a plan builds
+    them)."""
+    built: list[str] = []
+
+    def counting(probe):
+        def build(options, num_layers):
+            built.append(probe.name)
+            return probe.position_probe(options, num_layers)
+
+        build.reads_lens = getattr(probe.position_probe, "reads_lens", True)  # read from the class by hf-probes-diffusion
+        return dataclasses.replace(probe, position_probe=build)
+
+    counted = tuple(probe if probe.position_probe is None else counting(probe) for probe in registry.probes())
+    monkeypatch.setattr(registry, "probes", lambda: counted)
+    return built
+
+
+def _no_more_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a plan was built after load")
+
+    monkeypatch.setattr(plan_module.ProbePlan, "of", classmethod(refuse))
+    monkeypatch.setattr(plan_module.ProbePlan, "_planned", classmethod(refuse))
+
+
+def test_hf_probes_plans_once_at_load_and_every_call_reads_that_plan(tiny_model_dir, monkeypatch):
+    """``probes=all``: every enabled probe's position probe is built once, at load; loglikelihood and generation (both
+    capture modes) build none."""
+    built = _planned_once(monkeypatch)
+    lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2, probes="all",
+                   probe_gen_capture="generate")
+    assert sorted(built) == sorted(lm.plan.captures) and lm.plan.config is lm.probe_config
+    assert lm.probes_skipped == dict(lm.plan.skipped) and lm.kept_layers == lm.plan.kept_layers
+    _no_more_plans(monkeypatch)
+    answers = lm.loglikelihood([Instance("loglikelihood", {}, r, 0, ("t", i, 1)) for i, r in enumerate(LL)])
+    texts = lm.generate_until([Instance("generate_until", {}, (p, {"until": ["\n"], "max_gen_toks": 4}), 0, ("t", i, 1))
+                               for i, p in enumerate(PROMPTS)])
+    assert all(probe_of(a) is not None for a in answers) and all(probe_of(t) is not None for t in texts)
+    assert sorted(built) == sorted(lm.plan.captures)  # still the load's calls only
+
+
+def test_hf_probes_diffusion_plans_once_before_any_weight_loads(masked_lm_dir, monkeypatch):
+    built = _planned_once(monkeypatch)
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=2, probes="all", **MODEL_ARGS)
+    # each probe's position probe once (those asking for an autoregressive capture then skipped, before any weight)
+    assert len(built) == len(set(built)) and set(built) == set(lm.plan.captures) | set(lm.probes_skipped) & set(built)
+    assert lm.plan.captures and lm.state_layers == lm.plan.state_layers
+    before = list(built)
+    _no_more_plans(monkeypatch)
+    texts = generate(lm, ["<never>"])
+    assert all(probe_of(t) is not None for t in texts) and built == before
+
+
+def test_a_plan_without_a_probe_keeps_the_other_probes_position_probes():
+    """:meth:`ProbePlan.without` (a capture the loaded model refused): the remaining probes' position probes are the
+    same objects, the skipped probe and its reason join ``skipped``; a probe named explicitly refuses the run."""
+    every = ProbeConfig.from_model_args({"probes": "all"})
+    plan = ProbePlan.of(every, 4, {"earlier": "why"})
+    dropped = next(iter(plan.captures))
+    less = plan.without({dropped: "refused"})
+    assert dropped not in less.captures and dropped not in less.config.probes
+    assert all(less.captures[name] is plan.captures[name] for name in less.captures)
+    assert less.skipped == {"earlier": "why", dropped: "refused"} and plan.without({}) is plan
+    assert less.kept_layers <= plan.kept_layers and 4 in less.kept_layers
+    named = ProbePlan.of(ProbeConfig.from_model_args({"probes": dropped}), 4)
+    with pytest.raises(ValueError, match=f"probes={dropped}: refused"):
+        named.without({dropped: "refused"})
