@@ -11,6 +11,7 @@ from test_diffusion import MODEL_ARGS, generate, masked_lm_dir, mask_tokenizer  
 from lm_eval_probes import registry
 from lm_eval_probes.capture import plan as plan_module
 from lm_eval_probes.capture.plan import ProbePlan
+from lm_eval_probes.capture.positions import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
@@ -88,3 +89,27 @@ def test_a_plan_without_a_probe_keeps_the_other_probes_position_probes():
     named = ProbePlan.of(ProbeConfig.from_model_args({"probes": dropped}), 4)
     with pytest.raises(ValueError, match=f"probes={dropped}: refused"):
         named.without({dropped: "refused"})
+
+
+class _OnlyWholeForward:
+    """A position probe with none of the hooks at a response's positions: it only asks for a whole-forward capture."""
+
+    reads_lens = False
+    states_folder = None
+
+
+def test_a_probe_needs_only_the_hooks_it_uses():
+    """Without ``layers``, ``at_positions`` and ``reduce`` a probe reads no layer and measures nothing at a response's
+    positions; the other probes' values are as without it."""
+    import torch
+
+    config = ProbeConfig.from_model_args({"probes": "reader"})
+    plan = ProbePlan.of(config, 4)
+    bare = ProbePlan._planned(config, 4, {**plan.captures, "bare": _OnlyWholeForward()}, {})
+    assert bare.read_layers == plan.read_layers and bare.kept_layers == plan.kept_layers
+    assert "bare" in bare.captures and "bare" not in bare.position_captures(lens=False)
+    torch.manual_seed(0)
+    states = [torch.randn(3, 8) for _ in range(5)]
+    want = position_probes(states, None, plan, lens=False).summarize(0, 3, generation=True)
+    got = position_probes(states, None, bare, lens=False).summarize(0, 3, generation=True)
+    assert got == want

@@ -21,7 +21,7 @@ from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, Prompt
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates
 
-__all__ = ["ProbePlan", "WholeForward", "whole_forward", "without_skipped"]
+__all__ = ["ProbePlan", "WholeForward", "layers_of", "position_axis", "reads_lens", "whole_forward", "without_skipped"]
 
 _LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
 
@@ -63,6 +63,24 @@ def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
         if asking:
             found[kind] = asking[0]
     return WholeForward(**found)
+
+
+def layers_of(capture: PositionProbe) -> frozenset[int]:
+    """The ``hidden_states`` indices a position probe reads at a response's positions (its optional ``layers()``;
+    none without it)."""
+    layers = getattr(capture, "layers", None)
+    return frozenset() if layers is None else frozenset(layers())
+
+
+def reads_lens(capture: Any) -> bool:
+    """Whether a position probe (or its class) reads the logit lens (its ``reads_lens``; without one it is taken to:
+    it then runs only where a lens exists, and only for a response a row reads)."""
+    return bool(getattr(capture, "reads_lens", True))
+
+
+def position_axis(capture: PositionProbe) -> int:
+    """The axis of a position probe's per-position values that indexes the positions (its ``position_axis``; 0)."""
+    return int(getattr(capture, "position_axis", 0))
 
 
 def without_skipped(config: ProbeConfig, skipped: Mapping[str, str], into: dict[str, str]) -> ProbeConfig:
@@ -112,7 +130,7 @@ class ProbePlan:
         (at m >= 1 :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` takes them from the blocks' inputs
         itself, and releases them as it decodes them)."""
         whole = whole_forward(captures)
-        read = frozenset().union(*(capture.layers() for capture in captures.values()))
+        read = frozenset().union(*(layers_of(capture) for capture in captures.values()))
         kept = set(read) | {num_layers} | set(whole.prompt_layers)
         if whole.focal_depth is not None and whole.focal_depth[1].depth == 0:
             kept |= set(range(*whole.focal_depth[1].source_layers))
@@ -130,14 +148,16 @@ class ProbePlan:
         return self._planned(config, self.num_layers, captures, into)
 
     def position_captures(self, *, lens: bool = True) -> dict[str, PositionProbe]:
-        """The enabled probes' position probes (``lens=False``: those that read no logit lens), in registry order."""
-        return {name: capture for name, capture in self.captures.items() if lens or not capture.reads_lens}
+        """The enabled probes' position probes that measure something at a response's positions (their
+        ``at_positions``; ``lens=False``: of those that read no logit lens), in registry order."""
+        return {name: capture for name, capture in self.captures.items()
+                if getattr(capture, "at_positions", None) is not None and (lens or not reads_lens(capture))}
 
     def layers_read(self, *, lens: bool = True) -> frozenset[int]:
         """The ``hidden_states`` indices the probes of :meth:`position_captures` read at a response's positions."""
         if lens:
             return self.read_layers
-        return frozenset().union(*(capture.layers() for capture in self.position_captures(lens=False).values()))
+        return frozenset().union(*(layers_of(capture) for capture in self.position_captures(lens=False).values()))
 
     @property
     def state_layers(self) -> tuple[int, ...]:

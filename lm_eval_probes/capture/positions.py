@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from lm_eval_probes.api import FocalDepth, PositionProbe
-from lm_eval_probes.capture.plan import ProbePlan
+from lm_eval_probes.capture.plan import ProbePlan, position_axis
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.stack_api import hidden_states_of, hidden_states_request
@@ -278,9 +278,10 @@ class PositionProbes:
             raise KeyError(f"probe {probe!r} is not enabled here (enabled: {list(self.measured)})")
         capture = self.measured[probe][0]
         for name, value in values.items():
-            if value.shape[capture.position_axis] != self.num_positions:
-                raise ValueError(f"{probe}'s {name} has {value.shape[capture.position_axis]} positions on axis "
-                                 f"{capture.position_axis} (shape {tuple(value.shape)}), not {self.num_positions}")
+            axis = position_axis(capture)
+            if value.shape[axis] != self.num_positions:
+                raise ValueError(f"{probe}'s {name} has {value.shape[axis]} positions on axis "
+                                 f"{axis} (shape {tuple(value.shape)}), not {self.num_positions}")
         return dataclasses.replace(self, measured={**self.measured, probe: (capture, values)})
 
     def span(self, start: int, stop: int) -> PositionProbes:
@@ -288,7 +289,7 @@ class PositionProbes:
         if not 0 <= start <= stop <= self.num_positions:
             raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
         measured = {
-            name: (capture, {key: value.narrow(capture.position_axis, start, stop - start)
+            name: (capture, {key: value.narrow(position_axis(capture), start, stop - start)
                              for key, value in values.items()})
             for name, (capture, values) in self.measured.items()
         }
@@ -346,7 +347,9 @@ class PositionProbes:
             mean_token_logprob = cut.token_logprob.double().mean().tolist() if n else math.nan  # host values
         values: dict[str, Any] = {}
         for capture, measured in cut.measured.values():
-            values.update(capture.reduce(measured, positions=n, generation=generation))
+            reduce = getattr(capture, "reduce", None)  # optional: a probe without one gives no fields from here
+            if reduce is not None:
+                values.update(reduce(measured, positions=n, generation=generation))
         values.update((name, value) for name, value in (fields or {}).items() if value is not None)
         if token_ends is not None:
             if len(token_ends) != n:
@@ -460,7 +463,7 @@ def position_probes(
         if grid_layers:  # after the probes: a layer they read out left its cells on the way
             grid.append(chunk.lens_grid(grid_layers))
     measured = {
-        name: (capture, {key: torch.cat(chunks, dim=capture.position_axis) for key, chunks in parts[name].items()})
+        name: (capture, {key: torch.cat(chunks, dim=position_axis(capture)) for key, chunks in parts[name].items()})
         for name, capture in captures.items()
     }
     lens_grid = None if not grid else LensGrid(grid_layers, *(torch.cat([g[i] for g in grid], dim=1) for i in range(3)))

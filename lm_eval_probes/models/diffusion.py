@@ -62,7 +62,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_probes import registry
 from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
-from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
+from lm_eval_probes.capture.plan import ProbePlan, WholeForward, reads_lens, without_skipped
 from lm_eval_probes.capture.positions import LensGrid, position_probes
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
 from lm_eval_probes.capture.saved_states import states_writer
@@ -93,7 +93,7 @@ register_rows()  # before any task is built: the model is looked up first
 def states_only(probe: Any) -> bool:
     """Whether ``hf-probes-diffusion`` can run a registered probe: it has a position probe that reads no logit lens
     (checked on its class; its whole-forward requests are checked once the model's depth is known)."""
-    return probe.position_probe is not None and not getattr(probe.position_probe, "reads_lens", True)
+    return probe.position_probe is not None and not reads_lens(probe.position_probe)
 
 
 def supported_probes() -> tuple[str, ...]:
