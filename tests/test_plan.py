@@ -113,3 +113,41 @@ def test_a_probe_needs_only_the_hooks_it_uses():
     want = position_probes(states, None, plan, lens=False).summarize(0, 3, generation=True)
     got = position_probes(states, None, bare, lens=False).summarize(0, 3, generation=True)
     assert got == want
+
+
+class _AsksForANewCapture:
+    reads_lens = False
+
+    def __init__(self, request: str) -> None:
+        self.window_sums = request  # the attribute named after the registered capture
+
+
+def test_a_registered_capture_is_found_by_name_set_up_and_may_refuse_the_model(monkeypatch):
+    """A whole-forward capture registered by name (``capture/captures.py``): a probe asks for it with the attribute of
+    that name; the plan sets it up at load; a model it refuses skips the probe under ``probes=all``."""
+    from lm_eval_probes.capture import captures
+    from lm_eval_probes.capture.parts import UnsupportedModelError
+
+    monkeypatch.setattr(captures, "_REGISTERED", dict(captures._REGISTERED))
+    seen = []
+
+    def set_up(request, setup):
+        seen.append((request, setup.model))
+        if setup.model == "refusing":
+            raise UnsupportedModelError("no window here")
+        return f"held {request}"
+
+    captures.register_capture(captures.WholeForwardCapture("window_sums", set_up=set_up))
+    with pytest.raises(ValueError, match="registered already"):
+        captures.register_capture(captures.WholeForwardCapture("window_sums"))
+    every = ProbeConfig.from_model_args({"probes": "all"})
+    plan = ProbePlan._planned(every, 4, {"reader": _AsksForANewCapture("w")}, {})
+    assert plan.whole.of("window_sums") == ("reader", "w") and plan.whole.prompt_means is None
+    kept, held = plan.set_up(captures.SetUp("model", None, every, None))
+    assert held == {"window_sums": "held w"} and kept is plan
+    skipped, held = plan.set_up(captures.SetUp("refusing", None, every, None))
+    assert held == {} and skipped.skipped == {"reader": "no window here"} and "reader" not in skipped.captures
+    named = ProbePlan._planned(ProbeConfig.from_model_args({"probes": "reader"}), 4,
+                               {"reader": _AsksForANewCapture("w")}, {})
+    with pytest.raises(UnsupportedModelError, match="no window here"):
+        named.set_up(captures.SetUp("refusing", None, named.config, None))

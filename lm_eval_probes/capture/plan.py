@@ -18,6 +18,8 @@ from typing import Any
 
 from lm_eval_probes import registry
 from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, PromptMeans
+from lm_eval_probes.capture.captures import SetUp, capture_named, registered_captures
+from lm_eval_probes.capture.parts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates
 
@@ -28,13 +30,35 @@ _LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its han
 
 @dataclass(frozen=True)
 class WholeForward:
-    """What the enabled probes ask of the wrappers beyond the states at a response's positions (each at most one
-    probe's; see :class:`~lm_eval_probes.api.PositionProbe`): ``(probe name, request)`` or ``None``."""
+    """What the enabled probes ask of the wrappers beyond the states at a response's positions: registered capture
+    name (:mod:`~lm_eval_probes.capture.captures`) → ``(probe name, request)``, in registration order; at most one
+    probe asks for each. The built-ins read as attributes (``None``: not asked)."""
 
-    prompt_means: tuple[str, PromptMeans] | None = None
-    focal_depth: tuple[str, FocalDepth] | None = None
-    first_attention: tuple[str, FirstAttention] | None = None
-    states_folder: tuple[str, str] | None = None
+    requests: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+
+    def of(self, capture: str) -> tuple[str, Any] | None:
+        """``(probe name, request)`` of the capture named ``capture`` (``None``: no enabled probe asks for it)."""
+        return self.requests.get(capture)
+
+    @property
+    def prompt_means(self) -> tuple[str, PromptMeans] | None:
+        return self.of("prompt_means")
+
+    @property
+    def focal_depth(self) -> tuple[str, FocalDepth] | None:
+        return self.of("focal_depth")
+
+    @property
+    def first_attention(self) -> tuple[str, FirstAttention] | None:
+        return self.of("first_attention")
+
+    @property
+    def states_folder(self) -> tuple[str, str] | None:
+        return self.of("states_folder")
+
+    def autoregressive(self) -> list[str]:
+        """The probes asking for a capture that needs an autoregressive model's blocks."""
+        return [probe for name, (probe, _) in self.requests.items() if capture_named(name).autoregressive]
 
     @property
     def prompt_layers(self) -> tuple[int, ...]:
@@ -51,10 +75,10 @@ class WholeForward:
 
 
 def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
-    """The whole-forward captures ``captures`` (enabled probes by name) ask for; ``ValueError`` when two ask for the
-    same one."""
+    """The registered whole-forward captures ``captures`` (enabled probes by name) ask for; ``ValueError`` when two ask
+    for the same one."""
     found: dict[str, tuple[str, Any]] = {}
-    for kind in ("prompt_means", "focal_depth", "first_attention", "states_folder"):
+    for kind in (capture.name for capture in registered_captures()):
         asking = [(name, getattr(capture, kind, None)) for name, capture in captures.items()]
         asking = [(name, request) for name, request in asking if request is not None]
         if len(asking) > 1:
@@ -62,7 +86,7 @@ def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
                              "enable one of them")
         if asking:
             found[kind] = asking[0]
-    return WholeForward(**found)
+    return WholeForward(found)
 
 
 def layers_of(capture: PositionProbe) -> frozenset[int]:
@@ -146,6 +170,25 @@ class ProbePlan:
         config = without_skipped(self.config, skipped, into)
         captures = {name: capture for name, capture in self.captures.items() if name in config.probes}
         return self._planned(config, self.num_layers, captures, into)
+
+    def set_up(self, setup: SetUp) -> tuple[ProbePlan, dict[str, Any]]:
+        """Set up each whole-forward capture the probes ask for on the loaded model (``setup``), in registration
+        order: (this plan without the probes whose capture the model refused — ``probes=all``; a probe
+        named explicitly raises the refusal — and what each capture that was set up holds, by capture name)."""
+        built: dict[str, Any] = {}
+        refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
+        for name, (probe, request) in self.whole.requests.items():
+            set_up = capture_named(name).set_up
+            if set_up is None:
+                continue
+            try:
+                built[name] = set_up(request, setup)
+            except UnsupportedModelError as error:
+                if not self.config.every_applicable:
+                    raise
+                refused[probe] = str(error)
+        plan = self.without(refused)
+        return plan, {name: held for name, held in built.items() if plan.whole.of(name) is not None}
 
     def position_captures(self, *, lens: bool = True) -> dict[str, PositionProbe]:
         """The enabled probes' position probes that measure something at a response's positions (their

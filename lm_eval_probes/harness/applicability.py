@@ -2,24 +2,21 @@
 
 Two checks, both generic (no probe is named here): before any weight loads, each enabled probe's own
 :attr:`~lm_eval_probes.api.Probe.applies` on the model's config; once the model is loaded, each whole-forward capture a
-probe asked for (its construction and load-time self-check raise
-:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`). A skipped probe is logged in one line and listed in
+probe asked for (its set-up and load-time self-check raise
+:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`: :meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`). A skipped probe is logged in one line and listed in
 the results' config as ``probes_skipped`` (probe → reason), which the report shows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from lm_eval_probes import registry
-from lm_eval_probes.capture.parts import UnsupportedModelError
 from lm_eval_probes.capture.plan import ProbePlan
 from lm_eval_probes.config import ProbeConfig
 
-__all__ = ["SkippedProbes", "built_or_skipped", "model_config", "not_applying"]
-
-Built = TypeVar("Built")
+__all__ = ["SkippedProbes", "model_config", "not_applying"]
 
 
 def model_config(pretrained: Any, hf_args: Mapping[str, Any]) -> Any:
@@ -44,19 +41,6 @@ def not_applying(config: ProbeConfig, model: Callable[[], Any]) -> dict[str, str
     read = model()
     reasons = {probe.name: probe.unsupported(read) for probe in probes}
     return {name: reason for name, reason in reasons.items() if reason}
-
-
-def built_or_skipped(config: ProbeConfig, probe: str, build: Callable[[], Built], skipped: dict[str, str]) -> Built | None:
-    """``build()`` (a capture probe ``probe`` asked for); under ``probes=all``, ``None`` with ``skipped[probe]`` set to
-    why the model refused it (:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`, which a probe named
-    explicitly raises)."""
-    if not config.every_applicable:
-        return build()
-    try:
-        return build()
-    except UnsupportedModelError as error:
-        skipped[probe] = str(error)
-        return None
 
 
 class SkippedProbes:

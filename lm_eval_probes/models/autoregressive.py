@@ -60,6 +60,7 @@ from lm_eval_probes.capture.loglikelihood import (
 )
 from lm_eval_probes.capture.attention import AttentionRows, AttentionSpan, FirstAttentionCapture, attention_spans
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
+from lm_eval_probes.capture.captures import SetUp
 from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
 from lm_eval_probes.capture.reader import masked_mean_states
@@ -67,7 +68,7 @@ from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, bloc
 from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.harness.hflm import note_unprobed_requests, take_ranks_from_accelerate
-from lm_eval_probes.harness.applicability import built_or_skipped, model_config, not_applying
+from lm_eval_probes.harness.applicability import model_config, not_applying
 from lm_eval_probes.harness.wrapper import GenerationCall, ProbeWrapper, Unprobed
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
@@ -140,18 +141,14 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if config.enabled else None
-        self.focal_decoder: FocalDepthDecoder | None = None
-        self.first_attention: FirstAttentionCapture | None = None
+        self.held: dict[str, Any] = {}  # what each whole-forward capture the probes asked for holds, by capture name
         if self.readout is not None:
             check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
-            self.plan = ProbePlan.of(config, self.readout.num_layers, skipped)  # the one plan of this model
-            refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
-            if self.whole.focal_depth is not None:
-                self.focal_decoder = built_or_skipped(config, self.whole.focal_depth[0], self._focal_decoder, refused)
-            if self.whole.first_attention is not None:
-                self.first_attention = built_or_skipped(config, self.whole.first_attention[0],
-                                                        lambda: FirstAttentionCapture(self.model), refused)
-            self.plan = self.plan.without(refused)
+            # the one plan of this model; a capture the loaded model refuses takes its probe out (probes=all)
+            shapes = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
+                                  chunk_positions=config.chunk_positions)
+            self.plan, self.held = ProbePlan.of(config, self.readout.num_layers, skipped).set_up(
+                SetUp(self.model, self.readout, config, shapes))
         self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
                                            self.rank)
 
@@ -165,18 +162,15 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         """The ``hidden_states`` indices a probed forward keeps (:attr:`plan`'s; none without probes)."""
         return self.plan.kept_layers if self.readout is not None else frozenset()
 
-    def _focal_decoder(self) -> FocalDepthDecoder:
-        """The Ω capture's decoder of this model, self-checked (its re-run blocks reproduce their own output)."""
-        focal = self.whole.focal_depth[1]
-        widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
-                              chunk_positions=self.probe_config.chunk_positions)
-        decoder = FocalDepthDecoder(
-            self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-            chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
-            chunk_positions=self.probe_config.chunk_positions,
-        )
-        decoder.check()
-        return decoder
+    @property
+    def focal_decoder(self) -> FocalDepthDecoder | None:
+        """The focal-depth capture's decoder (``None`` without a focal-depth request)."""
+        return self.held.get("focal_depth")
+
+    @property
+    def first_attention(self) -> FirstAttentionCapture | None:
+        """The first-attention capture (``None`` without a first-attention request)."""
+        return self.held.get("first_attention")
 
     def _cache_fingerprint(self) -> str | None:
         """``--use_cache`` (with probes): a table of the probe configuration, and every option of a multiple-choice

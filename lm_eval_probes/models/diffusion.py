@@ -225,7 +225,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
     def _planned(plan: ProbePlan) -> ProbePlan:
         """``plan`` (the model's, before any weight is loaded) without the probes that need an autoregressive capture
         (``probes=all``; a probe named explicitly is refused here)."""
-        autoregressive = [asked[0] for asked in (plan.whole.focal_depth, plan.whole.first_attention) if asked is not None]
+        autoregressive = plan.whole.autoregressive()
         if autoregressive and not plan.config.every_applicable:
             raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
                              "autoregressive model's blocks")
