@@ -151,3 +151,13 @@ def test_a_registered_capture_is_found_by_name_set_up_and_may_refuse_the_model(m
                                {"reader": _AsksForANewCapture("w")}, {})
     with pytest.raises(UnsupportedModelError, match="no window here"):
         named.set_up(captures.SetUp("refusing", None, named.config, None))
+
+
+def test_hf_probes_diffusion_sets_up_the_states_folder_capture(masked_lm_dir, tmp_path):
+    """``probe_save_states`` on ``hf-probes-diffusion``: its registered capture is set up at load, as on ``hf-probes``,
+    and each generation's states are written."""
+    lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=2, probes="reader",
+                            probe_save_states=str(tmp_path), **MODEL_ARGS)
+    assert set(lm.held) == {"states_folder"} and lm.states_writer is lm.held["states_folder"]
+    generate(lm, ["<never>"])
+    assert list(tmp_path.glob("states-rank0-*.safetensors"))

@@ -12,7 +12,8 @@ up for it on the loaded model (``set_up``: may refuse the model with
   :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`;
 * ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`) — set up as the model's
   :class:`~lm_eval_probes.capture.attention.FirstAttentionCapture`;
-* ``states_folder`` — a folder where the wrappers write the prompt-means probe's states.
+* ``states_folder`` — a folder where the wrappers write the prompt-means probe's states (set up as its
+  :class:`~lm_eval_probes.capture.saved_states.StatesWriter`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ __all__ = ["SetUp", "WholeForwardCapture", "capture_named", "register_capture", 
 
 @dataclass(frozen=True)
 class SetUp:
-    """What a capture's set-up reads at load: the loaded ``model``, its lens ``readout``, the probe ``config`` and the
-    model's :class:`~lm_eval_probes.api.Shapes` of a one-token forward (``shapes``: its widths and dtype)."""
+    """What a capture's set-up reads at load: the loaded ``model``, its lens ``readout``, the probe ``config``, the
+    model's :class:`~lm_eval_probes.api.Shapes` of a one-token forward (``shapes``: its widths and dtype) and the
+    process's ``rank``."""
 
     model: Any
     readout: Any
     config: ProbeConfig
-    shapes: Shapes
+    shapes: Shapes | None
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,15 @@ def _first_attention(request: Any, setup: SetUp) -> Any:
     return FirstAttentionCapture(setup.model)
 
 
+def _states_writer(folder: str, setup: SetUp) -> Any:
+    """The writer of the prompt-means probe's states of every answered request into ``folder``
+    (``probe_save_states``)."""
+    from lm_eval_probes.capture.saved_states import states_writer
+
+    return states_writer(folder, setup.rank)
+
+
 register_capture(WholeForwardCapture("prompt_means"))
 register_capture(WholeForwardCapture("focal_depth", set_up=_focal_decoder, autoregressive=True))
 register_capture(WholeForwardCapture("first_attention", set_up=_first_attention, autoregressive=True))
-register_capture(WholeForwardCapture("states_folder"))
+register_capture(WholeForwardCapture("states_folder", set_up=_states_writer))

@@ -81,10 +81,10 @@ class ProbeWrapper(SkippedProbes):
     = HFLM's; return attach(answers)``, ``--use_cache`` in a table of the probe configuration (``set_cache_hook``),
     and the plan's skipped probes in ``get_model_info`` (:class:`SkippedProbes`).
 
-    A wrapper provides :meth:`_capturing`, ``states_writer`` (``probe_save_states``'s, or ``None``) and
-    :meth:`_cache_fingerprint`."""
+    A wrapper provides :meth:`_capturing`, :meth:`_cache_fingerprint` and ``held``: what each whole-forward capture
+    set up on the loaded model holds, by capture name (:meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`)."""
 
-    states_writer: Any
+    held: dict[str, Any]
     _responses_cached: bool = False  # --use_cache: every option goes through the lens (which one a task reads may change)
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
@@ -133,3 +133,8 @@ class ProbeWrapper(SkippedProbes):
         if self.states_writer is not None:
             self.states_writer.write(requests, responses)
         return responses
+
+    @property
+    def states_writer(self) -> Any:
+        """The writer of ``probe_save_states`` (its registered capture's, set up at load; ``None`` without it)."""
+        return getattr(self, "held", {}).get("states_folder")

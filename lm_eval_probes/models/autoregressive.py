@@ -65,7 +65,6 @@ from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
 from lm_eval_probes.capture.reader import masked_mean_states
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
-from lm_eval_probes.capture.saved_states import states_writer
 from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.harness.hflm import note_unprobed_requests, take_ranks_from_accelerate
 from lm_eval_probes.harness.applicability import model_config, not_applying
@@ -148,9 +147,7 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             shapes = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
                                   chunk_positions=config.chunk_positions)
             self.plan, self.held = ProbePlan.of(config, self.readout.num_layers, skipped).set_up(
-                SetUp(self.model, self.readout, config, shapes))
-        self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
-                                           self.rank)
+                SetUp(self.model, self.readout, config, shapes, rank=self.rank))
 
     @property
     def whole(self) -> WholeForward:

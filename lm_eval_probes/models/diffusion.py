@@ -65,7 +65,7 @@ from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of,
 from lm_eval_probes.capture.plan import ProbePlan, WholeForward, reads_lens, without_skipped
 from lm_eval_probes.capture.positions import LensGrid, position_probes
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
-from lm_eval_probes.capture.saved_states import states_writer
+from lm_eval_probes.capture.captures import SetUp
 from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
     Decoded,
@@ -208,8 +208,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
-        folder = None if self.whole.states_folder is None else self.whole.states_folder[1]
-        self.states_writer = states_writer(folder, self.rank)
+        self.plan, self.held = self.plan.set_up(SetUp(self.model, None, self.probe_config, None, rank=self.rank))
         self.lens_readout: MaskedLMReadout | None = None
         """``probe_traces=true`` (with a probe to trace): the model's masked-LM readout, read at every kept layer
         (:attr:`lens_layers`) into each trace's lens grid."""
