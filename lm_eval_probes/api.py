@@ -491,47 +491,41 @@ class LensChunk(Protocol):
 
 @runtime_checkable
 class PositionProbe(Protocol):
-    """A probe's capture at the positions of a response span (built once per model as
-    ``probe.position_probe(options, num_layers)``, which validates its options against the model).
+    """A probe's capture (built once per model as ``probe.position_probe(options, num_layers)``, which validates its
+    options against the model). Every hook is optional: a probe implements only those it needs.
 
-    The wrapper reads the :meth:`layers` of every enabled probe at a span's positions, a chunk of positions at a time
-    (:class:`LensChunk`: their states and, read once whoever asks first, the final layer's logits and any layer's
-    lens logits), keeps what :meth:`at_positions` returns, cuts those per-position values
-    to a response and makes them the probe's record fields with :meth:`reduce`.
+    At a response's positions, the wrapper reads the ``layers()`` of every enabled probe, a chunk of positions at a
+    time (:class:`LensChunk`: their states and, read once whoever asks first, the final layer's logits and any layer's
+    lens logits), keeps what ``at_positions(chunk)`` returns, cuts those per-position values to a response and makes
+    them the probe's record fields with ``reduce(values, positions=, generation=)``:
+
+    * ``layers() -> frozenset[int]`` — the ``hidden_states`` indices (0 = embeddings … L, L after the final norm) whose
+      states it reads at the positions (without it: none);
+    * ``at_positions(chunk) -> {name: tensor}`` — its per-position values at the chunk's positions (possibly none: an
+      empty response). Without it the probe measures nothing at the positions (and its ``reduce`` is not called);
+    * ``reduce(values, *, positions, generation) -> dict`` — its record fields from its per-position ``values`` cut to
+      one response of ``positions`` positions (``nan`` where undefined: no positions); ``generation``: the response is
+      a generation (a probe may keep more of it, e.g. its last positions' states one by one, for the answer span a
+      task's filter extracts later). Without it: no fields from the positions;
+    * ``per_position(values) -> {trace name: [n] tensor}`` — for a probe that declares :attr:`Probe.traces` over the
+      response: from its per-position ``values`` of one response, the arrays its traces name (``probe_traces=true``).
 
     A probe whose values need more than the states at a response's positions asks the wrappers for a whole-forward
     capture with an optional attribute (``None`` or absent: not asked): ``prompt_means`` (:class:`PromptMeans`: the
     mean states over the prompt, set as a record field), ``focal_depth`` (:class:`FocalDepth`: top-K masses of the
-    model's last blocks re-run on every source layer, given to :meth:`reduce` as the value ``mass [S, n]``),
+    model's last blocks re-run on every source layer, given to ``reduce`` as the value ``mass [S, n]``),
     ``first_attention`` (:class:`FirstAttention`: the first softmax-attention layer's queries, keys and query-map
-    Jacobian over every position the model saw, turned by the probe into record fields) and ``states_folder`` (a folder where the wrappers write the
-    prompt-means probe's states of every answered request). At most one enabled probe asks for each.
-
-    A probe that declares :attr:`Probe.traces` over the response also has ``per_position(values) -> {trace name:
-    [n] tensor}``: from its per-position ``values`` of one response, the arrays its traces name (``probe_traces=true``).
+    Jacobian over every position the model saw, turned by the probe into record fields) and ``states_folder`` (a
+    folder where the wrappers write the prompt-means probe's states of every answered request). At most one enabled
+    probe asks for each. A probe that only asks for one (the margins: ``first_attention``) needs none of the hooks.
 
     Attributes:
         reads_lens: whether it reads the logit lens: skipped for a response no row reads (an option the model did not
-            choose).
-        position_axis: the axis of its per-position values that indexes the positions.
+            choose), and not run by ``hf-probes-diffusion``. Without it: taken to read the lens.
+        position_axis: the axis of its per-position values that indexes the positions (without it: 0).
     """
 
     reads_lens: bool
-    position_axis: int
-
-    def layers(self) -> frozenset[int]:
-        """The ``hidden_states`` indices (0 = embeddings … L, L after the final norm) whose states it reads."""
-        ...
-
-    def at_positions(self, chunk: LensChunk) -> Mapping[str, torch.Tensor]:
-        """Its per-position values at the chunk's positions (possibly none: an empty response)."""
-        ...
-
-    def reduce(self, values: Mapping[str, torch.Tensor], *, positions: int, generation: bool) -> dict[str, Any]:
-        """Its record fields from its per-position ``values`` cut to one response of ``positions`` positions (``nan``
-        where undefined: no positions); ``generation``: the response is a generation (a probe may keep more of it,
-        e.g. its last positions' states one by one, for the answer span a task's filter extracts later)."""
-        ...
 
 
 # ----------------------------------------------------------------------------- the probe

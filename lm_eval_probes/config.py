@@ -27,7 +27,7 @@ from lm_eval_probes.api import (
     unknown_message,
 )
 
-__all__ = ["GEN_CAPTURE_MODES", "ProbeConfig", "UnsupportedProbeError", "default_probes", "join_probe_names", "parse_probe_list",
+__all__ = ["GEN_CAPTURE_MODES", "ProbeConfig", "UnsupportedProbeError", "default_probes", "join_probe_names", "joined_list_args", "parse_probe_list",
            "split_model_args", "unknown_message"]
 
 GEN_CAPTURE_MODES: tuple[str, ...] = ("generate", "teacher_forced")
@@ -186,7 +186,9 @@ def is_plugin_key(key: str) -> bool:
 
 
 def split_model_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split ``model_args`` into (plugin keys, HFLM keys)."""
+    """Split ``model_args`` into (plugin keys, HFLM keys), a list option split at its commas joined first
+    (:func:`joined_list_args`)."""
+    kwargs = joined_list_args(kwargs)
     plugin = {k: v for k, v in kwargs.items() if is_plugin_key(k)}
     rest = {k: v for k, v in kwargs.items() if k not in plugin}
     return plugin, rest
@@ -200,6 +202,25 @@ def list_options() -> tuple[str, ...]:
         keys.extend(key for key, name in probe.options.keys(probe.name).items()
                     if next(f for f in fields(probe.options) if f.name == name).metadata.get("parse") is as_int_list)
     return tuple(keys)
+
+
+def joined_list_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"probes": "tcb", "bte": ""}`` → ``{"probes": "tcb+bte"}``: lm_eval's parser of a ``model_args`` string splits
+    it at every comma, and gives a bare item (``bte`` of ``probes=tcb,bte``) as a key with an empty value, in order;
+    each such item right after a list option (:func:`list_options`) joins it again, as :func:`join_probe_names` joins
+    the string."""
+    if not any(isinstance(value, str) and value == "" for value in kwargs.values()):
+        return dict(kwargs)
+    lists = list_options()
+    out: dict[str, Any] = {}
+    joining: str | None = None  # the list option the bare items that follow belong to
+    for key, value in kwargs.items():
+        if isinstance(value, str) and value == "" and joining is not None:
+            out[joining] = f"{out[joining]}+{str(key).strip()}"
+            continue
+        out[key] = value
+        joining = key if key in lists else None
+    return out
 
 
 def join_probe_names(model_args: str) -> str:
@@ -223,8 +244,9 @@ def parse_probe_list(value: Any, *, expand_all: bool = True) -> tuple[str, ...]:
     """``"tcb,bte"``, ``"tcb+bte"``, ``"[tcb,bte]"``, ``["tcb", "bte"]``, ``"none"`` → a tuple of names.
 
     The plain ``lm_eval`` CLI splits ``--model_args`` on top-level commas, so there ``probes=tcb+bte``
-    or ``probes=[tcb,bte]`` is the spelling; the ``lm-eval-probes`` console script and
-    ``create_from_arg_string`` also accept ``probes=tcb,bte``.
+    or ``probes=[tcb,bte]`` is the spelling; the ``lm-eval-probes`` console script and a ``model_args`` string
+    (``create_from_arg_string``; the wrappers join the split items, :func:`joined_list_args`) also accept
+    ``probes=tcb,bte``.
     """
     if value is None or value is False:
         return ()

@@ -16,13 +16,13 @@ from lm_eval_probes.models.autoregressive import ProbeHFLM
 def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, caplog, monkeypatch):
     """A first attention layer the capture cannot read (here: a refusal put in its place): probes=all runs the rest
     and records why."""
+    from lm_eval_probes.capture import attention
     from lm_eval_probes.capture.readouts import UnsupportedModelError
-    from lm_eval_probes.models import autoregressive
 
     def refused(model):
         raise UnsupportedModelError(f"model_type {model.config.model_type!r}: no layer calls the attention interface")
 
-    monkeypatch.setattr(autoregressive, "FirstAttentionCapture", refused)
+    monkeypatch.setattr(attention, "FirstAttentionCapture", refused)  # the registered capture's set-up builds it
     with caplog.at_level(logging.WARNING, logger="lm_eval.lm_eval_probes"):
         lm = ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="all")
     assert "margin" not in lm.probe_config.probes and "omega" in lm.probe_config.probes

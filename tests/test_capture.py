@@ -376,15 +376,17 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
     import dataclasses
 
     from lm_eval_probes.capture.loglikelihood import LoglikelihoodRows
+    from lm_eval_probes.capture.plan import ProbePlan
     from lm_eval_probes.capture.positions import hidden_state_tap, position_probes
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
+    plan = ProbePlan.of(config, readout.num_layers)
     layers = lm.whole.prompt_layers
     rows_in = [torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 0]]), torch.tensor([[20, 21, 22, 23, 24]])]
     with hidden_state_tap(lm.model) as tap:
-        rows = LoglikelihoodRows(tap, readout, config, lm.whole)
-        cut = LoglikelihoodRows(tap, readout, config, lm.whole)
+        rows = LoglikelihoodRows(tap, readout, plan)
+        cut = LoglikelihoodRows(tap, readout, plan)
         cut.note_requests([(("d", " z"), [30, 0], [31]), (("e", " cut"), [40, 41, 42, 43], [44, 45])], max_length=4)
         assert cut.new_batch(torch.ones(2, 4, dtype=torch.long)) == 0  # rows of no request (batch-size search)
         assert cut.new_batch(torch.tensor([[30, 0, 0]])) == 1  # [30, 0]: a real trailing 0, reads 1 position
@@ -423,15 +425,13 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
 
 
 def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
-    """States kept for the layers of :func:`read_layers` only (what the loglikelihood bookkeeping keeps of an
+    """States kept for the layers the plan's probes read only (what the loglikelihood bookkeeping keeps of an
     answered option) give the same probes; a layer the probes read but that was not kept fails clearly."""
-    from lm_eval_probes.capture.positions import read_layers
-
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout, num_layers = lm.probe_config, lm.readout, lm.readout.num_layers
     with torch.no_grad():
         states = [h[0, 2:6] for h in lm.model(torch.tensor([[5, 6, 7, 8, 9, 10]]), output_hidden_states=True).hidden_states]
-    layers = read_layers(num_layers, config)
+    layers = lm.plan.read_layers
     first, last = central_window(num_layers, config.options_of("bte").window)
     assert layers == {num_layers, *range(first, last + 1), *config.options_of("reader").resolved_layers(num_layers)}
     assert 0 not in layers  # the embeddings are read by no default probe
@@ -442,9 +442,9 @@ def test_position_probes_need_only_the_layers_they_read(tiny_model_dir):
     for field in ("tcb_log10_mean", "bte_energy"):
         assert got.get(field) == pytest.approx(want.get(field), rel=1e-5, abs=1e-7), field
     np.testing.assert_array_equal(got.get("answer_states").values, want.get("answer_states").values)
-    readers = [h if layer in read_layers(num_layers, config, lens=False) else None for layer, h in enumerate(states)]
+    readers = [h if layer in lm.plan.layers_read(lens=False) else None for layer, h in enumerate(states)]
     assert position_probes(readers, readout, config, lens=False).summarize(0, 4).get("tcb_log10_mean") is None
-    missing = sorted(layers - read_layers(num_layers, config, lens=False))
+    missing = sorted(layers - lm.plan.layers_read(lens=False))
     with pytest.raises(ValueError, match=rf"layers {re.escape(str(missing))} are needed .* not kept"):
         position_probes(readers, readout, config)
 
@@ -520,12 +520,13 @@ def test_bte_features_are_the_transition_statistics_of_the_full_energies(tiny_mo
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma3_text"])
 def test_a_probed_forward_keeps_only_the_layers_the_probes_read(tiny_model_dir, arch):
     """``output_hidden_states=[indices]`` (:func:`~lm_eval_probes.capture.positions.states_request`): transformers keeps
-    the asked layers only — the same tensors as with every layer — and the wrappers ask for :func:`kept_layers`."""
-    from lm_eval_probes.capture.positions import hidden_state_tap, kept_layers, states_request
+    the asked layers only — the same tensors as with every layer — and the wrappers ask for their plan's ``kept_layers``."""
+    from lm_eval_probes.capture.plan import ProbePlan
+    from lm_eval_probes.capture.positions import hidden_state_tap, states_request
 
     lm = ProbeHFLM(pretrained=tiny_model_dir(arch), device="cpu", batch_size=2, probes="tcb")
     last = lm.readout.num_layers
-    assert lm.kept_layers == kept_layers(last, lm.probe_config, lm.whole) == {last}
+    assert lm.kept_layers == lm.plan.kept_layers == ProbePlan.of(lm.probe_config, last).kept_layers == {last}
     ids = torch.tensor([_prompt_ids(lm, PROMPTS[0])])
     with torch.no_grad():
         every = lm.model(ids, output_hidden_states=True).hidden_states

@@ -14,7 +14,7 @@ import torch
 
 from lm_eval_probes import declarations
 from lm_eval_probes.api import Probe, Row
-from lm_eval_probes.capture.positions import LensChunk, read_layers
+from lm_eval_probes.capture.positions import LensChunk
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.records import ResponseProbe
@@ -75,7 +75,7 @@ def test_an_undeclared_field_is_refused():
 def test_a_probe_declared_here_is_captured_recorded_and_given_its_rows(toy_declared, tiny_model_dir):
     assert ProbeConfig.from_model_args({"probes": "all"}).probes[-1] == "toy"
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2, probes="toy")
-    assert read_layers(lm.readout.num_layers, lm.probe_config) == {lm.readout.num_layers}
+    assert lm.plan.read_layers == {lm.readout.num_layers}
     requests = ll_instances()[:3]
     answers = lm.loglikelihood(requests)
     for (context, continuation), answer in zip(LL_REQUESTS, answers):

@@ -5,6 +5,11 @@
   (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`);
 * :mod:`.masked_readout` — a masked-diffusion LM's lens (its own head, found by what its forward does and checked at
   load) and the lens grid of a few positions (``probe_traces=true`` of ``hf-probes-diffusion``);
+* :mod:`.plan` — the :class:`~lm_eval_probes.capture.plan.ProbePlan` of a loaded model, built once at load: the enabled
+  probes' position probes, the skipped ones with their reasons, the whole-forward captures they ask for and the layers
+  a probed forward keeps;
+* :mod:`.captures` — the whole-forward captures a probe may ask for, registered by name, and their set-up on the
+  loaded model;
 * :mod:`.positions` — the hidden-state hooks, every enabled probe's :class:`~lm_eval_probes.api.PositionProbe` at
   a response span's positions (the probes themselves: :mod:`lm_eval_probes.plugins` and the entry points), and their
   reduction to a record;

@@ -21,18 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.capture.positions import (
-    HiddenStateTap,
-    WholeForward,
-    hidden_state_tap,
-    kept_layers,
-    position_probes_of_spans,
-    read_layers,
-    span_positions,
-)
+from lm_eval_probes.capture.plan import ProbePlan
+from lm_eval_probes.capture.positions import HiddenStateTap, hidden_state_tap, position_probes_of_spans, span_positions
 from lm_eval_probes.capture.reader import span_mean_states
 from lm_eval_probes.capture.readouts import BlockInputs, FocalDepthDecoder, LensReadout, block_inputs_of
-from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates, ResponseProbe
 
 
@@ -201,11 +193,10 @@ class LoglikelihoodRows:
         self,
         tap: HiddenStateTap,
         readout: LensReadout,
-        config: ProbeConfig,
-        whole: WholeForward,
+        plan: ProbePlan,
         decoder: FocalDepthDecoder | None = None,
         block_inputs: BlockInputs | None = None,
-        plan: LensPlan | None = None,
+        lens_plan: LensPlan | None = None,
     ) -> None:
         if (decoder is None) != (block_inputs is None):
             raise ValueError("a focal-depth decoder needs the block inputs its capture() records, and vice versa")
@@ -213,12 +204,13 @@ class LoglikelihoodRows:
         self.decoder = decoder
         self.block_inputs = block_inputs
         self.readout = readout
-        self.config = config
-        self.whole = whole
-        self.plan = plan or LensPlan()
+        self.probe_plan = plan
+        self.config = plan.config
+        self.whole = plan.whole
+        self.plan = lens_plan or LensPlan()
         self.probes: dict[Any, ResponseProbe] = {}
         """Each answered request's probe, keyed by its ``(context, continuation)``."""
-        self.requests = RequestRows(keep_continuations=config.traces)
+        self.requests = RequestRows(keep_continuations=plan.config.traces)
         self._spans: list[tuple[int, int, int]] = []  # (batch row, first, end) of the answered response positions
         self._span_index: dict[tuple[int, int, int], int] = {}
         self._answers: list[tuple[Any, int, int, float]] = []  # (request key, span, continuation tokens, loglik)
@@ -226,7 +218,7 @@ class LoglikelihoodRows:
         self._queue: dict[Any, _PendingAnswer] = {}  # need the lens, not yet probed
         self._queued_positions = 0
         # what a chosen option's lens and reader read, and the last layer (which also tells the positions)
-        self._kept_layers = read_layers(readout.num_layers, config) | {readout.num_layers}
+        self._kept_layers = plan.read_layers | {readout.num_layers}
 
     def note_requests(self, requests: Sequence[Any], max_length: int) -> None:
         """HFLM's tokenized requests (see :meth:`RequestRows.note_requests`)."""
@@ -310,7 +302,7 @@ class LoglikelihoodRows:
         """Probe the answers' states (a trace for each answer the lens reads, under ``probe_traces=true``)."""
         traced = lens and self.config.traces and bool(answers)
         token_ids = [torch.tensor(a.token_ids, dtype=torch.long) for a in answers] if traced else None
-        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.config, token_ids, lens=lens)
+        rows = position_probes_of_spans([a.states for a in answers], self.readout, self.probe_plan, token_ids, lens=lens)
         for key, answer, probes in zip(keys, answers, rows, strict=True):
             if answer.focal_mass is not None and self.whole.focal_depth is not None:
                 probes = probes.with_values(self.whole.focal_depth[0], mass=answer.focal_mass)
@@ -361,18 +353,16 @@ def logits_read_only(
 def loglikelihood_rows(
     model: nn.Module,
     readout: LensReadout,
-    config: ProbeConfig,
-    whole: WholeForward,
+    plan: ProbePlan,
     decoder: FocalDepthDecoder | None = None,
-    plan: LensPlan | None = None,
+    lens_plan: LensPlan | None = None,
     *,
     keep_logits_argument: str | None = None,
 ) -> Iterator[LoglikelihoodRows]:
     """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call
     (its batches told by :func:`logits_read_only`); the last batch is probed when the block ends without an error."""
-    layers = kept_layers(readout.num_layers, config, whole)
-    with hidden_state_tap(model, layers=layers) as tap, block_inputs_of(decoder) as block_inputs:
-        rows = LoglikelihoodRows(tap, readout, config, whole, decoder, block_inputs, plan)
+    with hidden_state_tap(model, layers=plan.kept_layers) as tap, block_inputs_of(decoder) as block_inputs:
+        rows = LoglikelihoodRows(tap, readout, plan, decoder, block_inputs, lens_plan)
         with logits_read_only(model, rows.new_batch, keep_logits_argument):
             yield rows
         rows.flush()

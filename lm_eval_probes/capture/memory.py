@@ -66,7 +66,7 @@ def token_logprob_memory(shapes: Shapes) -> int:
 
 def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
     """What the wrappers hold for any enabled probe, counted once (bytes): the forward's ``hidden_states`` of the layers
-    the probes keep (:func:`~lm_eval_probes.capture.positions.kept_layers`, k of them: ``k·B·T·d·b``) and, for a
+    the probes keep (:attr:`~lm_eval_probes.capture.plan.ProbePlan.kept_layers`, k of them: ``k·B·T·d·b``) and, for a
     model below float32, the lens's float32 block of W's rows (:class:`~lm_eval_probes.probes.row_blocks.RowBlocks`:
     at most 2²⁴ values, 64 MiB)."""
     if not config.probes:
@@ -83,10 +83,10 @@ def capture_memory(config: ProbeConfig, shapes: Shapes) -> int:
 def _kept_count(config: ProbeConfig, num_layers: int) -> int:
     """How many ``hidden_states`` a forward keeps under ``config`` (once per configuration and depth: it is asked at
     every forward under ``batch_size=auto``)."""
-    from lm_eval_probes.capture.positions import kept_layers, position_captures, whole_forward
+    from lm_eval_probes.capture.plan import ProbePlan
 
     try:
-        return len(kept_layers(num_layers, config, whole_forward(position_captures(config, num_layers))))
+        return len(ProbePlan.of(config, num_layers).kept_layers)
     except ValueError:  # options that do not fit this depth (the run refuses them): every layer
         return num_layers + 1
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes import registry
-from lm_eval_probes.api import FirstAttention, FocalDepth, PositionProbe, PromptMeans
+from lm_eval_probes.api import FocalDepth, PositionProbe
+from lm_eval_probes.capture.plan import ProbePlan, position_axis
 from lm_eval_probes.capture.readouts import LensReadout
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.stack_api import hidden_states_of, hidden_states_request
@@ -213,57 +213,6 @@ class LensChunk:
 
 
 @dataclass(frozen=True)
-class WholeForward:
-    """What the enabled probes ask of the wrappers beyond the states at a response's positions (each at most one
-    probe's; see :class:`~lm_eval_probes.api.PositionProbe`): ``(probe name, request)`` or ``None``."""
-
-    prompt_means: tuple[str, PromptMeans] | None = None
-    focal_depth: tuple[str, FocalDepth] | None = None
-    first_attention: tuple[str, FirstAttention] | None = None
-    states_folder: tuple[str, str] | None = None
-
-    @property
-    def prompt_layers(self) -> tuple[int, ...]:
-        """The layers whose prompt means are recorded (none without a prompt-means request)."""
-        return () if self.prompt_means is None else tuple(self.prompt_means[1].layers)
-
-    @property
-    def prompt_tail(self) -> int:
-        return 0 if self.prompt_means is None else self.prompt_means[1].tail
-
-    def prompt_fields(self, states: LayerStates | None) -> dict[str, Any]:
-        """The record field of the prompt means (``{}`` without a request or without states)."""
-        return {} if self.prompt_means is None or states is None else {self.prompt_means[1].field: states}
-
-
-def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
-    """The whole-forward captures ``captures`` (enabled probes by name) ask for; ``ValueError`` when two ask for the
-    same one."""
-    found: dict[str, tuple[str, Any]] = {}
-    for kind in ("prompt_means", "focal_depth", "first_attention", "states_folder"):
-        asking = [(name, getattr(capture, kind, None)) for name, capture in captures.items()]
-        asking = [(name, request) for name, request in asking if request is not None]
-        if len(asking) > 1:
-            raise ValueError(f"probes {[name for name, _ in asking]} each ask for the wrappers' {kind} capture; "
-                             "enable one of them")
-        if asking:
-            found[kind] = asking[0]
-    return WholeForward(**found)
-
-
-def position_captures(config: ProbeConfig, num_layers: int, *, lens: bool = True) -> dict[str, PositionProbe]:
-    """The :class:`~lm_eval_probes.api.PositionProbe` of every enabled probe that has one, by probe name, in registry
-    order (``lens=False``: those that read no lens), each built from the probe's options."""
-    captures = {}
-    for probe in registry.probes():
-        if probe.name in config.probes and probe.position_probe is not None:
-            capture = probe.position_probe(config.options_of(probe.name), num_layers)
-            if lens or not capture.reads_lens:
-                captures[probe.name] = capture
-    return captures
-
-
-@dataclass(frozen=True)
 class LensGrid:
     """The logit lens of every kept layer at a span's positions (the trace's ``lens``, ``probe_traces=true``).
 
@@ -329,9 +278,10 @@ class PositionProbes:
             raise KeyError(f"probe {probe!r} is not enabled here (enabled: {list(self.measured)})")
         capture = self.measured[probe][0]
         for name, value in values.items():
-            if value.shape[capture.position_axis] != self.num_positions:
-                raise ValueError(f"{probe}'s {name} has {value.shape[capture.position_axis]} positions on axis "
-                                 f"{capture.position_axis} (shape {tuple(value.shape)}), not {self.num_positions}")
+            axis = position_axis(capture)
+            if value.shape[axis] != self.num_positions:
+                raise ValueError(f"{probe}'s {name} has {value.shape[axis]} positions on axis "
+                                 f"{axis} (shape {tuple(value.shape)}), not {self.num_positions}")
         return dataclasses.replace(self, measured={**self.measured, probe: (capture, values)})
 
     def span(self, start: int, stop: int) -> PositionProbes:
@@ -339,7 +289,7 @@ class PositionProbes:
         if not 0 <= start <= stop <= self.num_positions:
             raise ValueError(f"span [{start}, {stop}) outside the {self.num_positions} captured positions")
         measured = {
-            name: (capture, {key: value.narrow(capture.position_axis, start, stop - start)
+            name: (capture, {key: value.narrow(position_axis(capture), start, stop - start)
                              for key, value in values.items()})
             for name, (capture, values) in self.measured.items()
         }
@@ -397,7 +347,9 @@ class PositionProbes:
             mean_token_logprob = cut.token_logprob.double().mean().tolist() if n else math.nan  # host values
         values: dict[str, Any] = {}
         for capture, measured in cut.measured.values():
-            values.update(capture.reduce(measured, positions=n, generation=generation))
+            reduce = getattr(capture, "reduce", None)  # optional: a probe without one gives no fields from here
+            if reduce is not None:
+                values.update(reduce(measured, positions=n, generation=generation))
         values.update((name, value) for name, value in (fields or {}).items() if value is not None)
         if token_ends is not None:
             if len(token_ends) != n:
@@ -419,7 +371,7 @@ class PositionProbes:
 def position_probes_of_spans(
     spans: Sequence[Sequence[torch.Tensor]],
     readout: LensReadout,
-    config: ProbeConfig,
+    plan: ProbePlan | ProbeConfig,
     token_ids: Sequence[torch.Tensor] | None = None,
     *,
     lens: bool = True,
@@ -434,7 +386,7 @@ def position_probes_of_spans(
     joined = [None if spans[0][layer] is None else torch.cat([span[layer] for span in spans])
               for layer in range(len(spans[0]))]
     ids = None if token_ids is None else torch.cat([t.reshape(-1) for t in token_ids])
-    probes = position_probes(joined, readout, config, ids, lens=lens)
+    probes = position_probes(joined, readout, plan, ids, lens=lens)
     out, offset = [], 0
     for span in spans:
         n = span_positions(span)
@@ -451,29 +403,11 @@ def span_positions(layer_states: Sequence[torch.Tensor | None]) -> int:
     return kept.shape[0]
 
 
-def kept_layers(num_layers: int, config: ProbeConfig, whole: WholeForward) -> frozenset[int]:
-    """The ``hidden_states`` indices a probed forward keeps: those the enabled probes read at a response's positions
-    (:func:`read_layers`), the last one (its states tell the positions), the prompt-means layers and the focal-depth
-    source layers at focal depth 0 (at m >= 1 :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` takes them
-    from the blocks' inputs itself, and releases them as it decodes them)."""
-    layers = set(read_layers(num_layers, config)) | {num_layers} | set(whole.prompt_layers)
-    if whole.focal_depth is not None and whole.focal_depth[1].depth == 0:
-        layers |= set(range(*whole.focal_depth[1].source_layers))
-    return frozenset(layers)
-
-
-def read_layers(num_layers: int, config: ProbeConfig, *, lens: bool = True) -> frozenset[int]:
-    """The ``hidden_states`` indices :func:`position_probes` reads under ``config``: the :meth:`PositionProbe.layers`
-    of every enabled probe (``lens=False``: of those that read no lens)."""
-    captures = position_captures(config, num_layers, lens=lens)
-    return frozenset().union(*(capture.layers() for capture in captures.values()))
-
-
 @torch.no_grad()
 def position_probes(
     layer_states: Sequence[torch.Tensor | None],
     readout: LensReadout | None,
-    config: ProbeConfig,
+    plan: ProbePlan | ProbeConfig,
     token_ids: torch.Tensor | None = None,
     *,
     lens: bool = True,
@@ -484,10 +418,11 @@ def position_probes(
 
     Args:
         layer_states: L+1 tensors ``[n, H]`` (HF ``hidden_states`` at the response positions; the
-            last one post final norm); ``None`` for a layer outside :func:`read_layers`.
+            last one post final norm); ``None`` for a layer the plan's probes do not read.
         readout: the model's logit-lens readout (``None`` for a model without one, e.g. a masked-diffusion LM: then
             ``lens`` must be ``False`` and no ``token_ids`` given).
-        config: which probes and options.
+        plan: the model's :class:`~lm_eval_probes.capture.plan.ProbePlan` (which probes, their position probes and
+            options; a bare :class:`~lm_eval_probes.config.ProbeConfig` is planned here, for one-off use).
         token_ids: ``[n]`` the tokens these positions predict, for their log-probabilities.
         lens: ``False`` skips every probe that reads the lens (δ_TCB, BTE): for a response whose lens values no
             row reads (an option the model did not choose).
@@ -497,8 +432,13 @@ def position_probes(
         raise ValueError("without a lens readout only the probes that read no lens run (lens=False, no token ids)")
     if readout is not None and num_layers != readout.num_layers:
         raise ValueError(f"got {len(layer_states)} hidden-state tensors for a model with {readout.num_layers} layers")
-    captures = position_captures(config, num_layers, lens=lens)
-    needed = frozenset().union(*(capture.layers() for capture in captures.values()))
+    if not isinstance(plan, ProbePlan):
+        plan = ProbePlan.of(plan, num_layers)
+    if plan.num_layers != num_layers:
+        raise ValueError(f"got {len(layer_states)} hidden-state tensors for a plan of {plan.num_layers} layers")
+    config = plan.config
+    captures = plan.position_captures(lens=lens)
+    needed = plan.layers_read(lens=lens)
     needed |= {num_layers} if token_ids is not None else set()
     missing = sorted(layer for layer in needed if layer_states[layer] is None)
     if missing:
@@ -524,7 +464,7 @@ def position_probes(
         if grid_layers:  # after the probes: a layer they read out left its cells on the way
             grid.append(chunk.lens_grid(grid_layers))
     measured = {
-        name: (capture, {key: torch.cat(chunks, dim=capture.position_axis) for key, chunks in parts[name].items()})
+        name: (capture, {key: torch.cat(chunks, dim=position_axis(capture)) for key, chunks in parts[name].items()})
         for name, capture in captures.items()
     }
     lens_grid = None if not grid else LensGrid(grid_layers, *(torch.cat([g[i] for g in grid], dim=1) for i in range(3)))

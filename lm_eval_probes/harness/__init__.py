@@ -2,7 +2,8 @@
 
 Modules: :mod:`.registry` (models and rows in lm_eval's registries; cheap, imported when lm_eval's registry is first
 imported, by the finder the ``.pth`` installs), :mod:`.hflm` (the HFLM machinery both wrappers hook into: the cache-hook tap, the response-cache table,
-ranks, the unprobed-task warning). The task side of that list lives with the tasks (:mod:`lm_eval_probes.tasks.manager`:
+ranks, the unprobed-task warning), :mod:`.wrapper` (the public methods both wrappers share, and their generation
+bookkeeping). The task side of that list lives with the tasks (:mod:`lm_eval_probes.tasks.manager`:
 probe rows for any task, the class swap and the task manager), which import this package, never the reverse.
 
 What the plugin relies on beyond lm_eval's documented API, and why:
@@ -21,11 +22,12 @@ Tasks (:mod:`lm_eval_probes.tasks.manager`, :mod:`lm_eval_probes.tasks.probe_tas
 Requests
     Each ``Instance`` of a task with probe rows carries a :class:`~lm_eval_probes.records.ProbeRequest` as an extra
     attribute (``probe_request``); the wrappers read ``task_name``, ``doc_id``, ``idx`` and ``args``.
-HFLM (``hf-probes``: 6 overridden methods besides ``__init__``, 2 private; ``hf-probes-diffusion``: 7, 3 private)
-    * ``create_from_arg_string`` — ``probes=tcb,bte`` would otherwise be split at its comma by lm_eval's parser;
+HFLM (each wrapper: 6 overridden methods besides ``__init__``, 4 of them shared in :class:`.wrapper.ProbeWrapper`;
+``tests/test_wrapper_overrides.py`` counts them)
     * ``set_cache_hook`` — ``--use_cache`` reads responses before the model is called, so a run's table (one per
       probe configuration) must be chosen when the hook is set: ``CachingLM``'s ``dbdict`` (a ``SqliteDict``) has
       its ``tablename`` switched (:func:`.hflm.namespace_response_cache`);
+    * ``get_model_info`` — the probes skipped on this model (``probes_skipped``) join the results' config;
     * ``loglikelihood`` / ``generate_until`` — public; around HFLM's own, they replace ``cache_hook`` with a tap
       (:func:`.hflm.answers_tapped`): HFLM calls ``cache_hook.add_partial(attr, key, answer)`` once per answered
       request, right after the forward that answered it, which is how each answer finds its states;
@@ -38,6 +40,9 @@ HFLM (``hf-probes``: 6 overridden methods besides ``__init__``, 2 private; ``hf-
       HFLM's ``generate_until`` makes it;
     * diffusion only: ``_model_generate`` replaced by masked-diffusion decoding, ``_loglikelihood_tokens``
       by the Monte-Carlo estimate (HFLM's rolling windows, keyed ``None``, are refused there).
+    * Arguments: lm_eval's parser splits a ``model_args`` string at every comma, so ``probes=tcb,bte`` reaches
+      ``__init__`` as ``probes="tcb"`` and a bare ``bte=""``, in order; ``__init__`` joins them
+      (:func:`~lm_eval_probes.config.joined_list_args`; no ``create_from_arg_string`` of its own).
     * Data parallel: ``_rank`` / ``_world_size`` set from HFLM's own ``accelerator`` (:func:`.hflm.take_ranks_from_accelerate`;
       HFLM 0.4.13 splits documents only when it sees more than one GPU).
 """

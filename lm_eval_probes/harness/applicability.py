@@ -2,26 +2,21 @@
 
 Two checks, both generic (no probe is named here): before any weight loads, each enabled probe's own
 :attr:`~lm_eval_probes.api.Probe.applies` on the model's config; once the model is loaded, each whole-forward capture a
-probe asked for (its construction and load-time self-check raise
-:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`). A skipped probe is logged in one line and listed in
+probe asked for (its set-up and load-time self-check raise
+:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`: :meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`). A skipped probe is logged in one line and listed in
 the results' config as ``probes_skipped`` (probe → reason), which the report shows.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from lm_eval_probes import registry
-from lm_eval_probes.capture.parts import UnsupportedModelError
+from lm_eval_probes.capture.plan import ProbePlan
 from lm_eval_probes.config import ProbeConfig
 
-__all__ = ["SkippedProbes", "built_or_skipped", "model_config", "not_applying", "without_skipped"]
-
-_LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
-
-Built = TypeVar("Built")
+__all__ = ["SkippedProbes", "model_config", "not_applying"]
 
 
 def model_config(pretrained: Any, hf_args: Mapping[str, Any]) -> Any:
@@ -48,39 +43,26 @@ def not_applying(config: ProbeConfig, model: Callable[[], Any]) -> dict[str, str
     return {name: reason for name, reason in reasons.items() if reason}
 
 
-def without_skipped(config: ProbeConfig, skipped: Mapping[str, str], into: dict[str, str]) -> ProbeConfig:
-    """``config`` without the probes ``skipped`` (under ``probes=all``; a probe named explicitly raises
-    :class:`~lm_eval_probes.config.UnsupportedProbeError`), each logged in one line and added to ``into``."""
-    remaining = config.without(skipped)
-    for name, reason in skipped.items():
-        _LOG.warning("probes=all: probe %s skipped: %s", name, reason)
-        into[name] = reason
-    return remaining
-
-
-def built_or_skipped(config: ProbeConfig, probe: str, build: Callable[[], Built], skipped: dict[str, str]) -> Built | None:
-    """``build()`` (a capture probe ``probe`` asked for); under ``probes=all``, ``None`` with ``skipped[probe]`` set to
-    why the model refused it (:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`, which a probe named
-    explicitly raises)."""
-    if not config.every_applicable:
-        return build()
-    try:
-        return build()
-    except UnsupportedModelError as error:
-        skipped[probe] = str(error)
-        return None
-
-
 class SkippedProbes:
-    """Mixed into both wrappers (before ``HFLM``): ``probes_skipped`` (probe → why it cannot run on this model, filled
-    by :func:`without_skipped`) joins HFLM's ``get_model_info``, which lm_eval writes into the results' config; for a
-    looped model (a block run more than once) ``probe_layers`` too: the name of each ``hidden_states`` index, by block
-    and pass (``block 1, pass 2``), which the per-layer values (BTE's profile, Ω's trajectory) follow."""
+    """Mixed into both wrappers (before ``HFLM``): their :class:`~lm_eval_probes.capture.plan.ProbePlan` (``plan``, set
+    in ``__init__``) read as ``probe_config`` and ``probes_skipped`` (probe → why it cannot run on this model), which
+    joins HFLM's ``get_model_info``, which lm_eval writes into the results' config; for a looped model (a block run
+    more than once) ``probe_layers`` too: the name of each ``hidden_states`` index, by block and pass (``block 1,
+    pass 2``), which the per-layer values (BTE's profile, Ω's trajectory) follow."""
 
-    probes_skipped: dict[str, str]
+    plan: ProbePlan
+
+    @property
+    def probe_config(self) -> ProbeConfig:
+        """The enabled probes (those skipped on this model taken out) and their options."""
+        return self.plan.config
+
+    @property
+    def probes_skipped(self) -> dict[str, str]:
+        return dict(self.plan.skipped)
 
     def get_model_info(self) -> dict[str, Any]:
-        info = {**super().get_model_info(), "probes_skipped": dict(getattr(self, "probes_skipped", {}))}  # type: ignore[misc]
+        info = {**super().get_model_info(), "probes_skipped": self.probes_skipped}  # type: ignore[misc]
         readout = getattr(self, "readout", None)
         if getattr(readout, "looped", False):  # a looped model: each layer of the per-layer values named by its pass
             info["probe_layers"] = readout.layer_names()

@@ -1,11 +1,12 @@
 """``hf-probes``: lm_eval's ``HFLM`` that also probes the hidden states of every response it scores.
 
 Thin by design (like lm_eval's ``hf_steered``): HFLM does all batching, padding, reordering and
-generation; this subclass overrides six of its methods besides ``__init__`` — four public
-(``create_from_arg_string``, ``set_cache_hook``, ``loglikelihood``, ``generate_until``) and two private
-(``_loglikelihood_tokens``: where the requests' token ids exist; ``_model_generate``: where a generation's
-ids and states exist) — and keeps what one call needs in one object, reachable from those methods while the call runs
-(:class:`~lm_eval_probes.harness.hflm.CallScope`; nothing per call lives on the wrapper):
+generation. The public methods are :class:`~lm_eval_probes.harness.wrapper.ProbeWrapper`'s, shared with
+``hf-probes-diffusion`` (``loglikelihood`` and ``generate_until``: this wrapper's capture around HFLM's own, then the
+probes attached to the answers; ``set_cache_hook``, ``get_model_info``); this subclass overrides two private HFLM
+methods (``_loglikelihood_tokens``: where the requests' token ids exist; ``_model_generate``: where a generation's
+ids and states exist) and reads one :class:`~lm_eval_probes.capture.plan.ProbePlan`, built at load. What one call
+collects lives in one object, reachable from those methods while the call runs (nothing per call lives on the wrapper):
 
 * loglikelihood — taps the harness's own forward (no extra pass): a pre-hook on the model tells
   :class:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows` each batch (it finds each row's request by its
@@ -36,7 +37,7 @@ import bisect
 import dataclasses
 import functools
 import inspect
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,7 +50,6 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import postprocess_generated_text
 
-import lm_eval_probes
 from lm_eval_probes.capture.loglikelihood import (
     LensPlan,
     LoglikelihoodRows,
@@ -60,167 +60,152 @@ from lm_eval_probes.capture.loglikelihood import (
 )
 from lm_eval_probes.capture.attention import AttentionRows, AttentionSpan, FirstAttentionCapture, attention_spans
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
-from lm_eval_probes.capture.positions import (
-    PositionProbes,
-    WholeForward,
-    hidden_state_tap,
-    kept_layers,
-    position_captures,
-    position_probes_of_spans,
-    states_request,
-    whole_forward,
-)
+from lm_eval_probes.capture.captures import SetUp
+from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
+from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
 from lm_eval_probes.capture.reader import masked_mean_states
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
-from lm_eval_probes.capture.saved_states import states_writer
-from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
-from lm_eval_probes.harness.hflm import (
-    CallScope,
-    answers_tapped,
-    namespace_response_cache,
-    note_unprobed_requests,
-    take_ranks_from_accelerate,
-)
-from lm_eval_probes.harness.applicability import (
-    SkippedProbes,
-    built_or_skipped,
-    model_config,
-    not_applying,
-    without_skipped,
-)
+from lm_eval_probes.config import ProbeConfig, split_model_args
+from lm_eval_probes.harness.hflm import note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.applicability import model_config, not_applying
+from lm_eval_probes.harness.wrapper import GenerationCall, ProbeWrapper, Unprobed
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.stack_api import hidden_states_of
 from lm_eval_probes.harness.supported_versions import check_supported_versions
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of, with_generation_probes
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of
 
 register_rows()  # before any task is built: the model is looked up first
 
-_CALL: CallScope[RequestRows | LoglikelihoodRows | _GenerationCall] = CallScope("hf-probes call")
-"""What the running ``loglikelihood`` / ``generate_until`` call collects (read by ``_loglikelihood_tokens`` and
-``_model_generate``)."""
-
-
 @dataclass
-class _GenerationCall:
-    """What one ``generate_until`` call collects from its ``_model_generate`` calls, per generated row in order:
-    ``(generated ids, position probes, prompt tokens, reader prompt states, (expected text, kept tokens))``, and
-    (a first-attention request) each row's span of the probe's per-position values."""
+class _PendingGeneration:
+    """One generated row of a ``_model_generate`` call, waiting for the text ``generate_until`` answers: its generated
+    ids, position probes, prompt tokens, prompt means (a prompt-means request), the text expected from the stop strings
+    with its kept tokens, and (a first-attention request) its span of the probe's per-position values."""
 
-    rows: deque[tuple[list[int], PositionProbes, int, LayerStates | None, tuple[str, int]]]
-    attention: deque[AttentionSpan] | None
+    generated: list[int]
+    probes: PositionProbes
+    prompt_tokens: int
+    prompt_means: LayerStates | None
+    predicted: tuple[str, int]
+    attention: AttentionSpan | None
+
+
+class _LoglikelihoodCall:
+    """One ``loglikelihood`` call: its rows' bookkeeping (:class:`LoglikelihoodRows`; without probes the
+    :class:`RequestRows` that tell HFLM's forward which logits it reads) and a first-attention request's rows."""
+
+    def __init__(self, rows: RequestRows | LoglikelihoodRows, attention: AttentionRows | None = None,
+                 lm: ProbeHFLM | None = None) -> None:
+        self.rows, self.attention, self.lm = rows, attention, lm
+        self.on_answer = None if lm is None else self._on_answer
+
+    def _on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
+        self.rows.on_answer(attr, request_key, answer)
+        if self.attention is not None:
+            self.attention.on_answer(attr, request_key, answer)
+
+    def attach(self, requests: Sequence[Instance], answers: Sequence[Any]) -> list[Any]:
+        if self.lm is None:
+            return list(answers)
+        out = []
+        for req, answer in zip(requests, answers, strict=True):
+            probe = self.rows.probes.get(tuple(req.args))
+            if self.attention is not None and probe is not None:
+                probe = _with_attention(probe, self.attention.fields.get(tuple(req.args), {}))
+            out.append(ProbeLL(answer, self.lm._with_trace_tokens(probe)))
+        return out
 
 
 @register_model(MODEL_NAME)
-class ProbeHFLM(SkippedProbes, HFLM):
+class ProbeHFLM(ProbeWrapper, HFLM):
     """HFLM with hidden-state probes. Plugin ``model_args``: ``probes`` and ``probe_*`` (see ``ProbeConfig``)."""
 
     def __init__(self, pretrained: Any, **kwargs: Any) -> None:
         check_supported_versions()  # an unsupported lm-eval, transformers or torch: refused in one line
         plugin_args, hf_args = split_model_args(kwargs)
-        self.probe_config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
+        config = ProbeConfig.from_model_args(plugin_args)  # fails before any model is loaded
         check_pretrained(pretrained, offline=hub_offline(), gguf_file=hf_args.get("gguf_file"),
                          subfolder=hf_args.get("subfolder"),
                          trust_remote_code=hf_args.get("trust_remote_code"))  # says what is missing before anything loads
-        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
-        if self.probe_config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
-            self.probe_config = without_skipped(
-                self.probe_config, not_applying(self.probe_config, lambda: model_config(pretrained, hf_args)), self.probes_skipped)
-        if hf_args.get("think_end_token") is not None and self.probe_config.enabled:
+        skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if config.enabled:  # a probe whose config check fails: skipped (probes=all) or refused, unloaded
+            config = without_skipped(config, not_applying(config, lambda: model_config(pretrained, hf_args)), skipped)
+        if hf_args.get("think_end_token") is not None and config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
-        self._responses_cached = False  # --use_cache: every option goes through the lens (see set_cache_hook)
+        self.plan = ProbePlan(config, 0, skipped=skipped)  # no probe yet: the states are planned once the model is loaded
+        self._responses_cached = False  # --use_cache: every option goes through the lens (ProbeWrapper.set_cache_hook)
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         if self.backend != "causal":
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
-        self.readout = LensReadout(self.model) if self.probe_config.enabled else None
+        self.readout = LensReadout(self.model) if config.enabled else None
+        self.held: dict[str, Any] = {}  # what each whole-forward capture the probes asked for holds, by capture name
         if self.readout is not None:
             check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
-        self.whole = WholeForward()  # what the enabled probes ask beyond the states at their positions
-        if self.readout is not None:
-            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
-        refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
-        self.focal_decoder: FocalDepthDecoder | None = None
-        if self.whole.focal_depth is not None:
-            self.focal_decoder = built_or_skipped(self.probe_config, self.whole.focal_depth[0], self._focal_decoder, refused)
-        self.first_attention: FirstAttentionCapture | None = None
-        if self.whole.first_attention is not None:
-            self.first_attention = built_or_skipped(self.probe_config, self.whole.first_attention[0],
-                                                    lambda: FirstAttentionCapture(self.model), refused)
-        if refused:
-            self.probe_config = without_skipped(self.probe_config, refused, self.probes_skipped)
-            self.whole = whole_forward(position_captures(self.probe_config, self.readout.num_layers))
-        self.kept_layers = frozenset() if self.readout is None else kept_layers(self.readout.num_layers, self.probe_config,
-                                                                             self.whole)
-        self.states_writer = states_writer(None if self.whole.states_folder is None else self.whole.states_folder[1],
-                                           self.rank)
+            # the one plan of this model; a capture the loaded model refuses takes its probe out (probes=all)
+            shapes = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
+                                  chunk_positions=config.chunk_positions)
+            self.plan, self.held = ProbePlan.of(config, self.readout.num_layers, skipped).set_up(
+                SetUp(self.model, self.readout, config, shapes, rank=self.rank))
 
-    def _focal_decoder(self) -> FocalDepthDecoder:
-        """The Ω capture's decoder of this model, self-checked (its re-run blocks reproduce their own output)."""
-        focal = self.whole.focal_depth[1]
-        widths = model_shapes(self.model, batch=1, tokens=1, vocab=self.readout.vocab_size,
-                              chunk_positions=self.probe_config.chunk_positions)
-        decoder = FocalDepthDecoder(
-            self.model, self.readout, depth=focal.depth, source_layers=focal.source_layers, top_k=focal.top_k,
-            chunk_tokens=focal.tokens_per_chunk(widths.width, widths.ffn, widths.dtype_bytes),
-            chunk_positions=self.probe_config.chunk_positions,
-        )
-        decoder.check()
-        return decoder
+    @property
+    def whole(self) -> WholeForward:
+        """The whole-forward captures of :attr:`plan`."""
+        return self.plan.whole
 
-    @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> ProbeHFLM:
-        """As HFLM's, but ``probes=tcb,bte`` keeps its comma-separated names together."""
-        return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
+    @property
+    def kept_layers(self) -> frozenset[int]:
+        """The ``hidden_states`` indices a probed forward keeps (:attr:`plan`'s; none without probes)."""
+        return self.plan.kept_layers if self.readout is not None else frozenset()
 
-    def set_cache_hook(self, cache_hook: Any) -> None:
-        """``--use_cache``: this run's responses (and their probes) live in a table of their probe configuration,
-        and every option of a multiple-choice document goes through the lens: which option a task reads depends on
-        the task's own settings (``metadata.confidence``), which a later run replaying the cache may change."""
-        if self.probe_config.enabled:
-            fingerprint = f"lm-eval-probes {lm_eval_probes.__version__} {self.probe_config!r} every option"
-            self._responses_cached = namespace_response_cache(cache_hook, fingerprint) is not None
-        super().set_cache_hook(cache_hook)
+    @property
+    def focal_decoder(self) -> FocalDepthDecoder | None:
+        """The focal-depth capture's decoder (``None`` without a focal-depth request)."""
+        return self.held.get("focal_depth")
+
+    @property
+    def first_attention(self) -> FirstAttentionCapture | None:
+        """The first-attention capture (``None`` without a first-attention request)."""
+        return self.held.get("first_attention")
+
+    def _cache_fingerprint(self) -> str | None:
+        """``--use_cache`` (with probes): a table of the probe configuration, and every option of a multiple-choice
+        document goes through the lens: which option a task reads depends on the task's own settings
+        (``metadata.confidence``), which a later run replaying the cache may change."""
+        return f"{self.probe_config!r} every option" if self.probe_config.enabled else None
+
+    def _capturing(self, kind: str, requests: Sequence[Instance]) -> Any:
+        return self._loglikelihood_call(requests) if kind == "loglikelihood" else self._generation_call(requests)
 
     # ----------------------------------------------------------------------------- loglikelihood
 
-    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+    @contextmanager
+    def _loglikelihood_call(self, requests: Sequence[Instance]) -> Iterator[_LoglikelihoodCall]:
+        """The harness's own forwards tapped: a pre-hook tells the rows each batch, each answered request takes its
+        response positions' states from the latest batch (with a first-attention request: that layer's inputs)."""
         keep_logits = next(iter(self._one_logit), None)
         if self.readout is None:  # no probes: the logits HFLM reads only
-            with _CALL.running(self, RequestRows()) as known, logits_read_only(self.model, known.new_batch, keep_logits):
-                return super().loglikelihood(requests, disable_tqdm)
+            known = RequestRows()
+            with logits_read_only(self.model, known.new_batch, keep_logits):
+                yield _LoglikelihoodCall(known)
+            return
         note_unprobed_requests(requests)
-        plan = LensPlan() if self._responses_cached else lens_plan(requests)
-        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.probe_config, self.whole, self.focal_decoder,
-                                plan, keep_logits_argument=keep_logits) as rows, \
+        lens = LensPlan() if self._responses_cached else lens_plan(requests)
+        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.focal_decoder, lens,
+                                                  keep_logits_argument=keep_logits) as rows, \
                 self._attention_capture() as first_attention:
             attention_rows = None if first_attention is None else AttentionRows(
                 self.first_attention, first_attention, self.whole.first_attention[1], locate=rows.locate,
                 decode=self._decode_one, traces=self.probe_config.traces)
-
-            def on_answer(attr: str, req: Any, answer: Any) -> None:
-                rows.on_answer(attr, req, answer)
-                if attention_rows is not None:
-                    attention_rows.on_answer(attr, req, answer)
-
-            with _CALL.running(self, rows), answers_tapped(self, on_answer, forward_partials=False):
-                answers = super().loglikelihood(requests, disable_tqdm)
-        out = []
-        for req, answer in zip(requests, answers, strict=True):
-            probe = rows.probes.get(tuple(req.args))
-            if attention_rows is not None and probe is not None:
-                probe = self._with_attention(probe, attention_rows.fields.get(tuple(req.args), {}))
-            out.append(ProbeLL(answer, self._with_trace_tokens(probe)))
-        if self.states_writer is not None:
-            self.states_writer.write(requests, out)
-        return out
+            yield _LoglikelihoodCall(rows, attention_rows, self)
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         """HFLM's, with the tokenized requests noted first (each request's row, by which the rows of every batch
         are found)."""
-        call = _CALL.of(self)
-        if isinstance(call, (RequestRows, LoglikelihoodRows)):
-            call.note_requests(requests, self.max_length)
+        call = self._current_call()
+        if isinstance(call, _LoglikelihoodCall):
+            call.rows.note_requests(requests, self.max_length)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 
     def _reserved(self) -> Any:
@@ -241,16 +226,6 @@ class ProbeHFLM(SkippedProbes, HFLM):
     def _decode_one(self, token: int) -> str:
         return self.tok_decode([token])
 
-    @staticmethod
-    def _with_attention(probe: ResponseProbe, fields: dict[str, Any]) -> ResponseProbe:
-        """``probe`` with a first-attention request's record fields; the request's arrays over every position the
-        model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
-        fields = dict(fields)
-        arrays = fields.pop("trace", None)
-        if probe.trace is not None and arrays:
-            fields["trace"] = {**probe.trace, **arrays}
-        return dataclasses.replace(probe, **fields)
-
     def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
         """``probe`` with its trace's token ids decoded one by one into its ``tokens``, and its lens grid's top tokens
         into ``lens_tokens`` (id → text; unchanged without a trace)."""
@@ -265,47 +240,43 @@ class ProbeHFLM(SkippedProbes, HFLM):
 
     # ----------------------------------------------------------------------------- generation
 
-    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
+    @contextmanager
+    def _generation_call(self, requests: Sequence[Instance]) -> Iterator[Any]:
+        """Each generated row's probes, queued by :meth:`_model_generate` and recorded once HFLM answers its text."""
         if self.readout is None:
-            return super().generate_until(requests, disable_tqdm)
+            yield Unprobed()
+            return
         note_unprobed_requests(requests)
-        probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        call = _GenerationCall(deque(), None if self.first_attention is None else deque())
+        with self._reserved():
+            yield GenerationCall(self._generation_record)
 
-        def on_answer(attr: str, req: Any, text: str) -> None:
-            if attr == "generate_until":
-                generated, rows, prompt_tokens, prompt_means, predicted = call.rows.popleft()
-                ends = _LazyDecodedLengths(self, generated)
-                if text != predicted[0] and text and ends[len(ends) - 1] < len(text):
-                    raise RuntimeError(
-                        f"hf-probes probed the {len(ends)} generated tokens that cover {predicted[0]!r} (the text "
-                        f"expected from the stop strings), but generate_until answered the longer {text!r}"
-                    )
-                kept = predicted[1] if text == predicted[0] else _kept_token_count(ends, text)
-                empty = kept == 0 and rows.num_positions > 0  # probed at the position that chose to stop
-                probed = 1 if empty else kept
-                probe = rows.summarize(
-                    0, probed, prompt_tokens=prompt_tokens, fields=self.whole.prompt_fields(prompt_means),
-                    generation=True, empty=empty,
-                    token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
-                    trace_ids=generated[:probed] if self.probe_config.traces else None,
-                )
-                if call.attention is not None:
-                    fields = call.attention.popleft().fields(self.whole.first_attention[1], kept, self._decode_one,
-                                                             traces=self.probe_config.traces)
-                    probe = self._with_attention(probe, fields)
-                probes[(req[0], text)].append(self._with_trace_tokens(probe))
-
-        with self._reserved(), _CALL.running(self, call), answers_tapped(self, on_answer, forward_partials=False):
-            texts = super().generate_until(requests, disable_tqdm)
-        out = with_generation_probes(requests, texts, probes)
-        if self.states_writer is not None:
-            self.states_writer.write(requests, out)
-        return out
+    def _generation_record(self, row: _PendingGeneration, text: str) -> tuple[str, ResponseProbe]:
+        """The record of one generated row answered as ``text``: its kept tokens' probes (an empty text: the one
+        position that chose to stop)."""
+        ends = _LazyDecodedLengths(self, row.generated)
+        if text != row.predicted[0] and text and ends[len(ends) - 1] < len(text):
+            raise RuntimeError(
+                f"hf-probes probed the {len(ends)} generated tokens that cover {row.predicted[0]!r} (the text "
+                f"expected from the stop strings), but generate_until answered the longer {text!r}"
+            )
+        kept = row.predicted[1] if text == row.predicted[0] else _kept_token_count(ends, text)
+        empty = kept == 0 and row.probes.num_positions > 0  # probed at the position that chose to stop
+        probed = 1 if empty else kept
+        probe = row.probes.summarize(
+            0, probed, prompt_tokens=row.prompt_tokens, fields=self.whole.prompt_fields(row.prompt_means),
+            generation=True, empty=empty,
+            token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
+            trace_ids=row.generated[:probed] if self.probe_config.traces else None,
+        )
+        if row.attention is not None:
+            fields = row.attention.fields(self.whole.first_attention[1], kept, self._decode_one,
+                                          traces=self.probe_config.traces)
+            probe = _with_attention(probe, fields)
+        return text, self._with_trace_tokens(probe)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
-        call = _CALL.of(self)
-        if self.readout is None or not isinstance(call, _GenerationCall):
+        call = self._current_call()
+        if self.readout is None or not isinstance(call, GenerationCall):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
@@ -322,9 +293,10 @@ class ProbeHFLM(SkippedProbes, HFLM):
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
-        if first_attention is not None and call.attention is not None:
-            call.attention.extend(attention_spans(self.first_attention, first_attention, self.whole.first_attention[1],
-                                                  prompt_len, bounds))
+        attention: list[AttentionSpan | None] = [None] * len(bounds)
+        if first_attention is not None:
+            attention = attention_spans(self.first_attention, first_attention, self.whole.first_attention[1],
+                                        prompt_len, bounds)
         teacher_forced = block_inputs = None
         # Ω: the response positions of the teacher-forced forward, decoded while it runs
         focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
@@ -350,7 +322,7 @@ class ProbeHFLM(SkippedProbes, HFLM):
             prompt_means = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
         spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
-        rows = position_probes_of_spans(spans, self.readout, self.probe_config, token_ids)
+        rows = position_probes_of_spans(spans, self.readout, self.plan, token_ids)
         if self.focal_decoder is not None:
             masses = self.focal_decoder.confidences(teacher_forced, block_inputs, focal_spans)
             name = self.whole.focal_depth[0]
@@ -358,10 +330,8 @@ class ProbeHFLM(SkippedProbes, HFLM):
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )
-        call.rows.extend(
-            (ids.tolist(), probes, int(n), states, kept)
-            for ids, probes, n, states, kept in zip(token_ids, rows, prompt_tokens, prompt_means, predicted, strict=True)
-        )
+        call.queue([_PendingGeneration(ids.tolist(), probes, int(n), states, kept, span) for ids, probes, n, states, kept, span
+                    in zip(token_ids, rows, prompt_tokens, prompt_means, predicted, attention, strict=True)])
         return sequences
 
     @torch.no_grad()
@@ -403,6 +373,16 @@ class ProbeHFLM(SkippedProbes, HFLM):
         one: the first position is probed even when it chose to stop (an empty generation)."""
         stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
         return min(len(tokens), max(1, next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))))
+
+
+def _with_attention(probe: ResponseProbe, fields: dict[str, Any]) -> ResponseProbe:
+    """``probe`` with a first-attention request's record fields; the request's arrays over every position the
+    model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
+    fields = dict(fields)
+    arrays = fields.pop("trace", None)
+    if probe.trace is not None and arrays:
+        fields["trace"] = {**probe.trace, **arrays}
+    return dataclasses.replace(probe, **fields)
 
 
 def lens_plan(requests: Sequence[Instance]) -> LensPlan:

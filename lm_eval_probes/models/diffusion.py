@@ -48,8 +48,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import inspect
-from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,20 +60,13 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-import lm_eval_probes
 from lm_eval_probes import registry
 from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
-from lm_eval_probes.capture.positions import (
-    LensGrid,
-    WholeForward,
-    position_captures,
-    position_probes,
-    read_layers,
-    whole_forward,
-)
+from lm_eval_probes.capture.plan import ProbePlan, WholeForward, reads_lens, without_skipped
+from lm_eval_probes.capture.positions import LensGrid, position_probes
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
-from lm_eval_probes.capture.saved_states import states_writer
-from lm_eval_probes.config import ProbeConfig, join_probe_names, split_model_args
+from lm_eval_probes.capture.captures import SetUp
+from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
     Decoded,
     Forward,
@@ -86,30 +79,21 @@ from lm_eval_probes.models.diffusion_decoding import (
     trajectory_steps,
 )
 from lm_eval_probes.models.diffusion_config import DiffusionConfig, split_diffusion_args
-from lm_eval_probes.harness.hflm import (
-    CallScope,
-    answers_tapped,
-    namespace_response_cache,
-    note_unprobed_requests,
-    take_ranks_from_accelerate,
-)
-from lm_eval_probes.harness.applicability import SkippedProbes, model_config, not_applying, without_skipped
+from lm_eval_probes.harness.hflm import note_unprobed_requests, take_ranks_from_accelerate
+from lm_eval_probes.harness.applicability import model_config, not_applying
+from lm_eval_probes.harness.wrapper import GenerationCall, ProbeWrapper, Unprobed
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.harness.supported_versions import check_supported_versions
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, with_generation_probes
+from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
 register_rows()  # before any task is built: the model is looked up first
 
-_CALL: CallScope[deque[_Generation] | dict[tuple[str, str], ResponseProbe]] = CallScope("hf-probes-diffusion call")
-"""What the running ``generate_until`` (each row's generation) / ``loglikelihood`` (each request's record) call
-collects."""
-
 def states_only(probe: Any) -> bool:
     """Whether ``hf-probes-diffusion`` can run a registered probe: it has a position probe that reads no logit lens
     (checked on its class; its whole-forward requests are checked once the model's depth is known)."""
-    return probe.position_probe is not None and not getattr(probe.position_probe, "reads_lens", True)
+    return probe.position_probe is not None and not reads_lens(probe.position_probe)
 
 
 def supported_probes() -> tuple[str, ...]:
@@ -153,6 +137,17 @@ def resolve_mask_token_id(option: int | None, config: Any, tokenizer: Any) -> in
     )
 
 
+class _LikelihoodCall(Unprobed):
+    """One ``loglikelihood`` call: each request's record by its ``(context, continuation)``, set by
+    ``_loglikelihood_tokens`` (HFLM sends no partial answers there)."""
+
+    def __init__(self) -> None:
+        self.probes: dict[tuple[str, str], ResponseProbe] = {}
+
+    def attach(self, requests: Sequence[Any], answers: Sequence[Any]) -> list[Any]:
+        return [ProbeLL(answer, self.probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
+
+
 @dataclass(frozen=True)
 class _Generation:
     """One decoded row, waiting for the text lm_eval keeps of it."""
@@ -175,7 +170,7 @@ class _Generation:
 
 
 @register_model(DIFFUSION_MODEL_NAME)
-class DiffusionProbeHFLM(SkippedProbes, HFLM):
+class DiffusionProbeHFLM(ProbeWrapper, HFLM):
     """HFLM for masked-diffusion LMs. Plugin ``model_args``: ``diffusion_*`` (:class:`DiffusionConfig`),
     ``probes`` (those of :func:`supported_probes`, or ``none``; default :func:`default_probes`) and their
     ``probe_<name>_*`` options."""
@@ -185,13 +180,13 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         diffusion_args, rest = split_diffusion_args(kwargs)
         self.diffusion_config = DiffusionConfig.from_model_args(diffusion_args)  # before any model is loaded
         plugin_args, hf_args = split_model_args(rest)
-        self.probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
+        probe_config = ProbeConfig.from_model_args({"probes": default_probes(), **plugin_args})
         supported = supported_probes()
-        unsupported = [p for p in self.probe_config.probes if p not in supported]
-        self.probes_skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
-        if unsupported and self.probe_config.every_applicable:
-            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
-                unsupported, "hf-probes-diffusion has no autoregressive next-token readout"), self.probes_skipped)
+        unsupported = [p for p in probe_config.probes if p not in supported]
+        skipped: dict[str, str] = {}  # probes=all: probe → why it cannot run on this model
+        if unsupported and probe_config.every_applicable:
+            probe_config = without_skipped(probe_config, dict.fromkeys(
+                unsupported, "hf-probes-diffusion has no autoregressive next-token readout"), skipped)
         elif unsupported:
             raise ValueError(
                 f"hf-probes-diffusion supports probes {supported} (or none), got {unsupported}: the lens "
@@ -204,22 +199,20 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         if hf_args.get("think_end_token") is not None:
             raise ValueError("hf-probes-diffusion cannot yet locate the kept tokens when think_end_token is set")
         config = model_config(pretrained, hf_args)
-        self.probe_config = without_skipped(self.probe_config, not_applying(self.probe_config, lambda: config),
-                                            self.probes_skipped)
+        probe_config = without_skipped(probe_config, not_applying(probe_config, lambda: config), skipped)
         self.diffusion_config = self.diffusion_config.resolved(config)  # the family, before any weight is loaded
         self.AUTO_MODEL_CLASS = model_class_for(config)  # HFLM's _get_backend keeps a class already set
-        self._plan_probes(config)
+        self.plan = self._planned(ProbePlan.of(probe_config, _num_layers(config), skipped))
         super().__init__(pretrained, **{**hf_args, "backend": "causal"})
         take_ranks_from_accelerate(self)
         self.mask_token_id = resolve_mask_token_id(self.diffusion_config.mask_token_id, self.config, self.tokenizer)
         self.sampler = self._sampler()
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
-        folder = None if self.whole.states_folder is None else self.whole.states_folder[1]
-        self.states_writer = states_writer(folder, self.rank)
+        self.plan, self.held = self.plan.set_up(SetUp(self.model, None, self.probe_config, None, rank=self.rank))
         self.lens_readout: MaskedLMReadout | None = None
         """``probe_traces=true`` (with a probe to trace): the model's masked-LM readout, read at every kept layer
         (:attr:`lens_layers`) into each trace's lens grid."""
-        if self.probe_config.traces and self.captures:
+        if self.probe_config.traces and self.plan.captures:
             self.lens_readout = masked_lm_readout(self.model)
             if self.lens_readout.num_layers != self.num_layers:
                 raise ValueError(f"the model's forward gives {self.lens_readout.num_layers + 1} hidden states, its config "
@@ -227,24 +220,30 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         self.lens_layers: tuple[int, ...] = tuple(sorted({*self.state_layers, self.num_layers}))
         """The layers of a trace's lens grid: those the probes keep, and the last (the model's own readout)."""
 
-    def _plan_probes(self, config: Any) -> None:
-        """The enabled probes' position probes for this model's depth, what they ask of a forward, and the
-        ``hidden_states`` layers to keep (before any weight is loaded: a probe that needs an autoregressive capture is
-        refused here)."""
-        self.num_layers = _num_layers(config)
-        self.captures = position_captures(self.probe_config, self.num_layers)
-        self.whole: WholeForward = whole_forward(self.captures)
-        autoregressive = [asked[0] for asked in (self.whole.focal_depth, self.whole.first_attention) if asked is not None]
-        if autoregressive and self.probe_config.every_applicable:
-            self.probe_config = without_skipped(self.probe_config, dict.fromkeys(
-                autoregressive, "it re-runs or hooks an autoregressive model's blocks"), self.probes_skipped)
-            self._plan_probes(config)
-            return
-        if autoregressive:
+    @staticmethod
+    def _planned(plan: ProbePlan) -> ProbePlan:
+        """``plan`` (the model's, before any weight is loaded) without the probes that need an autoregressive capture
+        (``probes=all``; a probe named explicitly is refused here)."""
+        autoregressive = plan.whole.autoregressive()
+        if autoregressive and not plan.config.every_applicable:
             raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
                              "autoregressive model's blocks")
-        layers = read_layers(self.num_layers, self.probe_config) | set(self.whole.prompt_layers)
-        self.state_layers: tuple[int, ...] = tuple(sorted(layers)) if self.captures else ()
+        return plan.without(dict.fromkeys(autoregressive, "it re-runs or hooks an autoregressive model's blocks"))
+
+    @property
+    def num_layers(self) -> int:
+        """The model's blocks (``hidden_states`` has one more entry)."""
+        return self.plan.num_layers
+
+    @property
+    def whole(self) -> WholeForward:
+        """The whole-forward captures of :attr:`plan` (the prompt means, the states folder)."""
+        return self.plan.whole
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The ``hidden_states`` layers the probes read, kept from the final denoising pass (none without a probe)."""
+        return self.plan.state_layers
 
     def _layer_states(self, states: dict[int, torch.Tensor], index: torch.Tensor | slice) -> list[torch.Tensor | None]:
         """The L + 1 ``hidden_states`` entries the probes read, each ``[n, H]`` at ``index`` (``None`` elsewhere)."""
@@ -257,10 +256,10 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         """The record of one response's ``n`` positions, with the enabled probes' values (their states:
         ``layer_states``); ``trace`` (``probe_traces=true``): the positions' token ids, their log-probabilities and
         their lens grid, written into the record's trace."""
-        if not self.captures:
+        if not self.plan.captures:
             return ResponseProbe(n_tokens=n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
                                  token_ends=token_ends, empty=empty)
-        probes = position_probes(layer_states, None, self.probe_config, lens=False)
+        probes = position_probes(layer_states, None, self.plan, lens=False)
         trace_ids = None
         if trace is not None:
             trace_ids, token_logprob, grid = trace
@@ -299,16 +298,23 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
                             chunk_positions=self.probe_config.chunk_positions, ruled_out=self._ruled_out())
         return grid.top_token, grid.top_prob, grid.emitted_prob
 
-    @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionProbeHFLM:
-        """As HFLM's, but ``probes=…,…`` keeps its comma-separated names together."""
-        return super().create_from_arg_string(join_probe_names(arg_string or ""), additional_config)
-
-    def set_cache_hook(self, cache_hook: Any) -> None:
+    def _cache_fingerprint(self) -> str:
         """``--use_cache``: this run's responses live in a table of their decoding and probe configuration."""
-        fingerprint = f"lm-eval-probes {lm_eval_probes.__version__} {self.diffusion_config!r} {self.probe_config!r}"
-        namespace_response_cache(cache_hook, fingerprint)
-        super().set_cache_hook(cache_hook)
+        return f"{self.diffusion_config!r} {self.probe_config!r}"
+
+    def _capturing(self, kind: str, requests: Sequence[Instance]) -> AbstractContextManager[Any]:
+        """A ``loglikelihood`` call collects each request's record (from ``_loglikelihood_tokens``); a
+        ``generate_until`` call each decoded row (from ``_model_generate``), recorded once HFLM answers its text."""
+        note_unprobed_requests(requests)
+        if kind == "loglikelihood":
+            return nullcontext(_LikelihoodCall())
+        return nullcontext(GenerationCall(self._generation_answer))
+
+    def _generation_answer(self, generation: _Generation, text: str) -> tuple[str, ResponseProbe]:
+        """The text kept of one decoded row answered as ``text`` (the family stop rule's own, else lm_eval's) and
+        its record."""
+        kept = text if generation.text is None else generation.text
+        return kept, self._generation_probe(generation, kept)
 
     def _special_ids(self, *names: str) -> tuple[int, ...]:
         """Ids of the named tokens that the tokenizer knows as one token."""
@@ -363,34 +369,11 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
 
     # ----------------------------------------------------------------------------- generation
 
-    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
-        note_unprobed_requests(requests)
-        probes: dict[tuple[str, str], deque[ResponseProbe]] = defaultdict(deque)
-        kept_texts: dict[tuple[str, str], deque[str]] = defaultdict(deque)
-        generations: deque[_Generation] = deque()
-
-        def on_answer(attr: str, req: Any, text: str) -> None:
-            if attr == "generate_until":
-                generation = generations.popleft()
-                kept = text if generation.text is None else generation.text
-                probes[(req[0], kept)].append(self._generation_probe(generation, kept))
-                kept_texts[(req[0], text)].append(kept)
-
-        with _CALL.running(self, generations), answers_tapped(self, on_answer, forward_partials=False):
-            texts = super().generate_until(requests, disable_tqdm)
-        texts = [kept_texts[(req.args[0], text)].popleft() for req, text in zip(requests, texts, strict=True)]
-        out = with_generation_probes(requests, texts, probes)
-        if self.states_writer is not None:
-            self.states_writer.write(requests, out)
-        return out
-
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """Masked-diffusion decoding of a left-padded batch; returns ``context`` + the canvas. With
         ``diffusion_stop_rule=lm_eval`` every token after a row's first stop token (EOS, pad) is replaced by
         that token, so lm_eval's text ends there; the family rules keep their own text (:meth:`_kept`)."""
-        generations = _CALL.of(self)
-        if generations is None:  # outside generate_until: no records to collect
-            generations = deque()
+        generations: list[_Generation] = []
         attention_mask = generation_kwargs.pop("attention_mask", None)
         if generation_kwargs.get("do_sample") or float(generation_kwargs.get("temperature") or 0.0) > 0:
             raise ValueError(
@@ -426,6 +409,9 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
             if generation.text is None and len(generation.tokens) < tokens.shape[1]:
                 bound = len(generation.tokens)
                 tokens[row, bound:] = tokens[row, bound]
+        call = self._current_call()
+        if isinstance(call, GenerationCall):  # outside generate_until: no records to collect
+            call.queue(generations)
         return torch.cat([context, tokens.to(context.device)], dim=1)
 
     def _trajectory(self, decoded: Decoded, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
@@ -538,21 +524,11 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
 
     # ----------------------------------------------------------------------------- loglikelihood
 
-    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[Any]:
-        note_unprobed_requests(requests)
-        probes: dict[tuple[str, str], ResponseProbe] = {}
-        with _CALL.running(self, probes):
-            answers = super().loglikelihood(requests, disable_tqdm)
-        out = [ProbeLL(answer, probes.get(tuple(req.args))) for req, answer in zip(requests, answers, strict=True)]
-        if self.states_writer is not None:
-            self.states_writer.write(requests, out)
-        return out
-
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[tuple[float, bool]]:
         """Each ``((context, continuation), context ids, continuation ids)`` → ``(estimate, is_greedy)``. HFLM's rolling
         (perplexity) windows come without a key: refused."""
         config = self.diffusion_config
-        probes = _CALL.of(self)
+        call = self._current_call()
         out = []
         for key, context_ids, continuation_ids in requests:
             if key is None:
@@ -582,8 +558,8 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
                 )
             greedy = self._is_greedy(forward, context, continuation) if config.check_greedy else False
             answer = (estimate, greedy)
-            if isinstance(probes, dict):  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
-                probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
+            if isinstance(call, _LikelihoodCall):  # no cache_hook partials: lm_eval's cache stores the answers with their probes at the end
+                call.probes[key] = self._likelihood_probe(forward, context, continuation, estimate)
             out.append(answer)
         return out
 
@@ -601,7 +577,7 @@ class DiffusionProbeHFLM(SkippedProbes, HFLM):
         """The estimate as a record; with probes, their values from one forward over the unmasked request (at the
         continuation's positions; the prompt means over the context's)."""
         n, p = continuation.numel(), context.numel()
-        if not self.captures:
+        if not self.plan.captures:
             return self._probe_record([], None, n, mean_token_logprob=estimate / n, prompt_tokens=p)
         logits, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
         picked = {layer: states[layer][0] for layer in self.state_layers}
