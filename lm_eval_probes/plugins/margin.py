@@ -11,7 +11,7 @@ record fields. :func:`margin_unavailable` says, from a model's config, why the m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,6 @@ class MarginPositions:
     from the wrappers' first-attention capture (:attr:`first_attention`)."""
 
     reads_lens = False
-    position_axis = 0
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
         self.options = options
@@ -129,15 +128,6 @@ class MarginPositions:
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
         return MarginSummary.of(margins, token_ids, self.options.support).record_fields(decode)
-
-    def layers(self) -> frozenset[int]:
-        return frozenset()
-
-    def at_positions(self, chunk: Any) -> dict[str, Any]:
-        return {}
-
-    def reduce(self, values: Mapping[str, Any], *, positions: int, generation: bool) -> dict[str, Any]:
-        return {}
 
 
 def _undefined(row: Any) -> Any:
