@@ -10,6 +10,7 @@ order with the texts HFLM answers (``cache_hook.add_partial``), each becoming a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -96,6 +97,18 @@ class ProbeWrapper(SkippedProbes):
         with self._running("generate_until", requests) as call:
             texts = super().generate_until(requests, disable_tqdm)  # type: ignore[misc]
         return self._attached(requests, call.attach(requests, texts))
+
+    def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
+        """``probe`` with its trace's token ids decoded one by one into its ``tokens`` (``tok_decode``), and its lens
+        grid's top tokens into ``lens_tokens`` (id → text; unchanged without a trace), as both wrappers write them."""
+        if probe is None or probe.trace is None or "token_ids" not in probe.trace:
+            return probe
+        trace = dict(probe.trace)
+        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
+        if "lens" in trace:
+            top = sorted({token for row in trace["lens"]["top_token"] for token in row})
+            trace["lens_tokens"] = {str(token): self.tok_decode([token]) for token in top}
+        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
 
     def set_cache_hook(self, cache_hook: Any) -> None:
         """``--use_cache``: lm_eval reads cached responses before the model is called, so this run's responses (and

@@ -226,18 +226,6 @@ class ProbeHFLM(ProbeWrapper, HFLM):
     def _decode_one(self, token: int) -> str:
         return self.tok_decode([token])
 
-    def _with_trace_tokens(self, probe: ResponseProbe | None) -> ResponseProbe | None:
-        """``probe`` with its trace's token ids decoded one by one into its ``tokens``, and its lens grid's top tokens
-        into ``lens_tokens`` (id → text; unchanged without a trace)."""
-        if probe is None or probe.trace is None or "token_ids" not in probe.trace:
-            return probe
-        trace = dict(probe.trace)
-        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
-        if "lens" in trace:
-            top = sorted({token for row in trace["lens"]["top_token"] for token in row})
-            trace["lens_tokens"] = {str(token): self.tok_decode([token]) for token in top}
-        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
-
     # ----------------------------------------------------------------------------- generation
 
     @contextmanager

@@ -269,18 +269,6 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
                                   token_ends=token_ends, empty=empty, trace_ids=trace_ids)
         return self._with_trace_tokens(record)
 
-    def _with_trace_tokens(self, probe: ResponseProbe) -> ResponseProbe:
-        """``probe`` with its trace's token ids decoded one by one into its ``tokens``, and its lens grid's top tokens
-        into ``lens_tokens`` (id → text), as ``hf-probes`` writes them (unchanged without a trace)."""
-        if probe.trace is None or "token_ids" not in probe.trace:
-            return probe
-        trace = dict(probe.trace)
-        tokens = [self.tok_decode([token]) for token in trace.pop("token_ids")]
-        if "lens" in trace:
-            top = sorted({token for row in trace["lens"]["top_token"] for token in row})
-            trace["lens_tokens"] = {str(token): self.tok_decode([token]) for token in top}
-        return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
-
     def _state_columns(self, columns: torch.Tensor) -> torch.Tensor:
         """The columns of a forward's states whose logits score the tokens at ``columns`` (one column earlier under
         ``diffusion_logits_shift``, the first column scoring itself, as :meth:`_forward` shifts the logits)."""
