@@ -93,7 +93,7 @@ class ResponseProbe:
     <lm_eval_probes.api.Probe.record>`), held in :attr:`by_probe` under the probe's name and read with :meth:`of`
     (``probe.of("tcb").tcb_log10_mean``) or, by field name, :meth:`get`: ``None`` when the probe is disabled, ``nan``
     when undefined (empty response). Their meaning is documented where they are computed, the ``reduce`` of each
-    probe's capture (the modules of :mod:`lm_eval_probes.plugins`; the first-attention capture: :mod:`~lm_eval_probes.capture.attention`).
+    probe's capture (the modules of each built-in's ``probe`` module under :mod:`lm_eval_probes.probes`; the first-attention capture: :mod:`~lm_eval_probes.capture.attention`).
     A record is made with the probes' fields as keyword arguments like the attributes below (``ResponseProbe(n_tokens=3,
     mean_token_logprob=-0.5, tcb_log10_mean=2.5)``, ``dataclasses.replace(probe, margin_mean=0.1)``: each goes to its
     probe's record), or with :attr:`by_probe`; a name no probe declares raises.

@@ -29,11 +29,11 @@ __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "ProbeRegistrationError", "names", "p
 ENTRY_POINT_GROUP = "lm_eval_probes.probes"
 
 BUILTIN: tuple[str, ...] = (
-    "lm_eval_probes.plugins.tcb:PROBE",
-    "lm_eval_probes.plugins.bte:PROBE",
-    "lm_eval_probes.plugins.reader:PROBE",
-    "lm_eval_probes.plugins.omega:PROBE",
-    "lm_eval_probes.plugins.margin:PROBE",
+    "lm_eval_probes.probes.tcb.probe:PROBE",
+    "lm_eval_probes.probes.bte.probe:PROBE",
+    "lm_eval_probes.probes.reader.probe:PROBE",
+    "lm_eval_probes.probes.omega.probe:PROBE",
+    "lm_eval_probes.probes.margin.probe:PROBE",
 )
 """The built-in probes, in ``probes=all`` and ``--help`` order (each written with :mod:`lm_eval_probes.api` only)."""
 

@@ -12,7 +12,7 @@ Options come from the task's ``metadata`` (:class:`CalibrationOptions`), bound p
 task adds its rows. Records are put in a canonical order — by the document's index in its task, never
 by a float value — before any seeded split, so a run's rows depend neither on how many ranks produced
 the records nor on the batch size (which moves hidden states and confidences by an ulp). The math lives in :mod:`lm_eval_probes.probes.calibration` and
-:mod:`lm_eval_probes.probes.reader`; this module only collects records, skips incomplete ones and
+:mod:`lm_eval_probes.probes.reader.math`; this module only collects records, skips incomplete ones and
 fits the reader once per record set (the two reader rows share one fit).
 """
 
@@ -40,7 +40,7 @@ from lm_eval_probes.probes.calibration import (
     prediction_rejection_ratio_score,
     selective_auroc_score,
 )
-from lm_eval_probes.probes.reader import ReaderScores, reader_auroc_score, reader_scores
+from lm_eval_probes.probes.reader.math import ReaderScores, reader_auroc_score, reader_scores
 from lm_eval_probes.records import ReaderRecord
 
 READER_PROTOCOLS = ("cross_fit", "split")

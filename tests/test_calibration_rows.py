@@ -24,7 +24,7 @@ from lm_eval_probes.tasks.manager import ProbeTaskManager
 
 
 def answer_confidence_and_states(probe: ResponseProbe):
-    from lm_eval_probes.plugins.reader import reader_states
+    from lm_eval_probes.probes.reader.probe import reader_states
 
     return answer_confidence(probe), reader_states(probe, "answer_states", answer_span=True)
 

@@ -17,7 +17,7 @@ from lm_eval_probes.capture.positions import position_probes
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.estimators import response_confidence
 from lm_eval_probes.models.autoregressive import ProbeHFLM
-from lm_eval_probes.plugins.bte import BteOptions
+from lm_eval_probes.probes.bte.probe import BteOptions
 from lm_eval_probes.probes import central_window
 from lm_eval_probes.records import LayerStates
 

@@ -7,8 +7,8 @@ import pytest
 from lm_eval_probes.__main__ import rewrite_argv
 from lm_eval_probes.config import ProbeConfig, parse_probe_list, split_model_args
 from lm_eval_probes.models.autoregressive import ProbeHFLM
-from lm_eval_probes.plugins.bte import BteOptions
-from lm_eval_probes.plugins.tcb import TcbOptions
+from lm_eval_probes.probes.bte.probe import BteOptions
+from lm_eval_probes.probes.tcb.probe import TcbOptions
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,7 @@ def test_aliases_are_read_as_the_plugin_options_with_a_notice(bert_dir, caplog):
 
 def test_reader_tail_states_fall_back_to_float32_beyond_float16():
     """The tail states both wrappers keep (``compact_states``, which replaced the diffusion model's own helper)."""
-    from lm_eval_probes.plugins.reader import compact_states
+    from lm_eval_probes.probes.reader.probe import compact_states
 
     small = torch.tensor([[[1.5, -2.25]]])  # [k layers, m positions, H]
     assert compact_states((2,), small).values.dtype == np.float16

@@ -158,7 +158,7 @@ def test_margins_of_layers_that_compute_their_attention_themselves_in_both_modes
     from test_margin_capture import captured_margins
 
     from lm_eval_probes.models.autoregressive import ProbeHFLM
-    from lm_eval_probes.plugins.margin import MarginSummary
+    from lm_eval_probes.probes.margin.probe import MarginSummary
 
     folder = build_independently(model_type, tmp_path)
     lm = ProbeHFLM(pretrained=transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), tokenizer=folder,

@@ -26,8 +26,10 @@ def test_probes_import_nothing_above_them():
     """The probes' math imports the scientific stack and, of the package, only ``lm_eval_probes.stack_api`` (the
     release differences of torch's products, in the same lowest layer)."""
     allowed = {"__future__", "math", "dataclasses", "typing", "collections", "torch", "numpy", "scipy", "sklearn",
-               "difflib", "warnings", "operator", "threadpoolctl", "importlib"}
-    for path in (PACKAGE / "probes").glob("*.py"):
+               "difflib", "warnings", "operator", "threadpoolctl", "importlib", "sys"}
+    for path in (PACKAGE / "probes").rglob("*.py"):
+        if path.name == "probe.py":  # a built-in's declaration: test_the_built_in_probes_use_only_the_public_api
+            continue
         extra = imported_modules(path) - allowed
         package = {node.module for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
@@ -60,7 +62,7 @@ def test_probes_package_has_no_side_effects():
 
     code = (  # the .pth autoload of a regular install may already have imported lm_eval: compare before/after
         "import sys; before = set(sys.modules); import lm_eval_probes.probes as p, lm_eval_probes.probes.calibration, "
-        "lm_eval_probes.probes.reader, lm_eval_probes.probes.correlation, lm_eval_probes.metrics, lm_eval_probes.rows; "
+        "lm_eval_probes.probes.reader.math, lm_eval_probes.probes.correlation, lm_eval_probes.metrics, lm_eval_probes.rows; "
         "p.spearman_score; new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(sorted(new & {'torch', 'lm_eval', 'transformers'}))"
     )
@@ -158,7 +160,7 @@ def test_each_row_name_is_spelled_in_at_most_two_modules():
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("lm_eval_probes.api", "lm_eval_probes.probes", "lm_eval_probes.stack_api"),
-    ("lm_eval_probes.plugins", "lm_eval_probes.declarations", "lm_eval_probes.registry", "lm_eval_probes.config",
+    ("lm_eval_probes.declarations", "lm_eval_probes.registry", "lm_eval_probes.config",
      "lm_eval_probes.records", "lm_eval_probes.rows", "lm_eval_probes.metrics", "lm_eval_probes.estimators"),
     ("lm_eval_probes.capture",),
     ("lm_eval_probes.models", "lm_eval_probes.harness"),
@@ -196,10 +198,11 @@ def test_imports_go_one_way_through_the_layers_even_inside_functions():
 
 
 def test_the_built_in_probes_use_only_the_public_api():
-    """Each built-in probe module imports ``lm_eval_probes.api`` and its own math (``lm_eval_probes.probes``)."""
-    for path in (PACKAGE / "plugins").glob("*.py"):
-        if path.name == "__init__.py":
-            continue
+    """Each built-in probe's declaration (``probes/<name>/probe.py``) imports ``lm_eval_probes.api`` and the math
+    (``lm_eval_probes.probes``)."""
+    paths = sorted((PACKAGE / "probes").glob("*/probe.py"))
+    assert {path.parent.name for path in paths} == {"tcb", "bte", "omega", "margin", "reader"}
+    for path in paths:
         imported = _lm_eval_probes_imports(path, {_module_name(p) for p in PACKAGE.rglob("*.py")})
         outside = {m for m in imported if m != "lm_eval_probes.api" and not m.startswith("lm_eval_probes.probes")}
         assert not outside, (path.name, outside)

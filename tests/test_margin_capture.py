@@ -16,7 +16,7 @@ from lm_eval_probes.capture.attention import FirstAttentionCapture
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.models.autoregressive import ProbeHFLM
-from lm_eval_probes.plugins.margin import MarginSummary, margin_unavailable
+from lm_eval_probes.probes.margin.probe import MarginSummary, margin_unavailable
 from lm_eval_probes.registry import probe
 from test_capture import LL_REQUESTS, PROMPTS, _free_generation, _prompt_ids, gen_instances, ll_instances
 
@@ -627,7 +627,7 @@ def test_the_margins_precision_resolves_per_device_and_refuses_other_values():
     """``auto`` is float64 where the device has no float32 products of bfloat16 terms (this CPU) and float32 where
     it has them (a CUDA GPU: emulated here); ``float32``/``float64`` are taken as they are; anything else is refused
     in one line, at the model argument and at the function."""
-    from lm_eval_probes.probes.margin import margin_dtype
+    from lm_eval_probes.probes.margin.math import margin_dtype
     from lm_eval_probes.stack_api import float32_products_emulated
 
     assert margin_dtype("auto", "cpu") == torch.float64

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lm_eval_probes.probes.margin import (
+from lm_eval_probes.probes.margin.math import (
     attention_covariance,
     head_margins,
     prefix_attention_weights,
@@ -199,7 +199,7 @@ def _reference_head_margins(u, keys, weights, scale, cos, sin, norm):
 def test_head_margins_equal_an_explicit_per_position_reference(monkeypatch, work_elements):
     """The blocked, causally cut, in-place evaluation of :func:`head_margins` against per-position loops (within
     1e-9 relative, 1e-12 absolute), with rotation, query norm, several heads and chunks."""
-    import lm_eval_probes.probes.margin as margin
+    import lm_eval_probes.probes.margin.math as margin
 
     monkeypatch.setattr(margin, "WORK_ELEMENTS", work_elements)
     generator = torch.Generator().manual_seed(5)

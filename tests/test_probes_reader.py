@@ -13,8 +13,8 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lm_eval_probes.probes import reader
-from lm_eval_probes.probes.reader import DEFAULT_CS, PROTOCOLS, ReaderScores, reader_auroc_score, reader_scores
+import lm_eval_probes.probes.reader.math as reader
+from lm_eval_probes.probes.reader.math import DEFAULT_CS, PROTOCOLS, ReaderScores, reader_auroc_score, reader_scores
 
 
 def _noise(n: int, n_layers: int = 3, d: int = 16, *, seed: int = 0) -> np.ndarray:

@@ -150,7 +150,7 @@ def _largest_allocation(fn) -> int:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_squared_row_norms_are_exact_without_a_float64_copy(monkeypatch, dtype):
-    from lm_eval_probes.probes import tcb
+    import lm_eval_probes.probes.tcb.math as tcb
 
     vocab, d, buffer = 1001, 24, 100  # 4 rows per step, the last step a single row
     w = torch.randn(vocab, d, generator=torch.Generator().manual_seed(0)).to(dtype)

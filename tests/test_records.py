@@ -30,8 +30,8 @@ def test_each_probe_s_values_travel_in_its_typed_record_and_older_layouts_unpick
     """Each enabled probe's values are one instance of its record dataclass (``None`` where its probe was off), read
     with ``of`` or by field with ``get``; a record pickled with every probe field as an attribute of its own (an older
     ``--use_cache`` table) or in one flat ``probe_fields`` mapping unpickles to the same record."""
-    from lm_eval_probes.plugins.bte import BteRecord
-    from lm_eval_probes.plugins.tcb import TcbRecord
+    from lm_eval_probes.probes.bte.probe import BteRecord
+    from lm_eval_probes.probes.tcb.probe import TcbRecord
 
     assert PROBE.by_probe == {"tcb": TcbRecord(tcb_log10_mean=2.5, tcb_log10_min=2.0, tcb_argmin=1),
                               "bte": BteRecord(bte_energy=0.15, bte_profile=(0.1, 0.2))}
@@ -178,7 +178,7 @@ def test_tail_states_keep_values_beyond_float16(scale):
     import torch
 
     from lm_eval_probes.capture.positions import PositionProbes
-    from lm_eval_probes.plugins.reader import ReaderOptions, ReaderPositions
+    from lm_eval_probes.probes.reader.probe import ReaderOptions, ReaderPositions
 
     states = torch.linspace(-3.0, 3.0, 2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4) * scale
     reader = ReaderPositions(ReaderOptions(layers=(1, 2), tail=3), num_layers=4)

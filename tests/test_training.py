@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights, prior_margins
+from lm_eval_probes.probes.margin.math import head_margins, prefix_attention_weights, prior_margins
 from lm_eval_probes.models.barrier_training import GPTConfig, SupportTokenGPT, barrier_loss, log_barrier_penalty
 
 

@@ -11,7 +11,7 @@
 * :mod:`.captures` — the whole-forward captures a probe may ask for, registered by name, and their set-up on the
   loaded model;
 * :mod:`.positions` — the hidden-state hooks, every enabled probe's :class:`~lm_eval_probes.api.PositionProbe` at
-  a response span's positions (the probes themselves: :mod:`lm_eval_probes.plugins` and the entry points), and their
+  a response span's positions (the probes themselves: each built-in's ``probe`` module under :mod:`lm_eval_probes.probes` and the entry points), and their
   reduction to a record;
 * :mod:`.reader` — the prompt means the wrappers take;
 * :mod:`.loglikelihood` — the bookkeeping of one ``loglikelihood`` call (which answers need the lens, each answered

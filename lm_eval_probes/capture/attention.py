@@ -345,7 +345,7 @@ class AttentionBatch:
     """One captured batch of the first softmax-attention layer: its token ids ``[B, T]``, ``valid`` ``[B, T]`` bool
     (False at padding; ``None``: no padding), and :meth:`row`, each row's :class:`AttentionRow` re-run when asked
     (one row's re-run held at a time; ``work``: the dtype of its input projections' products and query-map
-    Jacobians, float64 or float32 — :data:`~lm_eval_probes.probes.margin` precision)."""
+    Jacobians, float64 or float32 — :data:`~lm_eval_probes.probes.margin.math` precision)."""
 
     ids: torch.Tensor
     valid: torch.Tensor | None

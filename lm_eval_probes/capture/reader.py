@@ -1,5 +1,5 @@
 """Mean hidden states over a span or under a mask, as the wrappers take them over a prompt (the reader probe's
-``prompt_states``; its states at a response's positions: :mod:`lm_eval_probes.plugins.reader`)."""
+``prompt_states``; its states at a response's positions: :mod:`lm_eval_probes.probes.reader.probe`)."""
 
 from __future__ import annotations
 

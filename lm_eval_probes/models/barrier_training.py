@@ -2,7 +2,7 @@
 
 Source: "Support Tokens, Stability Margins, and a New Foundation for Robust LLMs" (arXiv 2602.22271).
 The exact log-likelihood of the latent-noise view of causal attention carries Σ_t m_t with
-m_t = log|det(I − Σ_t A)| (:mod:`lm_eval_probes.probes.margin`), a log-barrier that is −∞ on the
+m_t = log|det(I − Σ_t A)| (:mod:`lm_eval_probes.probes.margin.math`), a log-barrier that is −∞ on the
 degeneracy boundary. The penalty adds it to the usual objective:
 
     loss = CE + λ · mean_t(−max(m_t, −30))
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lm_eval_probes.probes.margin import head_margins, prefix_attention_weights
+from lm_eval_probes.probes.margin.math import head_margins, prefix_attention_weights
 
 __all__ = ["MARGIN_FLOOR", "GPTConfig", "LogBarrierTrainer", "SupportTokenGPT", "barrier_loss", "log_barrier_penalty"]
 

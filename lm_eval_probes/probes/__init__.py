@@ -1,10 +1,14 @@
-"""Pure probe math on tensors and arrays (torch / numpy / scipy / scikit-learn only; no transformers, no lm_eval).
+"""The built-in probes, one folder each, and the math they share (torch / numpy / scipy / scikit-learn only; no
+transformers, no lm_eval).
 
-One module per method: :mod:`.tcb` (Token Constraint Bound), :mod:`.bte` (Belief-Trajectory
-Energy), :mod:`.omega` (HyperLens refinement area Ω), :mod:`.margin` (stability margins and support tokens), :mod:`.confidence` (output confidence of a response), :mod:`.calibration` (ECE, selective
-AUROC, AURC, temperature scaling), :mod:`.reader` (the latent correctness reader / corruption
-detector), :mod:`.correlation` (Spearman and partial Spearman ρ with difficulty) and :mod:`.attribution`
-(detection / attribution classifiers on BTE's trajectory readouts).
+One folder per method, each with its declaration (``probe.py``: the :class:`~lm_eval_probes.api.Probe` exported as
+``PROBE``, written with the public API of :mod:`lm_eval_probes.api` only, as a third-party probe is; loading it imports
+no torch) and its math (``math.py``, pure functions on tensors): :mod:`.tcb` (Token Constraint Bound), :mod:`.bte`
+(Belief-Trajectory Energy), :mod:`.omega` (HyperLens refinement area Ω), :mod:`.margin` (stability margins and support
+tokens), :mod:`.reader` (the latent correctness reader / corruption detector). Beside them: :mod:`.confidence` (output
+confidence of a response), :mod:`.calibration` (ECE, selective AUROC, AURC, temperature scaling), :mod:`.correlation`
+(Spearman and partial Spearman ρ with difficulty), :mod:`.attribution` (detection / attribution classifiers on BTE's
+trajectory readouts) and :mod:`.row_blocks`.
 
 Importing this package has no side effects and imports nothing heavy: each name loads its module on
 first access, so the numpy-only modules (calibration, reader, correlation) work without torch.
@@ -19,15 +23,15 @@ _SOURCES: dict[str, str] = {
     "AttributionResult": "attribution",
     "attribution_accuracy": "attribution",
     "profile_vs_features": "attribution",
-    "TRANSITION_STATISTIC_NAMES": "bte",
-    "belief_trajectory_energy": "bte",
-    "central_window": "bte",
-    "central_window_energy": "bte",
-    "consecutive_js_divergences": "bte",
-    "consecutive_js_divergences_of_logits": "bte",
-    "depth_profile": "bte",
-    "js_divergence": "bte",
-    "transition_statistics": "bte",
+    "TRANSITION_STATISTIC_NAMES": "bte.math",
+    "belief_trajectory_energy": "bte.math",
+    "central_window": "bte.math",
+    "central_window_energy": "bte.math",
+    "consecutive_js_divergences": "bte.math",
+    "consecutive_js_divergences_of_logits": "bte.math",
+    "depth_profile": "bte.math",
+    "js_divergence": "bte.math",
+    "transition_statistics": "bte.math",
     "ReliabilityDiagram": "calibration",
     "accuracy_at_coverage_score": "calibration",
     "aurc_error": "calibration",
@@ -47,33 +51,33 @@ _SOURCES: dict[str, str] = {
     "finite_rows": "correlation",
     "partial_spearman_score": "correlation",
     "spearman_score": "correlation",
-    "ReaderScores": "reader",
-    "reader_auroc_score": "reader",
-    "reader_scores": "reader",
+    "ReaderScores": "reader.math",
+    "reader_auroc_score": "reader.math",
+    "reader_scores": "reader.math",
     "RowBlocks": "row_blocks",
-    "attention_covariance": "margin",
-    "head_margins": "margin",
-    "layer_margins": "margin",
-    "margin_dtype": "margin",
-    "prefix_attention_weights": "margin",
-    "prior_jacobian": "margin",
-    "prior_margins": "margin",
-    "prior_margins_direct": "margin",
-    "rotate_half": "margin",
-    "scalar_prior_jacobian": "margin",
-    "support_tokens": "margin",
-    "confidence_trajectory": "omega",
-    "refinement_area": "omega",
-    "top_k_mass": "omega",
-    "JacobianTerms": "tcb",
-    "PredictionBaselines": "tcb",
-    "TcbReadout": "tcb",
-    "distribution_baselines": "tcb",
-    "squared_row_norms": "tcb",
-    "tcb_competitor_moves": "tcb",
-    "tcb_readout": "tcb",
-    "tcb_with_baselines": "tcb",
-    "token_constraint_bound": "tcb",
+    "attention_covariance": "margin.math",
+    "head_margins": "margin.math",
+    "layer_margins": "margin.math",
+    "margin_dtype": "margin.math",
+    "prefix_attention_weights": "margin.math",
+    "prior_jacobian": "margin.math",
+    "prior_margins": "margin.math",
+    "prior_margins_direct": "margin.math",
+    "rotate_half": "margin.math",
+    "scalar_prior_jacobian": "margin.math",
+    "support_tokens": "margin.math",
+    "confidence_trajectory": "omega.math",
+    "refinement_area": "omega.math",
+    "top_k_mass": "omega.math",
+    "JacobianTerms": "tcb.math",
+    "PredictionBaselines": "tcb.math",
+    "TcbReadout": "tcb.math",
+    "distribution_baselines": "tcb.math",
+    "squared_row_norms": "tcb.math",
+    "tcb_competitor_moves": "tcb.math",
+    "tcb_readout": "tcb.math",
+    "tcb_with_baselines": "tcb.math",
+    "token_constraint_bound": "tcb.math",
 }
 """Public name → the module that defines it."""
 

@@ -1,7 +1,7 @@
 """Detection / attribution classifiers on BTE trajectory readouts ("Measuring the Path to a Prediction").
 
 The paper reads each document's belief trajectory in two ways — the L-dim depth profile e(l) and the
-11·L statistics of every transition over the response positions (:func:`~lm_eval_probes.probes.bte.
+11·L statistics of every transition over the response positions (:func:`~lm_eval_probes.probes.bte.math.
 transition_statistics`) — and fits logistic regressions that tell, e.g., which benchmark a document came
 from (attribution; the paper: 86.4 % from the 32-dim profile, 93.2 % from the 352 features) or whether
 it is of one kind or another (detection). :func:`attribution_accuracy` is that classifier, cross-fitted:

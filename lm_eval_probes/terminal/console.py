@@ -87,7 +87,7 @@ def warning_origin(frame: FrameType | None) -> str | None:
 def describe_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                      origin: str | None) -> str:
     """One line: the origin (pair and row) when known, else the warning's module as a package path
-    (``lm_eval_probes/probes/reader.py:194``, not the site-packages path), then its class and message."""
+    (``lm_eval_probes/probes/reader/math.py:194``, not the site-packages path), then its class and message."""
     where = origin
     if where is None:
         parts = Path(filename).parts

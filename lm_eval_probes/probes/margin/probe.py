@@ -1,10 +1,10 @@
 """Stability margins and support tokens (``probes=margin``): log|det(I − Σ_t A)| of the first attention layer at every
-position the model saw (the math: :mod:`lm_eval_probes.probes.margin`).
+position the model saw (the math: :mod:`lm_eval_probes.probes.margin.math`).
 
 Its values need the first softmax-attention layer over whole sequences: it asks for the wrappers' whole-forward
 capture ``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`), which gives it each captured row's queries,
 keys and query-map Jacobians (:class:`~lm_eval_probes.capture.attention.AttentionRow`, any family);
-:func:`~lm_eval_probes.probes.margin.layer_margins` makes them margins, :meth:`MarginPositions.fields` a response's
+:func:`~lm_eval_probes.probes.margin.math.layer_margins` makes them margins, :meth:`MarginPositions.fields` a response's
 record fields. :func:`margin_unavailable` says, from a model's config, why the margins cannot run on it.
 """
 
@@ -24,7 +24,7 @@ PRECISIONS: tuple[str, ...] = ("auto", "float32", "float64")
 """The margins' arithmetic (``probe_margin_precision``, ``docs/precision.md``): ``float64`` (every product in
 float64: exact to the float64 references), ``float32`` (float32 products, on tensor cores where the device has them:
 bfloat16 terms with float32 accumulation, :func:`~lm_eval_probes.stack_api.matmul_float32`), ``auto`` (float32 where
-the device has those products, a CUDA GPU; float64 elsewhere): :func:`~lm_eval_probes.probes.margin.margin_dtype`."""
+the device has those products, a CUDA GPU; float64 elsewhere): :func:`~lm_eval_probes.probes.margin.math.margin_dtype`."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class MarginSummary:
         """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none)."""
         import torch
 
-        from lm_eval_probes.probes.margin import support_tokens
+        from lm_eval_probes.probes.margin.math import support_tokens
 
         defined = margins[~torch.isnan(margins)]
         support = support_tokens(margins, k)
@@ -110,12 +110,12 @@ class MarginPositions:
         self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
 
     def values(self, batch: Any) -> Any:
-        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.layer_margins`
+        """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.math.layer_margins`
         of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time; the batch's
         values leave the device once)."""
         import torch
 
-        from lm_eval_probes.probes.margin import layer_margins, margin_dtype
+        from lm_eval_probes.probes.margin.math import layer_margins, margin_dtype
 
         work = margin_dtype(self.options.precision, batch.ids.device)
         rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
@@ -157,12 +157,12 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     and keys (2·T·H·p) and one chunk of c positions (:func:`~lm_eval_probes.api.jacobian_chunks`) — its query-map
     Jacobians (H·c·p·n, n = p columns per head) and either one forward-mode product (float64, g·c·(2m + 8·H·p)
     values) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
-    :func:`~lm_eval_probes.probes.margin.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
+    :func:`~lm_eval_probes.probes.margin.math.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
     inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
     values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
     cores: :attr:`~lm_eval_probes.api.Shapes.tensor_cores`), where D_t C_t is also held in float32 before its float64
     copy and a product covers :data:`~lm_eval_probes.api.PRODUCT_ELEMENTS_TENSOR_CORES`."""
-    from lm_eval_probes.probes.margin import WORK_ELEMENTS, WORK_ELEMENTS_FLOAT32
+    from lm_eval_probes.probes.margin.math import WORK_ELEMENTS, WORK_ELEMENTS_FLOAT32
 
     wide = options.precision == "float32" or (options.precision == "auto" and shapes.tensor_cores)
     size = 4 if wide else 8

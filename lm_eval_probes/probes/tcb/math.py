@@ -16,8 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._softmax import log_softmax_
-from .row_blocks import RowBlocks
+from .._softmax import log_softmax_
+from ..row_blocks import RowBlocks
 
 __all__ = [
     "JacobianTerms",

@@ -1,5 +1,5 @@
 """HyperLens Ω (``probes=omega``): the refinement area of the focal-depth confidence trajectory (the math:
-:mod:`lm_eval_probes.probes.omega`).
+:mod:`lm_eval_probes.probes.omega.math`).
 
 Its per-position values, the top-K masses of the focal-depth decodings of every source layer, need the whole sequence
 of each source layer (the model's last m blocks run on it): the wrappers' whole-forward capture ``focal_depth``
@@ -100,7 +100,7 @@ class OmegaPositions:
         """``omega_trajectory``: the confidence trajectory C_i over the source layers (default i = 0..L: L+1 floats),
         the mean over the response positions of the top-K mass of the focal-depth decoding of layer i; ``omega``: its
         refinement area Ω = Σ_i (1 − C_i). Nothing before the masses are attached."""
-        from lm_eval_probes.probes.omega import confidence_trajectory, refinement_area
+        from lm_eval_probes.probes.omega.math import confidence_trajectory, refinement_area
 
         if "mass" not in values:
             return {}

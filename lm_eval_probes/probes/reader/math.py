@@ -39,7 +39,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from .calibration import selective_auroc_score
+from ..calibration import selective_auroc_score
 
 __all__ = ["DEFAULT_CS", "PROTOCOLS", "ReaderScores", "reader_auroc_score", "reader_scores"]
 

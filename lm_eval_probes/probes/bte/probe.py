@@ -1,5 +1,5 @@
 """Belief-Trajectory Energy (``probes=bte``): the Jensen–Shannon energy between consecutive logit-lens beliefs (the
-math: :mod:`lm_eval_probes.probes.bte`).
+math: :mod:`lm_eval_probes.probes.bte.math`).
 
 Reads the lens logits of the layers whose transitions it computes — the central window's, or all L
 (``probe_bte_profile=full``, ``probe_bte_features=1``) — at every response position, two layers' at a time.
@@ -39,7 +39,7 @@ class BteOptions(ProbeOptions):
 
     def transitions(self, num_layers: int) -> tuple[int, int]:
         """The transitions ``[start, stop)`` BTE computes: the central window's, or all L (``profile=full``)."""
-        from lm_eval_probes.probes.bte import central_window
+        from lm_eval_probes.probes.bte.math import central_window
 
         window = central_window(num_layers, self.window)  # validates the window against L
         return (0, num_layers) if self.profile == "full" or self.features else window
@@ -54,7 +54,7 @@ class BtePositions:
     position_axis = -1
 
     def __init__(self, options: BteOptions, num_layers: int) -> None:
-        from lm_eval_probes.probes.bte import central_window
+        from lm_eval_probes.probes.bte.math import central_window
 
         self.num_layers = num_layers
         self.window = central_window(num_layers, options.window)
@@ -67,7 +67,7 @@ class BtePositions:
 
     def at_positions(self, chunk: Any) -> dict[str, Any]:
         """``energy [stop − start, n]``: the JSD (nats) of each transition of :attr:`transitions`."""
-        from lm_eval_probes.probes.bte import consecutive_js_divergences_of_logits
+        from lm_eval_probes.probes.bte.math import consecutive_js_divergences_of_logits
 
         return {"energy": consecutive_js_divergences_of_logits(chunk.layer_logits(*self.transitions))}
 
@@ -82,9 +82,9 @@ class BtePositions:
         """``bte_energy``: the mean of the depth profile e(l) over the central window (the difficulty scalar ē_M);
         ``bte_profile`` (every transition computed: ``probe_bte_profile=full``): e(l), l = 0..L-1, the mean JSD of
         layer l → l+1 over the positions; ``bte_features`` (``probe_bte_features=1``): the 11 statistics of each
-        transition over the positions (:func:`~lm_eval_probes.probes.bte.transition_statistics`), transition-major
+        transition over the positions (:func:`~lm_eval_probes.probes.bte.math.transition_statistics`), transition-major
         (11·L floats: transition 0's mean, std, …, then transition 1's), for the detection/attribution classifiers."""
-        from lm_eval_probes.probes.bte import central_window_energy, depth_profile, transition_statistics
+        from lm_eval_probes.probes.bte.math import central_window_energy, depth_profile, transition_statistics
 
         energy = values["energy"].double()
         first, last = self.transitions

@@ -1,5 +1,5 @@
 """The reader's hidden states (``probes=reader``; the math of the readers fitted on them:
-:mod:`lm_eval_probes.probes.reader`): the mean states of a few layers over the answer (and the prompt), on which the
+:mod:`lm_eval_probes.probes.reader.math`): the mean states of a few layers over the answer (and the prompt), on which the
 latent correctness reader and the corruption detector are fitted.
 """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .bte import depth_profile
+from ..bte.math import depth_profile
 
 __all__ = ["confidence_trajectory", "refinement_area", "top_k_mass"]
 

@@ -1,5 +1,5 @@
 """δ_TCB (``probes=tcb``): how far the final hidden state can move before the next-token distribution changes, with
-its entropy, logit-margin and effective-vocabulary baselines (the math: :mod:`lm_eval_probes.probes.tcb`).
+its entropy, logit-margin and effective-vocabulary baselines (the math: :mod:`lm_eval_probes.probes.tcb.math`).
 
 Reads the final layer's state at every response position and the final distribution the harness itself reads (its
 logits before the model's soft-capping).
@@ -57,7 +57,7 @@ class TcbPositions:
         ablation ``log10_cluster`` and ``log10_disperse`` (float64)."""
         import torch
 
-        from lm_eval_probes.probes.tcb import tcb_readout
+        from lm_eval_probes.probes.tcb.math import tcb_readout
 
         readout = chunk.readout
         # logits = g(s·(W h + b)): J carries the factor s, so δ = (ε/|s|) / ‖J‖ of the unscaled rows at those logits

@@ -447,7 +447,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         chunk: query positions per chunk.
         mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
             none (the window alone).
-        work: float64 or float32 (:func:`~lm_eval_probes.plugins.margin.margin_dtype`).
+        work: float64 or float32 (:func:`~lm_eval_probes.probes.margin.probe.margin_dtype`).
 
     Returns:
         ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
