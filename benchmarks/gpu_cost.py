@@ -79,11 +79,13 @@ def _counter_mode() -> Any:
     dtyped = (torch.ops.aten.mm.dtype, torch.ops.aten.bmm.dtype)
 
     class CostCounter(TorchDispatchMode):
-        """Tallies aten ops, ``_local_scalar_dense`` calls and matmul FLOPs by input dtype while active."""
+        """Tallies aten ops (and of them the views: metadata only, no kernel on a GPU), ``_local_scalar_dense`` calls
+        and matmul FLOPs by input dtype while active."""
 
         def __init__(self) -> None:
             super().__init__()
             self.ops = 0
+            self.views = 0
             self.syncs = 0
             self.flops: dict[str, float] = {"bf16": 0.0, "fp32": 0.0, "fp64": 0.0}
 
@@ -91,6 +93,7 @@ def _counter_mode() -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             self.ops += 1
+            self.views += bool(getattr(func, "is_view", False))
             packet = func._overloadpacket
             if packet is scalar:
                 self.syncs += 1
@@ -108,7 +111,8 @@ def _counter_mode() -> Any:
 
 @dataclass
 class Count:
-    """Per document: matmul FLOPs by input dtype, aten ops, scalar reads (syncs)."""
+    """Per document: matmul FLOPs by input dtype, aten ops, scalar reads (syncs), and of the ops the views (``slice``,
+    ``view``, ``select``, ``detach``…: metadata, no kernel launched on a GPU; the caps count every aten op)."""
 
     task: str
     setting: str
@@ -116,6 +120,7 @@ class Count:
     documents: int
     flops: dict[str, float] = field(default_factory=dict)
     ops: float = 0.0
+    views: float = 0.0
     syncs: float = 0.0
 
     def predicted_s(self, fitted: dict[str, float] = FITTED) -> float:
@@ -137,7 +142,7 @@ def count(lm: Any, task: str, documents: int, args: argparse.Namespace, setting:
         evaluate(lm, TASK_NAMES[task], documents, args)
     per = 1.0 / documents
     return Count(task, setting, layers, documents, {k: v * per for k, v in counter.flops.items()},
-                 counter.ops * per, counter.syncs * per)
+                 ops=counter.ops * per, syncs=counter.syncs * per, views=counter.views * per)
 
 
 def counts_at(shape_name: str, layers: int, args: argparse.Namespace) -> list[Count]:
@@ -173,7 +178,7 @@ def extrapolated(low: Count, high: Count, layers: int) -> Count:
     kinds = set(low.flops) | set(high.flops)
     return Count(high.task, high.setting, layers, high.documents,
                  {k: at(low.flops.get(k, 0.0), high.flops.get(k, 0.0)) for k in kinds},
-                 at(low.ops, high.ops), at(low.syncs, high.syncs))
+                 ops=at(low.ops, high.ops), syncs=at(low.syncs, high.syncs), views=at(low.views, high.views))
 
 
 def fit(rows: list[Count]) -> dict[str, float]:
@@ -214,13 +219,13 @@ def checks(rows: list[Count]) -> list[str]:
 
 def table(rows: list[Count], predicted: dict[tuple[str, str], Count], fitted: dict[str, float], layers: int,
           predict_layers: int | None) -> str:
-    head = (f"| task | setting | bf16 GFLOP | float32 GFLOP | float64 GFLOP | aten ops | scalar reads |"
+    head = (f"| task | setting | bf16 GFLOP | float32 GFLOP | float64 GFLOP | aten ops | of them views | scalar reads |"
             + (f" predicted H200 s/doc at {predict_layers} layers (× hf) | measured s/doc (× hf) |" if predict_layers else "")
-            + "\n|---|---|---|---|---|---|---|" + ("---|---|" if predict_layers else "") + "\n")
+            + "\n|---|---|---|---|---|---|---|---|" + ("---|---|" if predict_layers else "") + "\n")
     lines = []
     for row in rows:
         line = (f"| {row.task} | {row.setting} | {row.flops.get('bf16', 0) / 1e9:.4g} | {row.flops.get('fp32', 0) / 1e9:.4g} | "
-                f"{row.flops.get('fp64', 0) / 1e9:.4g} | {row.ops:,.0f} | {row.syncs:,.1f} |")
+                f"{row.flops.get('fp64', 0) / 1e9:.4g} | {row.ops:,.0f} | {row.views:,.0f} | {row.syncs:,.1f} |")
         if predict_layers:
             full = predicted[row.task, row.setting]
             hf = predicted.get((row.task, "hf"))

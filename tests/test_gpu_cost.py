@@ -27,6 +27,11 @@ def test_the_counter_sees_ops_syncs_and_flops_by_dtype():
         torch.ones(3, 5, dtype=torch.float64) @ torch.ones(5, 2, dtype=torch.float64)
     assert counter.flops["bf16"] == 2 * 4 * 8 * 4 and counter.flops["fp64"] == 2 * 3 * 5 * 2
     assert counter.syncs == 1 and counter.ops >= 5
+    views = counter.views
+    with counter:
+        a[:2].T.detach()  # slice, transpose and detach: views, no kernel
+        a + 1
+    assert counter.views - views == 3
 
 
 def test_float32_products_count_as_tensor_core_products():
