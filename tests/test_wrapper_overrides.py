@@ -9,7 +9,7 @@ from lm_eval_probes.harness.wrapper import ProbeWrapper
 from lm_eval_probes.models.autoregressive import ProbeHFLM
 from lm_eval_probes.models.diffusion import DiffusionProbeHFLM
 
-SHARED = {"loglikelihood", "generate_until", "set_cache_hook", "get_model_info"}
+SHARED = {"loglikelihood", "generate_until", "get_model_info"}
 """Defined once for both (:class:`~lm_eval_probes.harness.wrapper.ProbeWrapper`)."""
 OWN = {"_loglikelihood_tokens", "_model_generate"}
 """Each wrapper's own: where the requests' token ids and a generation's ids exist (``hf-probes-diffusion``: replaced)."""
@@ -28,13 +28,14 @@ def hflm_overrides(cls: type) -> dict[str, str]:
     return found
 
 
-def test_each_wrapper_overrides_six_hflm_methods_four_of_them_shared():
+def test_each_wrapper_overrides_five_hflm_methods_three_of_them_shared():
     for wrapper in (ProbeHFLM, DiffusionProbeHFLM):
         overrides = hflm_overrides(wrapper)
         assert set(overrides) == SHARED | OWN, (wrapper.__name__, overrides)
-        assert len(overrides) <= 6
+        assert len(overrides) <= 5
         assert {name for name, owner in overrides.items() if owner == wrapper.__name__} == OWN
         assert issubclass(wrapper, ProbeWrapper)
+        assert isinstance(vars(ProbeWrapper)["cache_hook"], property)  # --use_cache's table: set with the hook
 
 
 def test_a_list_option_split_at_its_commas_is_joined_again():

@@ -22,11 +22,12 @@ Tasks (:mod:`lm_eval_probes.tasks.manager`, :mod:`lm_eval_probes.tasks.probe_tas
 Requests
     Each ``Instance`` of a task with probe rows carries a :class:`~lm_eval_probes.records.ProbeRequest` as an extra
     attribute (``probe_request``); the wrappers read ``task_name``, ``doc_id``, ``idx`` and ``args``.
-HFLM (each wrapper: 6 overridden methods besides ``__init__``, 4 of them shared in :class:`.wrapper.ProbeWrapper`;
+HFLM (each wrapper: 5 overridden methods besides ``__init__``, 3 of them shared in :class:`.wrapper.ProbeWrapper`;
 ``tests/test_wrapper_overrides.py`` counts them)
-    * ``set_cache_hook`` — ``--use_cache`` reads responses before the model is called, so a run's table (one per
-      probe configuration) must be chosen when the hook is set: ``CachingLM``'s ``dbdict`` (a ``SqliteDict``) has
-      its ``tablename`` switched (:func:`.hflm.namespace_response_cache`);
+    * ``cache_hook`` (an attribute of lm_eval's ``LM``, a property here) — ``--use_cache`` reads responses before the
+      model is called, so a run's table (one per probe configuration) must be chosen when ``set_cache_hook`` sets
+      the hook: ``CachingLM``'s ``dbdict`` (a ``SqliteDict``) has its ``tablename`` switched
+      (:func:`.hflm.namespace_response_cache`);
     * ``get_model_info`` — the probes skipped on this model (``probes_skipped``) join the results' config;
     * ``loglikelihood`` / ``generate_until`` — public; around HFLM's own, they replace ``cache_hook`` with a tap
       (:func:`.hflm.answers_tapped`): HFLM calls ``cache_hook.add_partial(attr, key, answer)`` once per answered

@@ -79,7 +79,7 @@ _CALL: CallScope[ProbeCall] = CallScope("lm-eval-probes call")
 
 class ProbeWrapper(SkippedProbes):
     """Mixed into both wrappers (before ``HFLM``): ``loglikelihood`` and ``generate_until`` as ``with capture: answers
-    = HFLM's; return attach(answers)``, ``--use_cache`` in a table of the probe configuration (``set_cache_hook``),
+    = HFLM's; return attach(answers)``, ``--use_cache`` in a table of the probe configuration (``cache_hook``),
     and the plan's skipped probes in ``get_model_info`` (:class:`SkippedProbes`).
 
     A wrapper provides :meth:`_capturing`, :meth:`_cache_fingerprint` and ``held``: what each whole-forward capture
@@ -110,14 +110,24 @@ class ProbeWrapper(SkippedProbes):
             trace["lens_tokens"] = {str(token): self.tok_decode([token]) for token in top}
         return dataclasses.replace(probe, trace={"tokens": tokens, **trace})
 
-    def set_cache_hook(self, cache_hook: Any) -> None:
-        """``--use_cache``: lm_eval reads cached responses before the model is called, so this run's responses (and
-        their probes) are read from and written to a table of their configuration (:meth:`_cache_fingerprint`)."""
-        fingerprint = self._cache_fingerprint()
-        if fingerprint is not None:
-            self._responses_cached = namespace_response_cache(
-                cache_hook, f"lm-eval-probes {lm_eval_probes.__version__} {fingerprint}") is not None
-        super().set_cache_hook(cache_hook)  # type: ignore[misc]
+    @property
+    def cache_hook(self) -> Any:
+        """lm_eval's hook that writes each answered response into ``--use_cache``'s table (``LM.set_cache_hook`` sets
+        it; ``answers_tapped`` taps it). lm_eval reads cached responses before the model is called, so setting a hook
+        of a cache first points that cache at a table of this run's probe configuration (:meth:`_cache_fingerprint`).
+        An attribute of lm_eval's ``LM`` made a property, not an HFLM method overridden."""
+        return self.__dict__.get("_cache_hook")
+
+    @cache_hook.setter
+    def cache_hook(self, cache_hook: Any) -> None:
+        namespaced = self.__dict__.get("_namespaced_hook")  # the hook restored after a call's tap: done already
+        if cache_hook is not namespaced and getattr(cache_hook, "dbdict", None) is not None:
+            fingerprint = self._cache_fingerprint()
+            if fingerprint is not None:
+                self._responses_cached = namespace_response_cache(
+                    cache_hook, f"lm-eval-probes {lm_eval_probes.__version__} {fingerprint}") is not None
+            self.__dict__["_namespaced_hook"] = cache_hook
+        self.__dict__["_cache_hook"] = cache_hook
 
     def _cache_fingerprint(self) -> str | None:
         """What this run's cached responses depend on (``None``: lm_eval's own table)."""

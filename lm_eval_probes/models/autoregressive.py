@@ -3,7 +3,7 @@
 Thin by design (like lm_eval's ``hf_steered``): HFLM does all batching, padding, reordering and
 generation. The public methods are :class:`~lm_eval_probes.harness.wrapper.ProbeWrapper`'s, shared with
 ``hf-probes-diffusion`` (``loglikelihood`` and ``generate_until``: this wrapper's capture around HFLM's own, then the
-probes attached to the answers; ``set_cache_hook``, ``get_model_info``); this subclass overrides two private HFLM
+probes attached to the answers; ``get_model_info``; the ``cache_hook`` property for ``--use_cache``); this subclass overrides two private HFLM
 methods (``_loglikelihood_tokens``: where the requests' token ids exist; ``_model_generate``: where a generation's
 ids and states exist) and reads one :class:`~lm_eval_probes.capture.plan.ProbePlan`, built at load. What one call
 collects lives in one object, reachable from those methods while the call runs (nothing per call lives on the wrapper):
@@ -134,7 +134,7 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         if hf_args.get("think_end_token") is not None and config.enabled:
             raise ValueError("hf-probes cannot yet locate the kept tokens when think_end_token is set")
         self.plan = ProbePlan(config, 0, skipped=skipped)  # no probe yet: the states are planned once the model is loaded
-        self._responses_cached = False  # --use_cache: every option goes through the lens (ProbeWrapper.set_cache_hook)
+        self._responses_cached = False  # --use_cache: every option goes through the lens (ProbeWrapper.cache_hook)
         super().__init__(pretrained, **hf_args)
         take_ranks_from_accelerate(self)
         if self.backend != "causal":
