@@ -30,7 +30,7 @@ def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, c
     assert lm.get_model_info()["probes_skipped"] == lm.probes_skipped
     assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
         f"probes=all: probe margin skipped: {lm.probes_skipped['margin']}"]
-    assert lm.first_attention is None and lm.whole.first_attention is None
+    assert lm.held.get("first_attention") is None and lm.whole.first_attention is None
 
 
 def test_the_margins_run_on_gpt2_and_their_config_check_skips_a_model_without_softmax_attention(tiny_model_dir):
@@ -39,7 +39,7 @@ def test_the_margins_run_on_gpt2_and_their_config_check_skips_a_model_without_so
     import transformers
 
     lm = ProbeHFLM(pretrained=tiny_model_dir("gpt2"), device="cpu", batch_size=1, probes="all")
-    assert "margin" in lm.probe_config.probes and not lm.probes_skipped and lm.first_attention is not None
+    assert "margin" in lm.probe_config.probes and not lm.probes_skipped and lm.held.get("first_attention") is not None
     applies = registry.probe("margin").applies
     assert applies(transformers.LlamaConfig(num_attention_heads=2, hidden_size=16)) is None
     assert "no attention heads" in applies(transformers.MambaConfig())

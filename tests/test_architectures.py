@@ -71,7 +71,7 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
         model.get_output_embeddings().weight.mul_(50.0)
     lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega",
                    probe_omega_depth=depth)
-    assert lm.focal_decoder is not None and len(lm.focal_decoder.blocks) == depth
+    assert lm.captures.decoder is not None and len(lm.captures.decoder.blocks) == depth
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
 
 
@@ -138,7 +138,7 @@ def test_a_layer_that_reads_the_mask_before_its_attention_gives_nan_generation_m
 
     lm = ProbeHFLM(pretrained=architectures.build("deepseek_v32", tmp_path), device="cpu", batch_size=2,
                    probes="margin")
-    assert lm.first_attention.reads_mask
+    assert lm.held["first_attention"].reads_mask
     assert all(math.isnan(text.probe.get("margin_mean")) for text in lm.generate_until(gen_instances(["\n\n"], 4)))
     assert all(math.isfinite(answer.probe.get("margin_mean")) for answer in lm.loglikelihood(ll_instances()))
 

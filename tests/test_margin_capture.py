@@ -587,7 +587,7 @@ def test_generation_margins_cover_the_prompt_and_the_kept_tokens_at_any_padding(
 
 def test_margins_and_rows_only_with_probes_margin(tiny_model_dir):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=2)
-    assert lm.first_attention is None
+    assert lm.held.get("first_attention") is None
     answer = lm.loglikelihood(ll_instances()[:1])[0]
     assert answer.probe.get("margin_mean") is None and answer.probe.get("margin_support_positions") is None
 

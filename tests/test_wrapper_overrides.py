@@ -45,3 +45,17 @@ def test_a_list_option_split_at_its_commas_is_joined_again():
     assert joined_list_args({"pretrained": "m", "x": ""}) == {"pretrained": "m", "x": ""}  # not after a list option
     plugin, rest = split_model_args({"probes": "tcb", "bte": "", "probe_tcb_eps": 2, "dtype": "float32"})
     assert plugin == {"probes": "tcb+bte", "probe_tcb_eps": 2} and rest == {"dtype": "float32"}
+
+
+def test_the_wrappers_name_no_whole_forward_capture():
+    """A new capture is registered and given its part in ``capture/calls.py``; neither wrapper changes."""
+    from pathlib import Path
+
+    import lm_eval_probes.models
+    from lm_eval_probes.capture.captures import registered_captures
+
+    names = [capture.name for capture in registered_captures()]
+    assert len(names) >= 4
+    for path in Path(lm_eval_probes.models.__file__).parent.glob("*.py"):
+        named = [name for name in names if name in path.read_text()]
+        assert not named, (path.name, named)

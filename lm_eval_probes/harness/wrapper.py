@@ -82,10 +82,10 @@ class ProbeWrapper(SkippedProbes):
     = HFLM's; return attach(answers)``, ``--use_cache`` in a table of the probe configuration (``cache_hook``),
     and the plan's skipped probes in ``get_model_info`` (:class:`SkippedProbes`).
 
-    A wrapper provides :meth:`_capturing`, :meth:`_cache_fingerprint` and ``held``: what each whole-forward capture
-    set up on the loaded model holds, by capture name (:meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`)."""
+    A wrapper provides :meth:`_capturing`, :meth:`_cache_fingerprint` and ``captures``: the whole-forward captures
+    set up on the loaded model, in its calls (:class:`~lm_eval_probes.capture.calls.CallCaptures`)."""
 
-    held: dict[str, Any]
+    captures: Any
     _responses_cached: bool = False  # --use_cache: every option goes through the lens (which one a task reads may change)
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
@@ -160,4 +160,5 @@ class ProbeWrapper(SkippedProbes):
     @property
     def states_writer(self) -> Any:
         """The writer of ``probe_save_states`` (its registered capture's, set up at load; ``None`` without it)."""
-        return getattr(self, "held", {}).get("states_folder")
+        captures = getattr(self, "captures", None)
+        return None if captures is None else captures.states_writer

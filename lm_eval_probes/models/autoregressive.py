@@ -34,7 +34,6 @@ What a multiple-choice document needs (which option the task reads) comes on the
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import inspect
 from collections import defaultdict
@@ -58,13 +57,12 @@ from lm_eval_probes.capture.loglikelihood import (
     logits_read_only,
     loglikelihood_rows,
 )
-from lm_eval_probes.capture.attention import AttentionRows, AttentionSpan, FirstAttentionCapture, attention_spans
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
+from lm_eval_probes.capture.calls import CallCaptures, GeneratedRow, with_fields
 from lm_eval_probes.capture.captures import SetUp
 from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
-from lm_eval_probes.capture.reader import masked_mean_states
-from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, block_inputs_of, check_lens
+from lm_eval_probes.capture.readouts import LensReadout, check_lens
 from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.harness.hflm import note_unprobed_requests, take_ranks_from_accelerate
 from lm_eval_probes.harness.applicability import model_config, not_applying
@@ -73,29 +71,31 @@ from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import MODEL_NAME, register_rows
 from lm_eval_probes.stack_api import hidden_states_of
 from lm_eval_probes.harness.supported_versions import check_supported_versions
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe, probe_request_of
+from lm_eval_probes.records import ProbeLL, ResponseProbe, probe_request_of
 
 register_rows()  # before any task is built: the model is looked up first
 
 @dataclass
 class _PendingGeneration:
     """One generated row of a ``_model_generate`` call, waiting for the text ``generate_until`` answers: its generated
-    ids, position probes, prompt tokens, prompt means (a prompt-means request), the text expected from the stop strings
-    with its kept tokens, and (a first-attention request) its span of the probe's per-position values."""
+    ids, position probes, prompt tokens, the record fields the captures made of its prompt, the text expected from the
+    stop strings with its kept tokens, and what the captures recorded of its forwards (cut to the kept tokens once
+    they are known)."""
 
     generated: list[int]
     probes: PositionProbes
     prompt_tokens: int
-    prompt_means: LayerStates | None
+    prompt_fields: dict[str, Any]
     predicted: tuple[str, int]
-    attention: AttentionSpan | None
+    captured: GeneratedRow
 
 
 class _LoglikelihoodCall:
     """One ``loglikelihood`` call: its rows' bookkeeping (:class:`LoglikelihoodRows`; without probes the
-    :class:`RequestRows` that tell HFLM's forward which logits it reads) and a first-attention request's rows."""
+    :class:`RequestRows` that tell HFLM's forward which logits it reads) and the captures' per-request bookkeeping
+    (:meth:`~lm_eval_probes.capture.calls.CallCaptures.answers`; ``None``: none)."""
 
-    def __init__(self, rows: RequestRows | LoglikelihoodRows, attention: AttentionRows | None = None,
+    def __init__(self, rows: RequestRows | LoglikelihoodRows, attention: Any = None,
                  lm: ProbeHFLM | None = None) -> None:
         self.rows, self.attention, self.lm = rows, attention, lm
         self.on_answer = None if lm is None else self._on_answer
@@ -112,7 +112,7 @@ class _LoglikelihoodCall:
         for req, answer in zip(requests, answers, strict=True):
             probe = self.rows.probes.get(tuple(req.args))
             if self.attention is not None and probe is not None:
-                probe = _with_attention(probe, self.attention.fields.get(tuple(req.args), {}))
+                probe = with_fields(probe, self.attention.fields.get(tuple(req.args), {}))
             out.append(ProbeLL(answer, self.lm._with_trace_tokens(probe)))
         return out
 
@@ -141,6 +141,7 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             raise ValueError(f"hf-probes supports causal LMs only, got backend={self.backend!r}")
         self.readout = LensReadout(self.model) if config.enabled else None
         self.held: dict[str, Any] = {}  # what each whole-forward capture the probes asked for holds, by capture name
+        self.captures = CallCaptures(self.plan, {})
         if self.readout is not None:
             check_lens(self.model, self.readout)  # a lens that is not the model's own readout refuses here
             # the one plan of this model; a capture the loaded model refuses takes its probe out (probes=all)
@@ -148,6 +149,7 @@ class ProbeHFLM(ProbeWrapper, HFLM):
                                   chunk_positions=config.chunk_positions)
             self.plan, self.held = ProbePlan.of(config, self.readout.num_layers, skipped).set_up(
                 SetUp(self.model, self.readout, config, shapes, rank=self.rank))
+            self.captures = CallCaptures(self.plan, self.held, decode=self._decode_one, traces=self.plan.config.traces)
 
     @property
     def whole(self) -> WholeForward:
@@ -158,16 +160,6 @@ class ProbeHFLM(ProbeWrapper, HFLM):
     def kept_layers(self) -> frozenset[int]:
         """The ``hidden_states`` indices a probed forward keeps (:attr:`plan`'s; none without probes)."""
         return self.plan.kept_layers if self.readout is not None else frozenset()
-
-    @property
-    def focal_decoder(self) -> FocalDepthDecoder | None:
-        """The focal-depth capture's decoder (``None`` without a focal-depth request)."""
-        return self.held.get("focal_depth")
-
-    @property
-    def first_attention(self) -> FirstAttentionCapture | None:
-        """The first-attention capture (``None`` without a first-attention request)."""
-        return self.held.get("first_attention")
 
     def _cache_fingerprint(self) -> str | None:
         """``--use_cache`` (with probes): a table of the probe configuration, and every option of a multiple-choice
@@ -192,13 +184,10 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             return
         note_unprobed_requests(requests)
         lens = LensPlan() if self._responses_cached else lens_plan(requests)
-        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.focal_decoder, lens,
+        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.captures.decoder, lens,
                                                   keep_logits_argument=keep_logits) as rows, \
-                self._attention_capture() as first_attention:
-            attention_rows = None if first_attention is None else AttentionRows(
-                self.first_attention, first_attention, self.whole.first_attention[1], locate=rows.locate,
-                decode=self._decode_one, traces=self.probe_config.traces)
-            yield _LoglikelihoodCall(rows, attention_rows, self)
+                self.captures.forwards() as recorded:
+            yield _LoglikelihoodCall(rows, self.captures.answers(recorded, locate=rows.locate), self)
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         """HFLM's, with the tokenized requests noted first (each request's row, by which the rows of every batch
@@ -213,15 +202,6 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         detected batch size leaves room for them (:func:`~lm_eval_probes.capture.memory.reserved_during_forwards`)."""
         auto = str(self.batch_size).startswith("auto")
         return reserved_during_forwards(self.model, self.probe_config, vocab=self.readout.vocab_size, enabled=auto)
-
-    @contextmanager
-    def _attention_capture(self, *, join: bool = False) -> Iterator[Any]:
-        """The first-attention hooks of a first-attention request (``None`` without one)."""
-        if self.first_attention is None:
-            yield None
-            return
-        with self.first_attention.capture(join=join) as inputs:
-            yield inputs
 
     def _decode_one(self, token: int) -> str:
         return self.tok_decode([token])
@@ -251,16 +231,12 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         empty = kept == 0 and row.probes.num_positions > 0  # probed at the position that chose to stop
         probed = 1 if empty else kept
         probe = row.probes.summarize(
-            0, probed, prompt_tokens=row.prompt_tokens, fields=self.whole.prompt_fields(row.prompt_means),
+            0, probed, prompt_tokens=row.prompt_tokens, fields=row.prompt_fields,
             generation=True, empty=empty,
             token_ends=[0] if empty else [min(ends[i], len(text)) for i in range(kept)],
             trace_ids=row.generated[:probed] if self.probe_config.traces else None,
         )
-        if row.attention is not None:
-            fields = row.attention.fields(self.whole.first_attention[1], kept, self._decode_one,
-                                          traces=self.probe_config.traces)
-            probe = _with_attention(probe, fields)
-        return text, self._with_trace_tokens(probe)
+        return text, self._with_trace_tokens(with_fields(probe, row.captured.fields(kept)))
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         call = self._current_call()
@@ -268,30 +244,22 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         attention_mask = generation_kwargs.get("attention_mask")
         during = self.probe_config.gen_capture == "generate"
-        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.whole.prompt_layers,
+        tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.captures.prompt_layers,
                                   layers=self.kept_layers)
-        with tapped if during else _nothing() as tap, self._attention_capture(join=True) as first_attention:
+        with tapped if during else _nothing() as tap, self.captures.forwards(join=True) as recorded:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
-        if self.whole.prompt_tail:  # left padding: the prompt's last tokens are the last columns
-            prompt_mask = prompt_mask.clone()
-            prompt_mask[:, : max(0, prompt_len - self.whole.prompt_tail)] = 0
         generated = sequences[:, prompt_len:]
         predicted = [self._kept_text(row.tolist(), stop) for row in generated]  # what generate_until will answer
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
-        attention: list[AttentionSpan | None] = [None] * len(bounds)
-        if first_attention is not None:
-            attention = attention_spans(self.first_attention, first_attention, self.whole.first_attention[1],
-                                        prompt_len, bounds)
+        captured = self.captures.generated(recorded, prompt_len, bounds)
         teacher_forced = block_inputs = None
         # Ω: the response positions of the teacher-forced forward, decoded while it runs
         focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
-        if not during or self.focal_decoder is not None:
-            with block_inputs_of(self.focal_decoder) as block_inputs:
-                if self.focal_decoder is not None:
-                    self.focal_decoder.read_at(block_inputs, {row: (start, stop) for row, start, stop in focal_spans})
+        if not during or self.captures.decoder is not None:
+            with self.captures.teacher_forced({row: (start, stop) for row, start, stop in focal_spans}) as block_inputs:
                 teacher_forced = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
@@ -302,24 +270,19 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         else:
             per_layer = teacher_forced
             start = prompt_len - 1
-            prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.whole.prompt_layers)
-        prompt_means: list[LayerStates | None] = [None] * len(bounds)
-        if self.whole.prompt_layers:
-            if prompt_layers is None or prompt_layers[0].shape[1] != prompt_len:
-                raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
-            prompt_means = masked_mean_states(prompt_layers, prompt_mask, self.whole.prompt_layers)
+            prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.captures.prompt_layers)
+        if self.captures.prompt_layers and (prompt_layers is None or prompt_layers[0].shape[1] != prompt_len):
+            raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
+        prompt_fields = self.captures.prompt_fields(prompt_layers or (), prompt_mask)
         spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.plan, token_ids)
-        if self.focal_decoder is not None:
-            masses = self.focal_decoder.confidences(teacher_forced, block_inputs, focal_spans)
-            name = self.whole.focal_depth[0]
-            rows = [probes.with_values(name, mass=mass) for probes, mass in zip(rows, masses, strict=True)]
+        rows = self.captures.position_values(rows, teacher_forced, block_inputs, focal_spans)
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )
-        call.queue([_PendingGeneration(ids.tolist(), probes, int(n), states, kept, span) for ids, probes, n, states, kept, span
-                    in zip(token_ids, rows, prompt_tokens, prompt_means, predicted, attention, strict=True)])
+        call.queue([_PendingGeneration(ids.tolist(), probes, int(n), fields, kept, row) for ids, probes, n, fields, kept, row
+                    in zip(token_ids, rows, prompt_tokens, prompt_fields, predicted, captured, strict=True)])
         return sequences
 
     @torch.no_grad()
@@ -361,16 +324,6 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         one: the first position is probed even when it chose to stop (an empty generation)."""
         stops = {self.eot_token_id, self.tokenizer.pad_token_id} - {None}
         return min(len(tokens), max(1, next((i for i, tok in enumerate(tokens) if tok in stops), len(tokens))))
-
-
-def _with_attention(probe: ResponseProbe, fields: dict[str, Any]) -> ResponseProbe:
-    """``probe`` with a first-attention request's record fields; the request's arrays over every position the
-    model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
-    fields = dict(fields)
-    arrays = fields.pop("trace", None)
-    if probe.trace is not None and arrays:
-        fields["trace"] = {**probe.trace, **arrays}
-    return dataclasses.replace(probe, **fields)
 
 
 def lens_plan(requests: Sequence[Instance]) -> LensPlan:

@@ -64,7 +64,7 @@ from lm_eval_probes import registry
 from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
 from lm_eval_probes.capture.plan import ProbePlan, WholeForward, reads_lens, without_skipped
 from lm_eval_probes.capture.positions import LensGrid, position_probes
-from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
+from lm_eval_probes.capture.calls import CallCaptures
 from lm_eval_probes.capture.captures import SetUp
 from lm_eval_probes.config import ProbeConfig, split_model_args
 from lm_eval_probes.models.diffusion_decoding import (
@@ -85,7 +85,7 @@ from lm_eval_probes.harness.wrapper import GenerationCall, ProbeWrapper, Unprobe
 from lm_eval_probes.harness.pretrained import check_pretrained, hub_offline
 from lm_eval_probes.harness.registry import DIFFUSION_MODEL_NAME, register_rows
 from lm_eval_probes.harness.supported_versions import check_supported_versions
-from lm_eval_probes.records import LayerStates, ProbeLL, ResponseProbe
+from lm_eval_probes.records import ProbeLL, ResponseProbe
 from lm_eval_probes.declarations import TRAJECTORY_PERCENTS
 
 register_rows()  # before any task is built: the model is looked up first
@@ -164,7 +164,7 @@ class _Generation:
     trajectory: torch.Tensor  # [S, G] float64: ln p of each final token at each trajectory step
     states: dict[int, torch.Tensor]  # hidden_states index → [G, H] at the canvas positions (final pass; the probes' layers)
     prompt_tokens: int
-    prompt_means: LayerStates | None  # the prompt means a probe asked for
+    prompt_fields: dict[str, Any]  # the record fields the captures made of the prompt's states
     canvas: list[int]  # every canvas token (an empty kept text is traced at the canvas start)
     reveal_lens: tuple[torch.Tensor, ...] = ()  # probe_traces=true: top_token, top_prob, emitted_prob [k, G] at reveal
 
@@ -209,6 +209,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         self.sampler = self._sampler()
         self._takes_position_ids = "position_ids" in inspect.signature(self.model.forward).parameters
         self.plan, self.held = self.plan.set_up(SetUp(self.model, None, self.probe_config, None, rank=self.rank))
+        self.captures = CallCaptures(self.plan, self.held)
         self.lens_readout: MaskedLMReadout | None = None
         """``probe_traces=true`` (with a probe to trace): the model's masked-LM readout, read at every kept layer
         (:attr:`lens_layers`) into each trace's lens grid."""
@@ -237,7 +238,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
 
     @property
     def whole(self) -> WholeForward:
-        """The whole-forward captures of :attr:`plan` (the prompt means, the states folder)."""
+        """The whole-forward captures of :attr:`plan` (what the probes ask of the forwards)."""
         return self.plan.whole
 
     @property
@@ -249,12 +250,12 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         """The L + 1 ``hidden_states`` entries the probes read, each ``[n, H]`` at ``index`` (``None`` elsewhere)."""
         return [states[layer][index] if layer in states else None for layer in range(self.num_layers + 1)]
 
-    def _probe_record(self, layer_states: list[torch.Tensor | None], prompt_means: LayerStates | None, n: int, *,
+    def _probe_record(self, layer_states: list[torch.Tensor | None], fields: dict[str, Any], n: int, *,
                       mean_token_logprob: float, prompt_tokens: int, generation: bool = False,
                       token_ends: tuple[int, ...] | None = None, empty: bool = False,
                       trace: tuple[list[int], torch.Tensor, LensGrid] | None = None) -> ResponseProbe:
         """The record of one response's ``n`` positions, with the enabled probes' values (their states:
-        ``layer_states``); ``trace`` (``probe_traces=true``): the positions' token ids, their log-probabilities and
+        ``layer_states``) and the record ``fields`` the captures made of its prompt; ``trace`` (``probe_traces=true``): the positions' token ids, their log-probabilities and
         their lens grid, written into the record's trace."""
         if not self.plan.captures:
             return ResponseProbe(n_tokens=n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
@@ -265,7 +266,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
             trace_ids, token_logprob, grid = trace
             probes = dataclasses.replace(probes, token_logprob=token_logprob, lens=grid)
         record = probes.summarize(0, n, mean_token_logprob=mean_token_logprob, prompt_tokens=prompt_tokens,
-                                  fields=self.whole.prompt_fields(prompt_means), generation=generation,
+                                  fields=fields, generation=generation,
                                   token_ends=token_ends, empty=empty, trace_ids=trace_ids)
         return self._with_trace_tokens(record)
 
@@ -463,25 +464,19 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
     ) -> _Generation:
         canvas = decoded.tokens[row].tolist()
         positions, text, skip_special = self._kept(canvas, until)
-        prompt_means = None
         prompt_len = prompt.shape[1]
         mask = prompt_mask[row : row + 1] if prompt_mask is not None else torch.ones_like(prompt[row : row + 1])
         final = dict(zip(self.state_layers, decoded.final_states, strict=True))
         states = {layer: h[row, prompt_len:].cpu() for layer, h in final.items()}
-        if self.whole.prompt_layers:
-            tail = self.whole.prompt_tail
-            if tail:  # left padding: the prompt's last tokens are the last columns
-                mask = mask.clone()
-                mask[:, : max(0, prompt_len - tail)] = 0
-            prompt_means = masked_mean_states([final[layer][row : row + 1, :prompt_len] for layer in self.whole.prompt_layers],
-                                               mask, self.whole.prompt_layers)[0]
+        prompt_fields = self.captures.prompt_fields(
+            [final[layer][row : row + 1, :prompt_len] for layer in self.captures.prompt_layers], mask)[0]
         prompt_tokens = int(prompt_mask[row].sum()) if prompt_mask is not None else prompt_len
         return _Generation(
             tokens=[canvas[i] for i in positions], positions=positions, text=text, skip_special=skip_special,
             reveal_logprob=decoded.reveal_logprob[row], reveal_step=decoded.reveal_step[row],
             final_logprob=decoded.final_logprob[row], steps=steps, trajectory_steps=at_steps, trajectory=trajectory,
             states=states, prompt_tokens=prompt_tokens,
-            prompt_means=prompt_means, canvas=canvas,
+            prompt_fields=prompt_fields, canvas=canvas,
             reveal_lens=tuple(cells[row] for cells in decoded.reveal_cells),
         )
 
@@ -499,7 +494,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         if generation.reveal_lens:  # probe_traces=true: the tokens, their reveal-time log-probabilities and lens grid
             grid = LensGrid(self.lens_layers, *(cells[:, index] for cells in generation.reveal_lens))
             trace = ([generation.canvas[i] for i in index.tolist()], reveal, grid)
-        record = self._probe_record(self._layer_states(generation.states, index), generation.prompt_means, n,
+        record = self._probe_record(self._layer_states(generation.states, index), generation.prompt_fields, n,
                                     mean_token_logprob=float(reveal.mean()), prompt_tokens=generation.prompt_tokens,
                                     generation=True, token_ends=token_ends, empty=empty, trace=trace)
         return dataclasses.replace(
@@ -566,16 +561,10 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         continuation's positions; the prompt means over the context's)."""
         n, p = continuation.numel(), context.numel()
         if not self.plan.captures:
-            return self._probe_record([], None, n, mean_token_logprob=estimate / n, prompt_tokens=p)
+            return self._probe_record([], {}, n, mean_token_logprob=estimate / n, prompt_tokens=p)
         logits, states = forward(torch.cat([context, continuation]).reshape(1, -1), True)
         picked = {layer: states[layer][0] for layer in self.state_layers}
-        prompt_means = None
-        if self.whole.prompt_layers:
-            tail = self.whole.prompt_tail
-            start = max(0, p - tail) if tail else 0
-            if p > start:
-                prompt_means = span_mean_states(self.whole.prompt_layers,
-                                                 [picked[layer][start:p] for layer in self.whole.prompt_layers])
+        prompt_fields = self.captures.span_fields(picked, p)
         trace = None
         if self.lens_readout is not None:  # probe_traces=true: the continuation's tokens scored by this same forward
             at = self._state_columns(torch.arange(p, p + n, device=logits.device))
@@ -585,7 +574,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
                                 self.lens_readout, continuation, chunk_positions=self.probe_config.chunk_positions)
             trace = (continuation.tolist(), token_logprob, grid)
         del logits
-        return self._probe_record(self._layer_states(picked, slice(p, None)), prompt_means, n,
+        return self._probe_record(self._layer_states(picked, slice(p, None)), prompt_fields, n,
                                   mean_token_logprob=estimate / n, prompt_tokens=p, trace=trace)
 
 
