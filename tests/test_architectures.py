@@ -71,7 +71,7 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
         model.get_output_embeddings().weight.mul_(50.0)
     lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega",
                    probe_omega_depth=depth)
-    assert lm.captures.decoder is not None and len(lm.captures.decoder.blocks) == depth
+    assert lm.held["focal_depth"] is not None and len(lm.held["focal_depth"].blocks) == depth
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
 
 

@@ -119,7 +119,7 @@ def test_omega_of_each_request_equals_the_models_own_blocks(model_type, tmp_path
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(50.0)
     lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=2)
-    assert lm.captures.decoder is not None and len(lm.captures.decoder.blocks) == 2
+    assert lm.held["focal_depth"] is not None and len(lm.held["focal_depth"].blocks) == 2
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
 
 

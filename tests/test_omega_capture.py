@@ -259,7 +259,7 @@ def test_a_long_request_holds_a_chunk_of_source_layers_not_all_of_them():
     length = len(lm.tok_encode(context + " Anne is smart.")) - 1
     assert 900 < length <= 1100
     streamed, streamed_peak = peak_allocated(lambda: lm.loglikelihood(request))
-    lm.captures.decoder.decodes_during_forward = False  # decoded after the forward, as before: every source layer held
+    lm.held["focal_depth"].decodes_during_forward = False  # decoded after the forward, as before: every source layer held
     held, held_peak = peak_allocated(lambda: lm.loglikelihood(request))
     none = ProbeHFLM(pretrained=model, tokenizer=tokenizer, device="cpu", batch_size=1, probes="none", max_length=1100)
     plain, plain_peak = peak_allocated(lambda: none.loglikelihood(request))

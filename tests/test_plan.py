@@ -158,6 +158,66 @@ def test_hf_probes_diffusion_sets_up_the_states_folder_capture(masked_lm_dir, tm
     and each generation's states are written."""
     lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=2, probes="reader",
                             probe_save_states=str(tmp_path), **MODEL_ARGS)
-    assert set(lm.held) == {"states_folder"} and lm.states_writer is lm.held["states_folder"]
+    assert set(lm.held) == {"states_folder"} and lm.captures.parts["states_folder"].writer is lm.held["states_folder"]
     generate(lm, ["<never>"])
     assert list(tmp_path.glob("states-rank0-*.safetensors"))
+
+
+def test_a_registered_capture_takes_part_in_the_calls_through_the_hooks_it_implements(monkeypatch):
+    """``capture/calls.py``: a capture's part implements only the hooks it needs; ``CallCaptures`` calls those, by
+    capture name, and leaves the others out (no empty methods anywhere)."""
+    from contextlib import contextmanager
+
+    from lm_eval_probes.capture import captures
+    from lm_eval_probes.capture.calls import CallCaptures
+
+    monkeypatch.setattr(captures, "_REGISTERED", dict(captures._REGISTERED))
+    seen = []
+
+    class Part:  # reads HFLM's loglikelihood forwards only, and sees the responses
+        def __init__(self, context):
+            self.context = context
+
+        def forwards(self, kind):
+            if kind != "loglikelihood":
+                return None
+
+            @contextmanager
+            def hooked():
+                seen.append("enter")
+                yield {"held": self.context.held, "request": self.context.request}
+                seen.append("exit")
+            return hooked()
+
+        def answers(self, recorded, locate):
+            part = self
+
+            class Tap:
+                fields = {}
+
+                def on_answer(self, attr, key, answer):
+                    self.fields[key] = {"window": (recorded["request"], locate(key), part.context.probe)}
+            return Tap()
+
+        def attached(self, requests, responses):
+            seen.append(("attached", list(requests), list(responses)))
+
+    captures.register_capture(captures.WholeForwardCapture("window_sums", set_up=lambda request, setup: "held",
+                                                           calls=Part))
+    every = ProbeConfig.from_model_args({"probes": "all"})
+    plan = ProbePlan._planned(every, 4, {"reader": _AsksForANewCapture("w")}, {})
+    plan, held = plan.set_up(captures.SetUp("model", None, every, None))
+    calls = CallCaptures(plan, held)
+    assert list(calls.parts) == ["window_sums"] and calls.reads("loglikelihood") and not calls.reads("generate")
+    with calls.forwards("generate") as recorded:
+        assert recorded == {}
+    assert calls.answers({}, locate=len) is None and calls.prompt_layers == () and calls.span_fields({}, 3) == {}
+    with calls.forwards("loglikelihood") as recorded:
+        assert seen == ["enter"] and recorded == {"window_sums": {"held": "held", "request": "w"}}
+        tap = calls.answers(recorded, locate=len)
+        tap.on_answer("loglikelihood", "abc", (0.0, True))
+    assert seen == ["enter", "exit"] and tap.fields("abc") == {"window": ("w", 3, "reader")} and tap.fields("x") == {}
+    assert [row.fields(2) for row in calls.generated({}, 5, [1, 2])] == [{}, {}]  # no generated hook: nothing
+    calls.attached(["request"], ["response"])
+    assert seen[-1] == ("attached", ["request"], ["response"])
+    assert calls.position_values(recorded, None, [(0, 0, 1)]) == [{}]  # no position_values hook

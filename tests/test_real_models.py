@@ -65,9 +65,9 @@ def test_real_model_omega_decoded_during_the_forward(real_lm):
 
     lm = ProbeHFLM(pretrained=real_lm.model, tokenizer=real_lm.tokenizer, device="cpu", batch_size=3, probes="omega",
                    probe_omega_chunk_tokens=40)  # about two sequences per re-run: several decodings per forward
-    assert lm.captures.decoder.decodes_during_forward
+    assert lm.held["focal_depth"].decodes_during_forward
     during = lm.loglikelihood(ll_instances())
-    lm.captures.decoder.decodes_during_forward = False
+    lm.held["focal_depth"].decodes_during_forward = False
     after = lm.loglikelihood(ll_instances())
     for (context, continuation), a, b in zip(LL_REQUESTS, during, after):
         assert a.probe.get("omega_trajectory") == b.probe.get("omega_trajectory")

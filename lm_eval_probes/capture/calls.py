@@ -1,58 +1,61 @@
-"""What the whole-forward captures set up on one model do in a wrapper's calls: the wrappers' one handle on them.
+"""What the whole-forward captures do in a wrapper's calls: the hooks of their open interface, and the wrappers' one
+handle on them.
 
-A wrapper names no capture (:mod:`~lm_eval_probes.capture.captures`). It holds one :class:`CallCaptures` of its
-:class:`~lm_eval_probes.capture.plan.ProbePlan` and what each capture set up at load holds, and hands it a call's
-forwards and states; it gives back what the captures the probes asked for add to each response:
+Neither wrapper names a capture (:mod:`~lm_eval_probes.capture.captures`). Each holds one :class:`CallCaptures`,
+built at load from its :class:`~lm_eval_probes.capture.plan.ProbePlan` and what each capture's set-up holds: every
+capture the enabled probes ask for gives its part (its registered ``calls``, built from an
+:class:`~lm_eval_probes.capture.captures.InCalls`), an object with any of these hooks, each optional — a part
+implements those it needs:
 
-* around HFLM's own forwards (:meth:`CallCaptures.forwards`): the hooks of the captures that read those forwards'
-  inputs (the first softmax-attention layer's arguments), then per answered request (:meth:`CallCaptures.answers`)
-  or per generated row (:meth:`CallCaptures.generated`) the record fields they make of them;
-* over a response's prompt (:meth:`CallCaptures.prompt_fields`, :meth:`CallCaptures.span_fields`): the record fields
-  made of the prompt's states (the prompt means), from the layers :attr:`CallCaptures.prompt_layers`;
-* around a teacher-forced forward (:meth:`CallCaptures.teacher_forced`) and after it
-  (:meth:`CallCaptures.position_values`): the per-position values a capture computes from the blocks' inputs (Ω's
-  focal-depth masses), joined to the position probes of the probe that asked.
+================================================ ==================================================================
+hook                                             called
+================================================ ==================================================================
+``forwards(kind) -> context manager | None``     around forwards of ``kind``: ``"loglikelihood"`` (HFLM's batches
+                                                 of a call), ``"generate"`` (one ``generate``'s calls),
+                                                 ``"teacher_forced"`` (a generation's teacher-forced forward);
+                                                 what it yields is the part's ``recorded`` (``None``: not hooked)
+``read_at(recorded, windows)``                   before each such forward: the rows' positions ``[start, stop)``
+                                                 its answers will read
+``position_values(recorded, states, spans)``     after it: per span ``(row, start, stop)``, values (positions on
+                                                 the last axis) joined to the position probes of the probe that
+                                                 asked (``with_values``)
+``answers(recorded, locate)``                    a ``loglikelihood`` call's per-request bookkeeping: its
+                                                 ``on_answer(attr, key, answer)`` per answered request, its
+                                                 ``fields`` (request key → record fields)
+``generated(recorded, prompt_len, bounds)``      per row of a ``generate`` batch, an object whose ``fields(kept)``
+                                                 are the row's record fields once its kept tokens are known
+``prompt_layers``, ``prompt_fields(states,       the ``hidden_states`` layers it reads over a response's prompt,
+mask)``, ``span_fields(states, prompt_tokens)``  and the record fields it makes of them: per row of a left-padded
+                                                 batch, or of one unpadded response
+``attached(requests, responses)``                after a call's responses carry their probes
+================================================ ==================================================================
 
-Adding a capture means registering it (:func:`~lm_eval_probes.capture.captures.register_capture`) and giving it its
-part here; neither wrapper changes.
+Adding a capture means registering it with its part; neither wrapper changes (``tests/test_wrapper_overrides.py``
+checks that ``models/`` names none). The four built-ins' parts are the classes below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 
+from lm_eval_probes.capture.captures import InCalls, capture_named
 from lm_eval_probes.capture.plan import ProbePlan
 from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
 from lm_eval_probes.records import ResponseProbe
 
-__all__ = ["CallCaptures", "GeneratedRow", "with_fields"]
-
-
-@dataclass(frozen=True)
-class GeneratedRow:
-    """What the captures hold of one generated row until its kept tokens are known: :meth:`fields` cuts it to them."""
-
-    span: Any = None  # the first-attention values of the row (an AttentionSpan), or None
-    request: Any = None
-    decode: Callable[[int], str] | None = None
-    traces: bool = False
-
-    def fields(self, kept: int) -> dict[str, Any]:
-        """The record fields of the row's first ``kept`` tokens (``{}``: nothing captured)."""
-        if self.span is None:
-            return {}
-        return self.span.fields(self.request, kept, self.decode, traces=self.traces)
+__all__ = ["CallCaptures", "FirstAttentionInCalls", "FocalDepthInCalls", "PromptMeansInCalls", "StatesFolderInCalls",
+           "with_fields"]
 
 
 def with_fields(probe: ResponseProbe, fields: Mapping[str, Any]) -> ResponseProbe:
-    """``probe`` with the record fields a capture made (:meth:`CallCaptures.answers`, :meth:`GeneratedRow.fields`); the
-    arrays over every position the model saw (``probe_traces=true``: under ``trace``) join the probe's trace."""
+    """``probe`` with the record fields the captures made of a response's forwards (:meth:`CallCaptures.answers`,
+    :meth:`CallCaptures.generated`); their arrays over every position the model saw (``probe_traces=true``: under
+    ``trace``) join the probe's trace."""
     if not fields:
         return probe
     fields = dict(fields)
@@ -62,125 +65,240 @@ def with_fields(probe: ResponseProbe, fields: Mapping[str, Any]) -> ResponseProb
     return dataclasses.replace(probe, **fields)
 
 
+class _Answers:
+    """The parts' per-request bookkeeping of one ``loglikelihood`` call, as one."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self._parts = parts
+
+    def on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
+        for part in self._parts:
+            part.on_answer(attr, request_key, answer)
+
+    def fields(self, request_key: Any) -> dict[str, Any]:
+        """The record fields of the request ``request_key`` (``{}``: none)."""
+        out: dict[str, Any] = {}
+        for part in self._parts:
+            out.update(part.fields.get(request_key, {}))
+        return out
+
+
+class _GeneratedRow:
+    """The parts' rows of one generated row, as one: :meth:`fields` of its first ``kept`` tokens."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self._rows = rows
+
+    def fields(self, kept: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for row in self._rows:
+            out.update(row.fields(kept))
+        return out
+
+
 class CallCaptures:
-    """The whole-forward captures of one loaded model, in its wrapper's calls (see the module docstring).
+    """The whole-forward captures of one loaded model in its wrapper's calls (see the module docstring).
 
     ``plan``: the model's plan (which captures the enabled probes ask for, with their requests); ``held``: what each
-    capture set up at load holds, by capture name (:meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`);
-    ``decode``: a token id → its text (the tokenizer's); ``traces``: ``probe_traces=true``.
+    capture's set-up holds, by capture name (:meth:`~lm_eval_probes.capture.plan.ProbePlan.set_up`); ``decode``: a
+    token id → its text (the tokenizer's); ``traces``: ``probe_traces=true``.
     """
 
     def __init__(self, plan: ProbePlan, held: Mapping[str, Any], *, decode: Callable[[int], str] | None = None,
                  traces: bool = False) -> None:
-        self.plan, self.held, self.decode, self.traces = plan, dict(held), decode, traces
+        self.plan = plan
+        self.parts: dict[str, Any] = {}
+        """Each capture's part in the calls, by capture name, in registration order."""
+        for name, (probe, request) in plan.whole.requests.items():
+            build = capture_named(name).calls
+            if build is not None:
+                self.parts[name] = build(InCalls(held.get(name), request, probe, decode, traces))
 
-    @property
-    def decoder(self) -> Any:
-        """The focal-depth decoder (:class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder`) whose block inputs
-        the teacher-forced and the harness's forwards record (``None``: no capture asks for them)."""
-        return self.held.get("focal_depth")
+    def _having(self, hook: str) -> list[tuple[str, Any]]:
+        return [(name, part) for name, part in self.parts.items() if hasattr(part, hook)]
 
-    @property
-    def _attention(self) -> Any:
-        return self.held.get("first_attention")
-
-    @property
-    def reads_forwards(self) -> bool:
-        """Whether a capture reads the inputs of the model's own forwards (a replayed generation must then run one)."""
-        return self._attention is not None
-
-    @property
-    def states_writer(self) -> Any:
-        """The writer of ``probe_save_states`` (``None`` without it)."""
-        return self.held.get("states_folder")
-
-    # ----------------------------------------------------------------------------- the harness's own forwards
+    # ----------------------------------------------------------------------------- forwards
 
     @contextmanager
-    def forwards(self, *, join: bool = False) -> Iterator[Any]:
-        """Around HFLM's own forwards of one call: the hooks of the captures that read their inputs; yields what they
-        record (``None``: no such capture). ``join``: the forwards are one ``generate``'s calls, joined into whole
-        sequences."""
-        if self._attention is None:
-            yield None
-            return
-        with self._attention.capture(join=join) as inputs:
-            yield inputs
+    def forwards(self, kind: str) -> Iterator[dict[str, Any]]:
+        """Around forwards of ``kind`` (see the module docstring): the hooks of the parts that read them; yields what
+        each records, by capture name (empty: none)."""
+        with ExitStack() as stack:
+            recorded = {}
+            for name, part in self._having("forwards"):
+                context = part.forwards(kind)
+                if context is not None:
+                    recorded[name] = stack.enter_context(context)
+            yield recorded
 
-    def answers(self, recorded: Any, *, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
-        """The per-request bookkeeping of one ``loglikelihood`` call over what :meth:`forwards` recorded
-        (``None``: nothing recorded): its ``on_answer(attr, request key, answer)`` is called per answered request
-        (``locate``: the request's row of the latest batch), its ``fields`` maps a request key to its record fields."""
-        if recorded is None:
-            return None
-        from lm_eval_probes.capture.attention import AttentionRows
+    def reads(self, kind: str) -> bool:
+        """Whether a part hooks forwards of ``kind`` (a replayed generation must then run one)."""
+        return any(part.forwards(kind) is not None for _, part in self._having("forwards"))
 
-        return AttentionRows(self._attention, recorded, self.plan.whole.first_attention[1], locate=locate,
-                             decode=self.decode, traces=self.traces)
+    def read_at(self, recorded: Mapping[str, Any], windows: Mapping[int, tuple[int, int]]) -> None:
+        """Before a forward: the rows' positions ``windows`` (row → ``[start, stop)``) its answers will read."""
+        for name, part in self._having("read_at"):
+            if name in recorded:
+                part.read_at(recorded[name], windows)
 
-    def generated(self, recorded: Any, prompt_len: int, bounds: Sequence[int]) -> list[GeneratedRow]:
-        """Per row of one (left-padded) ``generate`` batch, what :meth:`forwards` recorded of it up to its bound."""
-        if recorded is None:
-            return [GeneratedRow() for _ in bounds]
-        from lm_eval_probes.capture.attention import attention_spans
+    def position_values(self, recorded: Mapping[str, Any], states: Sequence[torch.Tensor] | None,
+                        spans: Sequence[tuple[int, int, int]]) -> list[dict[str, dict[str, torch.Tensor]]]:
+        """After that forward (its ``states``): per span ``(row, start, stop)``, probe name → the values the parts
+        computed at its positions (on their last axis)."""
+        out: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in spans]
+        for name, part in self._having("position_values"):
+            if name in recorded:
+                for values, got in zip(out, part.position_values(recorded[name], states, spans), strict=True):
+                    values[part.probe] = got
+        return out
 
-        request = self.plan.whole.first_attention[1]
-        return [GeneratedRow(span, request, self.decode, self.traces)
-                for span in attention_spans(self._attention, recorded, request, prompt_len, bounds)]
+    @staticmethod
+    def with_position_values(rows: Sequence[Any], values: Sequence[Mapping[str, Mapping[str, torch.Tensor]]]) -> list[Any]:
+        """The position probes ``rows`` with :meth:`position_values` (one entry per row)."""
+        out = []
+        for probes, by_probe in zip(rows, values, strict=True):
+            for probe, named in by_probe.items():
+                probes = probes.with_values(probe, **named)
+            out.append(probes)
+        return out
+
+    def answers(self, recorded: Mapping[str, Any], *, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
+        """The parts' per-request bookkeeping of one ``loglikelihood`` call over what :meth:`forwards` recorded
+        (``None``: none): ``on_answer(attr, key, answer)`` per answered request (``locate``: the request's row of the
+        latest batch), ``fields(key)`` its record fields."""
+        parts = [part.answers(recorded[name], locate) for name, part in self._having("answers") if name in recorded]
+        return _Answers(parts) if parts else None
+
+    def generated(self, recorded: Mapping[str, Any], prompt_len: int, bounds: Sequence[int]) -> list[_GeneratedRow]:
+        """Per row of one (left-padded) ``generate`` batch, what the parts recorded of it up to its bound."""
+        rows = [part.generated(recorded[name], prompt_len, bounds) for name, part in self._having("generated")
+                if name in recorded]
+        return [_GeneratedRow([one[index] for one in rows]) for index in range(len(bounds))]
 
     # ----------------------------------------------------------------------------- the prompt's states
 
     @property
     def prompt_layers(self) -> tuple[int, ...]:
-        """The ``hidden_states`` layers whose states over a response's prompt a capture reads (none: no such capture)."""
-        return self.plan.whole.prompt_layers
+        """The ``hidden_states`` layers whose states over a response's prompt the parts read, ascending."""
+        return tuple(sorted({layer for _, part in self._having("prompt_layers") for layer in part.prompt_layers}))
 
-    def prompt_fields(self, states: Sequence[torch.Tensor], mask: torch.Tensor) -> list[dict[str, Any]]:
-        """Per row of a left-padded batch, the record fields made of its prompt's states: ``states`` (one
-        ``[B, P, H]`` per layer of :attr:`prompt_layers`) over the prompt's ``P`` columns, ``mask`` ``[B, P]`` its
-        real tokens."""
-        whole = self.plan.whole
-        if not whole.prompt_layers:
-            return [{} for _ in range(mask.shape[0])]
-        tail = whole.prompt_tail
+    def prompt_fields(self, states: Mapping[int, torch.Tensor], mask: torch.Tensor) -> list[dict[str, Any]]:
+        """Per row of a left-padded batch, the record fields the parts make of its prompt: ``states`` maps each layer
+        of :attr:`prompt_layers` to ``[B, P, H]`` over the prompt's ``P`` columns, ``mask`` ``[B, P]`` its real
+        tokens."""
+        out: list[dict[str, Any]] = [{} for _ in range(mask.shape[0])]
+        for _, part in self._having("prompt_fields"):
+            for fields, got in zip(out, part.prompt_fields(states, mask), strict=True):
+                fields.update(got)
+        return out
+
+    def span_fields(self, states: Mapping[int, torch.Tensor], prompt_tokens: int) -> dict[str, Any]:
+        """The record fields the parts make of one unpadded response's prompt: ``states`` maps each layer of
+        :attr:`prompt_layers` to ``[T, H]`` whose first ``prompt_tokens`` positions are the prompt's."""
+        out: dict[str, Any] = {}
+        for _, part in self._having("span_fields"):
+            out.update(part.span_fields(states, prompt_tokens))
+        return out
+
+    # ----------------------------------------------------------------------------- responses
+
+    def attached(self, requests: Sequence[Any], responses: Sequence[Any]) -> None:
+        """A call's ``responses`` (its answers to ``requests``, in order) carry their probes."""
+        for _, part in self._having("attached"):
+            part.attached(requests, responses)
+
+
+# --------------------------------------------------------------------------------- the built-ins' parts
+
+
+class PromptMeansInCalls:
+    """``prompt_means`` (:class:`~lm_eval_probes.api.PromptMeans`): the mean states over a response's prompt (its last
+    ``tail`` tokens; 0: all), set as the record field the request names."""
+
+    def __init__(self, context: InCalls) -> None:
+        self.request = context.request
+        self.prompt_layers = tuple(self.request.layers)
+
+    def prompt_fields(self, states: Mapping[int, torch.Tensor], mask: torch.Tensor) -> list[dict[str, Any]]:
+        tail = self.request.tail
         if tail:  # left padding: the prompt's last tokens are the last columns
             mask = mask.clone()
             mask[:, : max(0, mask.shape[1] - tail)] = 0
-        return [whole.prompt_fields(means) for means in masked_mean_states(states, mask, whole.prompt_layers)]
+        means = masked_mean_states([states[layer] for layer in self.prompt_layers], mask, self.prompt_layers)
+        return [{self.request.field: row} for row in means]
 
     def span_fields(self, states: Mapping[int, torch.Tensor], prompt_tokens: int) -> dict[str, Any]:
-        """The record fields made of one unpadded response's prompt: ``states`` maps each layer of
-        :attr:`prompt_layers` to ``[T, H]`` states whose first ``prompt_tokens`` positions are the prompt's."""
-        whole = self.plan.whole
-        layers = whole.prompt_layers
-        if not layers:
-            return {}
-        tail = whole.prompt_tail
+        tail = self.request.tail
         start = max(0, prompt_tokens - tail) if tail else 0
         if prompt_tokens <= start:
             return {}
-        return whole.prompt_fields(span_mean_states(layers, [states[layer][start:prompt_tokens] for layer in layers]))
+        layers = self.prompt_layers
+        return {self.request.field: span_mean_states(layers, [states[layer][start:prompt_tokens] for layer in layers])}
 
-    # ----------------------------------------------------------------------------- a teacher-forced forward
 
-    @contextmanager
-    def teacher_forced(self, windows: Mapping[int, tuple[int, int]]) -> Iterator[Any]:
-        """Around one teacher-forced forward: the hooks of the captures that read its blocks' inputs at the rows'
-        positions ``windows`` (row → ``[start, stop)``); yields what they record (``None``: no such capture)."""
-        decoder = self.decoder
-        if decoder is None:
-            yield None
-            return
-        with decoder.capture() as inputs:
-            decoder.read_at(inputs, dict(windows))
-            yield inputs
+class FocalDepthInCalls:
+    """``focal_depth`` (:class:`~lm_eval_probes.api.FocalDepth`): the
+    :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` records the blocks' inputs of HFLM's loglikelihood
+    forwards and of a generation's teacher-forced forward, decodes the rows' positions while the forward runs, and
+    gives each span's top-K masses ``mass [S, n]``."""
 
-    def position_values(self, rows: Sequence[Any], states: Sequence[torch.Tensor] | None, recorded: Any,
-                        spans: Sequence[tuple[int, int, int]]) -> list[Any]:
-        """The position probes ``rows`` (one per span ``(row, start, stop)``) with the per-position values the
-        captures computed from what :meth:`teacher_forced` recorded of the forward whose ``states`` they are."""
-        if recorded is None:
-            return list(rows)
-        masses = self.decoder.confidences(states, recorded, spans)
-        name = self.plan.whole.focal_depth[0]
-        return [probes.with_values(name, mass=mass) for probes, mass in zip(rows, masses, strict=True)]
+    def __init__(self, context: InCalls) -> None:
+        self.decoder, self.probe = context.held, context.probe
+
+    def forwards(self, kind: str) -> Any:
+        return self.decoder.capture() if kind in ("loglikelihood", "teacher_forced") else None
+
+    def read_at(self, recorded: Any, windows: Mapping[int, tuple[int, int]]) -> None:
+        self.decoder.read_at(recorded, dict(windows))
+
+    def position_values(self, recorded: Any, states: Sequence[torch.Tensor] | None,
+                        spans: Sequence[tuple[int, int, int]]) -> list[dict[str, torch.Tensor]]:
+        return [{"mass": mass} for mass in self.decoder.confidences(states, recorded, spans)]
+
+
+class FirstAttentionInCalls:
+    """``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`): the
+    :class:`~lm_eval_probes.capture.attention.FirstAttentionCapture` keeps the first softmax-attention layer's
+    arguments in HFLM's own forwards (a ``generate``'s calls joined into whole sequences), and the probe's per-position
+    values become each response's record fields."""
+
+    def __init__(self, context: InCalls) -> None:
+        self.capture, self.request = context.held, context.request
+        self.decode, self.traces = context.decode, context.traces
+
+    def forwards(self, kind: str) -> Any:
+        if kind == "teacher_forced":
+            return None
+        return self.capture.capture(join=kind == "generate")
+
+    def answers(self, recorded: Any, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
+        from lm_eval_probes.capture.attention import AttentionRows
+
+        return AttentionRows(self.capture, recorded, self.request, locate=locate, decode=self.decode,
+                             traces=self.traces)
+
+    def generated(self, recorded: Any, prompt_len: int, bounds: Sequence[int]) -> list[Any]:
+        from lm_eval_probes.capture.attention import attention_spans
+
+        return [_SpanFields(span, self) for span in attention_spans(self.capture, recorded, self.request, prompt_len,
+                                                                    bounds)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpanFields:
+    span: Any
+    part: FirstAttentionInCalls
+
+    def fields(self, kept: int) -> dict[str, Any]:
+        return self.span.fields(self.part.request, kept, self.part.decode, traces=self.part.traces)
+
+
+class StatesFolderInCalls:
+    """``states_folder`` (``probe_save_states``): the :class:`~lm_eval_probes.capture.saved_states.StatesWriter`
+    writes the states each call's responses carry."""
+
+    def __init__(self, context: InCalls) -> None:
+        self.writer = context.held
+
+    def attached(self, requests: Sequence[Any], responses: Sequence[Any]) -> None:
+        self.writer.write(requests, responses)

@@ -4,8 +4,10 @@ response's positions.
 A probe asks for one with an attribute of its :class:`~lm_eval_probes.api.PositionProbe` named after it (``None`` or
 absent: not asked; at most one enabled probe asks for each). A :class:`WholeForwardCapture` says what the wrappers set
 up for it on the loaded model (``set_up``: may refuse the model with
-:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`) and whether it needs an autoregressive model's blocks
-(``hf-probes-diffusion`` then refuses, or skips, the probe). The four built-ins, in this order:
+:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`), what it does in their calls (``calls``: an object with
+the hooks it needs, :class:`~lm_eval_probes.capture.calls.CallCaptures` lists them) and whether it needs an
+autoregressive model's blocks (``hf-probes-diffusion`` then refuses, or skips, the probe). The four built-ins, in
+this order (their hooks: :mod:`~lm_eval_probes.capture.calls`):
 
 * ``prompt_means`` (:class:`~lm_eval_probes.api.PromptMeans`) — the mean states over each request's prompt;
 * ``focal_depth`` (:class:`~lm_eval_probes.api.FocalDepth`) — set up as the model's self-checked
@@ -25,7 +27,7 @@ from typing import Any
 from lm_eval_probes.api import Shapes
 from lm_eval_probes.config import ProbeConfig
 
-__all__ = ["SetUp", "WholeForwardCapture", "capture_named", "register_capture", "registered_captures"]
+__all__ = ["InCalls", "SetUp", "WholeForwardCapture", "capture_named", "register_capture", "registered_captures"]
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,30 @@ class SetUp:
 
 
 @dataclass(frozen=True)
+class InCalls:
+    """What a capture's part in the wrappers' calls is built from, once at load: what its set-up ``held``, the
+    ``request`` of the ``probe`` that asked for it, ``decode`` (a token id → its text) and ``traces``
+    (``probe_traces=true``)."""
+
+    held: Any
+    request: Any
+    probe: str
+    decode: Callable[[int], str] | None = None
+    traces: bool = False
+
+
+@dataclass(frozen=True)
 class WholeForwardCapture:
     """One kind of whole-forward capture: ``name`` (the position probe's attribute that asks for it), ``set_up``
-    (``(request, SetUp) -> what the wrappers hold for it``, at load; ``None``: nothing to set up) and
-    ``autoregressive`` (it re-runs or hooks an autoregressive model's blocks)."""
+    (``(request, SetUp) -> what the wrappers hold for it``, at load; ``None``: nothing to set up), ``calls``
+    (``InCalls -> its part in the wrappers' calls``: an object with any of the hooks that
+    :class:`~lm_eval_probes.capture.calls.CallCaptures` calls; ``None``: none) and ``autoregressive`` (it re-runs or
+    hooks an autoregressive model's blocks)."""
 
     name: str
     set_up: Callable[[Any, SetUp], Any] | None = None
     autoregressive: bool = False
+    calls: Callable[[InCalls], Any] | None = None
 
 
 _REGISTERED: dict[str, WholeForwardCapture] = {}
@@ -101,7 +119,21 @@ def _states_writer(folder: str, setup: SetUp) -> Any:
     return states_writer(folder, setup.rank)
 
 
-register_capture(WholeForwardCapture("prompt_means"))
-register_capture(WholeForwardCapture("focal_depth", set_up=_focal_decoder, autoregressive=True))
-register_capture(WholeForwardCapture("first_attention", set_up=_first_attention, autoregressive=True))
-register_capture(WholeForwardCapture("states_folder", set_up=_states_writer))
+def _calls(kind: str) -> Callable[[InCalls], Any]:
+    """The part in the wrappers' calls of the built-in capture ``kind`` (its class in :mod:`.calls`, imported when the
+    wrappers build it)."""
+
+    def build(context: InCalls) -> Any:
+        from lm_eval_probes.capture import calls
+
+        return getattr(calls, kind)(context)
+
+    return build
+
+
+register_capture(WholeForwardCapture("prompt_means", calls=_calls("PromptMeansInCalls")))
+register_capture(WholeForwardCapture("focal_depth", set_up=_focal_decoder, autoregressive=True,
+                                     calls=_calls("FocalDepthInCalls")))
+register_capture(WholeForwardCapture("first_attention", set_up=_first_attention, autoregressive=True,
+                                     calls=_calls("FirstAttentionInCalls")))
+register_capture(WholeForwardCapture("states_folder", set_up=_states_writer, calls=_calls("StatesFolderInCalls")))

@@ -23,9 +23,9 @@ from torch import nn
 
 from lm_eval_probes.capture.plan import ProbePlan
 from lm_eval_probes.capture.positions import HiddenStateTap, hidden_state_tap, position_probes_of_spans, span_positions
-from lm_eval_probes.capture.reader import span_mean_states
-from lm_eval_probes.capture.readouts import BlockInputs, FocalDepthDecoder, LensReadout, block_inputs_of
-from lm_eval_probes.records import LayerStates, ResponseProbe
+from lm_eval_probes.capture.calls import CallCaptures
+from lm_eval_probes.capture.readouts import LensReadout
+from lm_eval_probes.records import ResponseProbe
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,8 @@ class _PendingAnswer:
     states: list[torch.Tensor | None]  # L+1: copies [n, H] of the layers a probe reads (the batch's are released)
     loglik: float
     prompt_tokens: int
-    prompt_means: LayerStates | None
-    focal_mass: torch.Tensor | None
+    prompt_fields: dict[str, Any]  # the record fields the captures made of the prompt's states
+    values: dict[str, dict[str, torch.Tensor]]  # probe → the captures' values at the response positions
     token_ids: tuple[int, ...] | None = None  # probe_traces=true: the continuation's ids (its last positions')
 
 
@@ -176,9 +176,9 @@ class LoglikelihoodRows:
     ``cache_hook.add_partial`` (:meth:`on_answer`): a request's response positions are the last
     ``len(continuation)`` positions of its row in the latest batch (:meth:`locate`). When the next batch starts
     or the call ends (:meth:`flush`) each answered request keeps a copy of its few response positions' states,
-    its prompt means (``whole.prompt_means``) and (with a ``decoder``: a focal-depth request, decoded from the same
-    forward's states of every layer and the block inputs ``block_inputs`` its hooks recorded; no extra full forward)
-    its ``[S, n]`` masses; the
+    the record fields the captures make of its prompt's states and the values they compute at its positions (from what
+    their hooks ``recorded`` of the same forward, Ω's ``[S, n]`` masses: no extra full forward;
+    :class:`~lm_eval_probes.capture.calls.CallCaptures`); the
     batch's states are then released. The :class:`LensPlan` says which answers need the logit lens; those wait
     in a queue that goes through the lens at once when it holds ``chunk_positions`` positions (the unembedding
     is read once per chunk), the others are recorded without lens values at once.
@@ -194,19 +194,17 @@ class LoglikelihoodRows:
         tap: HiddenStateTap,
         readout: LensReadout,
         plan: ProbePlan,
-        decoder: FocalDepthDecoder | None = None,
-        block_inputs: BlockInputs | None = None,
+        captures: CallCaptures | None = None,
+        recorded: dict[str, Any] | None = None,
         lens_plan: LensPlan | None = None,
     ) -> None:
-        if (decoder is None) != (block_inputs is None):
-            raise ValueError("a focal-depth decoder needs the block inputs its capture() records, and vice versa")
         self.tap = tap
-        self.decoder = decoder
-        self.block_inputs = block_inputs
+        self.captures = captures or CallCaptures(plan, {})
+        self.recorded = recorded or {}
+        """What the captures' hooks record of this call's forwards, by capture name."""
         self.readout = readout
         self.probe_plan = plan
         self.config = plan.config
-        self.whole = plan.whole
         self.plan = lens_plan or LensPlan()
         self.probes: dict[Any, ResponseProbe] = {}
         """Each answered request's probe, keyed by its ``(context, continuation)``."""
@@ -229,8 +227,7 @@ class LoglikelihoodRows:
         need first; then :meth:`RequestRows.new_batch`."""
         self._take_batch()
         first = self.requests.new_batch(input_ids)
-        if self.decoder is not None:  # Ω decodes the rows' read positions during the forward
-            self.decoder.read_at(self.block_inputs, self.requests.windows)
+        self.captures.read_at(self.recorded, self.requests.windows)  # Ω decodes them during the forward
         return first
 
     def locate(self, request_key: Any) -> tuple[int, int, int] | None:
@@ -261,24 +258,24 @@ class LoglikelihoodRows:
         if states is None or not self._spans:  # no row read this forward (batch-size detection, say)
             self._spans, self._span_index, self._answers, self.tap.latest = [], {}, [], None
             return
-        masses = None
-        if self.decoder is not None:
-            masses = self.decoder.confidences(states, self.block_inputs, self._spans)
-        prompt_means: dict[tuple[int, int], LayerStates | None] = {}  # grouped requests of a row share them
+        values = self.captures.position_values(self.recorded, states, self._spans)
+        prompt_fields: dict[tuple[int, int], dict[str, Any]] = {}  # grouped requests of a row share them
         for key, index, n, loglik in self._answers:
             if key in self.probes or key in self._queue:  # a repeated request, already decided
                 continue
             row, _, end = self._spans[index]
             prompt_tokens = end - n + 1  # the last context position predicts token 1
-            if (row, prompt_tokens) not in prompt_means:
-                prompt_means[row, prompt_tokens] = self._prompt_means(states, row, prompt_tokens)
+            if (row, prompt_tokens) not in prompt_fields:
+                prompt_fields[row, prompt_tokens] = self.captures.span_fields(
+                    {layer: states[layer][row] for layer in self.captures.prompt_layers}, prompt_tokens)
             self._pending[key] = _PendingAnswer(
                 states=[h[row, end - n : end].clone() if layer in self._kept_layers and h is not None else None
                         for layer, h in enumerate(states)],
                 loglik=loglik,
                 prompt_tokens=prompt_tokens,
-                prompt_means=prompt_means[row, prompt_tokens],
-                focal_mass=None if masses is None else masses[index][:, -n:] if n else masses[index][:, :0],
+                prompt_fields=prompt_fields[row, prompt_tokens],
+                values={probe: {name: value[..., -n:] if n else value[..., :0] for name, value in named.items()}
+                        for probe, named in values[index].items()},
                 token_ids=None if self.requests.continuations is None else self.requests.continuations[key][-n:] if n else (),
             )
             for decided, needs_lens in self.plan.answered(key, loglik):
@@ -304,23 +301,13 @@ class LoglikelihoodRows:
         token_ids = [torch.tensor(a.token_ids, dtype=torch.long) for a in answers] if traced else None
         rows = position_probes_of_spans([a.states for a in answers], self.readout, self.probe_plan, token_ids, lens=lens)
         for key, answer, probes in zip(keys, answers, rows, strict=True):
-            if answer.focal_mass is not None and self.whole.focal_depth is not None:
-                probes = probes.with_values(self.whole.focal_depth[0], mass=answer.focal_mass)
+            for probe, named in answer.values.items():
+                probes = probes.with_values(probe, **named)
             n = probes.num_positions
             self.probes[key] = probes.summarize(
                 0, n, mean_token_logprob=answer.loglik / n if n else math.nan, prompt_tokens=answer.prompt_tokens,
-                fields=self.whole.prompt_fields(answer.prompt_means), trace_ids=answer.token_ids if traced else None,
+                fields=answer.prompt_fields, trace_ids=answer.token_ids if traced else None,
             )
-
-    def _prompt_means(self, states: Sequence[torch.Tensor], row: int, prompt_tokens: int) -> LayerStates | None:
-        """Mean of the prompt-means layers' states over the row's first ``prompt_tokens`` positions (or their last
-        ``tail``)."""
-        layers = self.whole.prompt_layers
-        if not layers:
-            return None
-        tail = self.whole.prompt_tail
-        start = max(0, prompt_tokens - tail) if tail else 0
-        return span_mean_states(layers, [states[layer][row, start:prompt_tokens] for layer in layers])
 
 
 @contextmanager
@@ -354,15 +341,17 @@ def loglikelihood_rows(
     model: nn.Module,
     readout: LensReadout,
     plan: ProbePlan,
-    decoder: FocalDepthDecoder | None = None,
+    captures: CallCaptures | None = None,
     lens_plan: LensPlan | None = None,
     *,
     keep_logits_argument: str | None = None,
 ) -> Iterator[LoglikelihoodRows]:
-    """Hooks on ``model`` (and the decoder's, for Ω) and a :class:`LoglikelihoodRows` for one ``loglikelihood`` call
-    (its batches told by :func:`logits_read_only`); the last batch is probed when the block ends without an error."""
-    with hidden_state_tap(model, layers=plan.kept_layers) as tap, block_inputs_of(decoder) as block_inputs:
-        rows = LoglikelihoodRows(tap, readout, plan, decoder, block_inputs, lens_plan)
+    """Hooks on ``model`` (and the captures', around HFLM's forwards: :meth:`CallCaptures.forwards`) and a
+    :class:`LoglikelihoodRows` for one ``loglikelihood`` call (its batches told by :func:`logits_read_only`); the last
+    batch is probed when the block ends without an error."""
+    captures = captures or CallCaptures(plan, {})
+    with hidden_state_tap(model, layers=plan.kept_layers) as tap, captures.forwards("loglikelihood") as recorded:
+        rows = LoglikelihoodRows(tap, readout, plan, captures, recorded, lens_plan)
         with logits_read_only(model, rows.new_batch, keep_logits_argument):
             yield rows
         rows.flush()

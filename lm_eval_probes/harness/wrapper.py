@@ -152,13 +152,9 @@ class ProbeWrapper(SkippedProbes):
                 yield call
 
     def _attached(self, requests: Sequence[Any], responses: list[Any]) -> list[Any]:
-        """The responses, their states saved first (``probe_save_states``)."""
-        if self.states_writer is not None:
-            self.states_writer.write(requests, responses)
-        return responses
-
-    @property
-    def states_writer(self) -> Any:
-        """The writer of ``probe_save_states`` (its registered capture's, set up at load; ``None`` without it)."""
+        """The responses, once they carry their probes, handed to the captures too (``probe_save_states`` writes their
+        states)."""
         captures = getattr(self, "captures", None)
-        return None if captures is None else captures.states_writer
+        if captures is not None:
+            captures.attached(requests, responses)
+        return responses

@@ -58,7 +58,7 @@ from lm_eval_probes.capture.loglikelihood import (
     loglikelihood_rows,
 )
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
-from lm_eval_probes.capture.calls import CallCaptures, GeneratedRow, with_fields
+from lm_eval_probes.capture.calls import CallCaptures, with_fields
 from lm_eval_probes.capture.captures import SetUp
 from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
@@ -87,7 +87,7 @@ class _PendingGeneration:
     prompt_tokens: int
     prompt_fields: dict[str, Any]
     predicted: tuple[str, int]
-    captured: GeneratedRow
+    captured: Any  # what the captures recorded of its forwards: fields(kept)
 
 
 class _LoglikelihoodCall:
@@ -112,7 +112,7 @@ class _LoglikelihoodCall:
         for req, answer in zip(requests, answers, strict=True):
             probe = self.rows.probes.get(tuple(req.args))
             if self.attention is not None and probe is not None:
-                probe = with_fields(probe, self.attention.fields.get(tuple(req.args), {}))
+                probe = with_fields(probe, self.attention.fields(tuple(req.args)))
             out.append(ProbeLL(answer, self.lm._with_trace_tokens(probe)))
         return out
 
@@ -184,10 +184,9 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             return
         note_unprobed_requests(requests)
         lens = LensPlan() if self._responses_cached else lens_plan(requests)
-        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.captures.decoder, lens,
-                                                  keep_logits_argument=keep_logits) as rows, \
-                self.captures.forwards() as recorded:
-            yield _LoglikelihoodCall(rows, self.captures.answers(recorded, locate=rows.locate), self)
+        with self._reserved(), loglikelihood_rows(self.model, self.readout, self.plan, self.captures, lens,
+                                                  keep_logits_argument=keep_logits) as rows:
+            yield _LoglikelihoodCall(rows, self.captures.answers(rows.recorded, locate=rows.locate), self)
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None) -> list[Any]:
         """HFLM's, with the tokenized requests noted first (each request's row, by which the rows of every batch
@@ -246,7 +245,7 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         during = self.probe_config.gen_capture == "generate"
         tapped = hidden_state_tap(self.model, last_position_only=True, first_call_layers=self.captures.prompt_layers,
                                   layers=self.kept_layers)
-        with tapped if during else _nothing() as tap, self.captures.forwards(join=True) as recorded:
+        with tapped if during else _nothing() as tap, self.captures.forwards("generate") as recorded:
             sequences = super()._model_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]
         prompt_mask = attention_mask if attention_mask is not None else torch.ones_like(context)
@@ -255,11 +254,12 @@ class ProbeHFLM(ProbeWrapper, HFLM):
         # only the kept tokens are probed (an empty text: the one position that chose to stop)
         bounds = [min(max(kept, 1), generated.shape[1]) for _, kept in predicted]
         captured = self.captures.generated(recorded, prompt_len, bounds)
-        teacher_forced = block_inputs = None
-        # Ω: the response positions of the teacher-forced forward, decoded while it runs
-        focal_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
-        if not during or self.captures.decoder is not None:
-            with self.captures.teacher_forced({row: (start, stop) for row, start, stop in focal_spans}) as block_inputs:
+        teacher_forced, forced = None, {}
+        # the response positions of the teacher-forced forward (Ω: decoded while it runs)
+        response_spans = [(row, prompt_len - 1, prompt_len - 1 + bound) for row, bound in enumerate(bounds)]
+        if not during or self.captures.reads("teacher_forced"):
+            with self.captures.forwards("teacher_forced") as forced:
+                self.captures.read_at(forced, {row: (start, stop) for row, start, stop in response_spans})
                 teacher_forced = self._teacher_forced_states(sequences, attention_mask, prompt_len, max(bounds, default=0))
         if during:
             # step t's last position predicted generated token t (step 0 is the prefill)
@@ -273,11 +273,13 @@ class ProbeHFLM(ProbeWrapper, HFLM):
             prompt_layers = tuple(per_layer[layer][:, :prompt_len] for layer in self.captures.prompt_layers)
         if self.captures.prompt_layers and (prompt_layers is None or prompt_layers[0].shape[1] != prompt_len):
             raise RuntimeError("the first forward of generate did not cover the whole prompt (chunked prefill?)")
-        prompt_fields = self.captures.prompt_fields(prompt_layers or (), prompt_mask)
+        prompt_fields = self.captures.prompt_fields(dict(zip(self.captures.prompt_layers, prompt_layers or ())),
+                                                    prompt_mask)
         spans = [[None if h is None else h[row, start : start + bound] for h in per_layer] for row, bound in enumerate(bounds)]
         token_ids = [generated[row, :bound] for row, bound in enumerate(bounds)]
         rows = position_probes_of_spans(spans, self.readout, self.plan, token_ids)
-        rows = self.captures.position_values(rows, teacher_forced, block_inputs, focal_spans)
+        rows = self.captures.with_position_values(
+            rows, self.captures.position_values(forced, teacher_forced, response_spans))
         prompt_tokens = (
             attention_mask.sum(-1).tolist() if attention_mask is not None else [prompt_len] * len(bounds)
         )

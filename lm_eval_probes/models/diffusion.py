@@ -469,7 +469,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         final = dict(zip(self.state_layers, decoded.final_states, strict=True))
         states = {layer: h[row, prompt_len:].cpu() for layer, h in final.items()}
         prompt_fields = self.captures.prompt_fields(
-            [final[layer][row : row + 1, :prompt_len] for layer in self.captures.prompt_layers], mask)[0]
+            {layer: final[layer][row : row + 1, :prompt_len] for layer in self.captures.prompt_layers}, mask)[0]
         prompt_tokens = int(prompt_mask[row].sum()) if prompt_mask is not None else prompt_len
         return _Generation(
             tokens=[canvas[i] for i in positions], positions=positions, text=text, skip_special=skip_special,

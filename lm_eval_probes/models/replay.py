@@ -170,7 +170,7 @@ class _ReplayedGeneration(HFLM):
         width = max(len(ids) for ids in responses) + 1
         tails = [ids + [eos] + [pad] * (width - len(ids) - 1) for ids in responses]
         sequences = torch.cat([context, torch.tensor(tails, dtype=context.dtype, device=context.device)], dim=1)
-        if self.captures.reads_forwards:  # a capture reads the inputs of generate's forwards
+        if self.captures.reads("generate"):  # a capture reads the inputs of generate's forwards
             self._forward_once(sequences, generation_kwargs.get("attention_mask"), context.shape[1])
         return sequences
 
