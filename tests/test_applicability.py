@@ -30,7 +30,7 @@ def test_a_capture_the_model_refuses_skips_its_probe_under_all(tiny_model_dir, c
     assert lm.get_model_info()["probes_skipped"] == lm.probes_skipped
     assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
         f"probes=all: probe margin skipped: {lm.probes_skipped['margin']}"]
-    assert lm.held.get("first_attention") is None and lm.whole.first_attention is None
+    assert lm.held.get("first_attention") is None and lm.plan.requested.first_attention is None
 
 
 def test_the_margins_run_on_gpt2_and_their_config_check_skips_a_model_without_softmax_attention(tiny_model_dir):

@@ -352,7 +352,7 @@ def test_prompt_token_counts(tiny_model_dir):
 def test_prompt_states_over_the_prompt_tail(tiny_model_dir, mode):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=3, probe_reader_prompt_tail=3,
                    probe_gen_capture=mode)
-    layers = lm.whole.prompt_layers
+    layers = lm.plan.requested.prompt_layers
 
     def want(context_ids: list[int]) -> np.ndarray:
         with torch.no_grad():
@@ -382,7 +382,7 @@ def test_loglikelihood_rows_bookkeeping_alone(tiny_model_dir, chunk):
     lm = ProbeHFLM(pretrained=tiny_model_dir("llama"), device="cpu", batch_size=1)
     config, readout = dataclasses.replace(lm.probe_config, chunk_positions=chunk), lm.readout
     plan = ProbePlan.of(config, readout.num_layers)
-    layers = lm.whole.prompt_layers
+    layers = lm.plan.requested.prompt_layers
     rows_in = [torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 0]]), torch.tensor([[20, 21, 22, 23, 24]])]
     with hidden_state_tap(lm.model) as tap:
         rows = LoglikelihoodRows(tap, readout, plan)

@@ -340,7 +340,7 @@ def test_generation_records_carry_reveal_order_and_match_the_decoding(masked_lm_
         np.testing.assert_allclose(probe.final_token_logprobs, decoded.final_logprob[0, :n].numpy(), rtol=1e-5, atol=1e-7)
         assert probe.mean_token_logprob == pytest.approx(float(np.mean(probe.token_logprobs)))
         assert str(text) == lm.tok_decode(decoded.tokens[0, :n].tolist())
-        assert probe.token_ends[-1] == len(text) and probe.get("answer_states").values.shape == (len(lm.whole.prompt_layers), 32)
+        assert probe.token_ends[-1] == len(text) and probe.get("answer_states").values.shape == (len(lm.plan.requested.prompt_layers), 32)
         # the confidence of an answer span is the geometric mean of its reveal-time probabilities
         located = ResponseProbe(**{**probe.__dict__, "answer_span": (max(0, n - 2), n)})
         assert answer_confidence(located) == pytest.approx(math.exp(np.mean(probe.token_logprobs[-2:])))

@@ -91,7 +91,7 @@ def test_a_plan_without_a_probe_keeps_the_other_probes_position_probes():
         named.without({dropped: "refused"})
 
 
-class _OnlyWholeForward:
+class _OnlyCaptureRequests:
     """A position probe with none of the hooks at a response's positions: it only asks for a whole-forward capture."""
 
     reads_lens = False
@@ -105,7 +105,7 @@ def test_a_probe_needs_only_the_hooks_it_uses():
 
     config = ProbeConfig.from_model_args({"probes": "reader"})
     plan = ProbePlan.of(config, 4)
-    bare = ProbePlan._planned(config, 4, {**plan.captures, "bare": _OnlyWholeForward()}, {})
+    bare = ProbePlan._planned(config, 4, {**plan.captures, "bare": _OnlyCaptureRequests()}, {})
     assert bare.read_layers == plan.read_layers and bare.kept_layers == plan.kept_layers
     assert "bare" in bare.captures and "bare" not in bare.position_captures(lens=False)
     torch.manual_seed(0)
@@ -142,7 +142,7 @@ def test_a_registered_capture_is_found_by_name_set_up_and_may_refuse_the_model(m
         captures.register_capture(captures.WholeForwardCapture("window_sums"))
     every = ProbeConfig.from_model_args({"probes": "all"})
     plan = ProbePlan._planned(every, 4, {"reader": _AsksForANewCapture("w")}, {})
-    assert plan.whole.of("window_sums") == ("reader", "w") and plan.whole.prompt_means is None
+    assert plan.requested.of("window_sums") == ("reader", "w") and plan.requested.prompt_means is None
     kept, held = plan.set_up(captures.SetUp("model", None, every, None))
     assert held == {"window_sums": "held w"} and kept is plan
     skipped, held = plan.set_up(captures.SetUp("refusing", None, every, None))
@@ -158,13 +158,13 @@ def test_hf_probes_diffusion_sets_up_the_states_folder_capture(masked_lm_dir, tm
     and each generation's states are written."""
     lm = DiffusionProbeHFLM(pretrained=masked_lm_dir("bert"), device="cpu", batch_size=2, probes="reader",
                             probe_save_states=str(tmp_path), **MODEL_ARGS)
-    assert set(lm.held) == {"states_folder"} and lm.captures.parts["states_folder"].writer is lm.held["states_folder"]
+    assert set(lm.held) == {"states_folder"} and lm.captures.hooks["states_folder"].writer is lm.held["states_folder"]
     generate(lm, ["<never>"])
     assert list(tmp_path.glob("states-rank0-*.safetensors"))
 
 
 def test_a_registered_capture_takes_part_in_the_calls_through_the_hooks_it_implements(monkeypatch):
-    """``capture/calls.py``: a capture's part implements only the hooks it needs; ``CallCaptures`` calls those, by
+    """``capture/calls.py``: a capture implements only the hooks it needs; ``CallCaptures`` calls those, by
     capture name, and leaves the others out (no empty methods anywhere)."""
     from contextlib import contextmanager
 
@@ -208,7 +208,7 @@ def test_a_registered_capture_takes_part_in_the_calls_through_the_hooks_it_imple
     plan = ProbePlan._planned(every, 4, {"reader": _AsksForANewCapture("w")}, {})
     plan, held = plan.set_up(captures.SetUp("model", None, every, None))
     calls = CallCaptures(plan, held)
-    assert list(calls.parts) == ["window_sums"] and calls.reads("loglikelihood") and not calls.reads("generate")
+    assert list(calls.hooks) == ["window_sums"] and calls.reads("loglikelihood") and not calls.reads("generate")
     with calls.forwards("generate") as recorded:
         assert recorded == {}
     assert calls.answers({}, locate=len) is None and calls.prompt_layers == () and calls.span_fields({}, 3) == {}

@@ -46,7 +46,7 @@ def test_every_request_s_states_are_saved_as_its_record_holds_them(tiny_model_di
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["states-rank0-00000.safetensors",
                                                                       "states-rank0-00001.safetensors"]
     assert len(entries) == len(choice) + len(generation)  # every option of every document, every generation
-    layers = list(lm.whole.prompt_layers)
+    layers = list(lm.plan.requested.prompt_layers)
     hidden = lm.model.config.hidden_size
     by_request = {(e["task"], e["doc_id"], e["idx"]): e for e in entries}
     for instance, answer in zip(choice + generation, answers):

@@ -9,14 +9,16 @@
   probes' position probes, the skipped ones with their reasons, the whole-forward captures they ask for and the layers
   a probed forward keeps;
 * :mod:`.captures` — the whole-forward captures a probe may ask for, registered by name, and their set-up on the
-  loaded model;
+  loaded model; :mod:`.calls` — their hooks in the wrappers' calls (:class:`~lm_eval_probes.capture.calls.CallCaptures`,
+  the wrappers' one handle on them), the built-ins' in :mod:`.builtin_hooks`;
 * :mod:`.positions` — the hidden-state hooks, every enabled probe's :class:`~lm_eval_probes.api.PositionProbe` at
   a response span's positions (the probes themselves: each built-in's ``probe`` module under :mod:`lm_eval_probes.probes` and the entry points), and their
   reduction to a record;
 * :mod:`.reader` — the prompt means the wrappers take;
 * :mod:`.loglikelihood` — the bookkeeping of one ``loglikelihood`` call (which answers need the lens, each answered
   request's states out of the batch);
-* :mod:`.margins` — the first attention layer's inputs and the stability margins of ``probes=margin``.
+* :mod:`.attention` — the first softmax-attention layer's queries, keys and query-map Jacobian over the positions a
+  forward saw (:mod:`.own_attention`: layers that compute their attention themselves).
 
 The math itself lives in :mod:`lm_eval_probes.probes`; nothing here imports lm_eval.
 """

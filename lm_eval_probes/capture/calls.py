@@ -3,8 +3,8 @@ handle on them.
 
 Neither wrapper names a capture (:mod:`~lm_eval_probes.capture.captures`). Each holds one :class:`CallCaptures`,
 built at load from its :class:`~lm_eval_probes.capture.plan.ProbePlan` and what each capture's set-up holds: every
-capture the enabled probes ask for gives its part (its registered ``calls``, built from an
-:class:`~lm_eval_probes.capture.captures.InCalls`), an object with any of these hooks, each optional — a part
+capture the enabled probes ask for gives its hooks (its registered ``calls``, built from an
+:class:`~lm_eval_probes.capture.captures.InCalls`): an object with any of these methods, each optional — it
 implements those it needs:
 
 ================================================ ==================================================================
@@ -13,7 +13,7 @@ hook                                             called
 ``forwards(kind) -> context manager | None``     around forwards of ``kind``: ``"loglikelihood"`` (HFLM's batches
                                                  of a call), ``"generate"`` (one ``generate``'s calls),
                                                  ``"teacher_forced"`` (a generation's teacher-forced forward);
-                                                 what it yields is the part's ``recorded`` (``None``: not hooked)
+                                                 what it yields is the capture's ``recorded`` (``None``: not hooked)
 ``read_at(recorded, windows)``                   before each such forward: the rows' positions ``[start, stop)``
                                                  its answers will read
 ``position_values(recorded, states, spans)``     after it: per span ``(row, start, stop)``, values (positions on
@@ -30,8 +30,8 @@ mask)``, ``span_fields(states, prompt_tokens)``  and the record fields it makes 
 ``attached(requests, responses)``                after a call's responses carry their probes
 ================================================ ==================================================================
 
-Adding a capture means registering it with its part; neither wrapper changes (``tests/test_wrapper_overrides.py``
-checks that ``models/`` names none). The four built-ins' parts are the classes below.
+Adding a capture means registering it with its hooks; neither wrapper changes (``tests/test_wrapper_overrides.py``
+checks that ``models/`` names none). The four built-ins' hooks: :mod:`~lm_eval_probes.capture.builtin_hooks`.
 """
 
 from __future__ import annotations
@@ -45,11 +45,9 @@ import torch
 
 from lm_eval_probes.capture.captures import InCalls, capture_named
 from lm_eval_probes.capture.plan import ProbePlan
-from lm_eval_probes.capture.reader import masked_mean_states, span_mean_states
 from lm_eval_probes.records import ResponseProbe
 
-__all__ = ["CallCaptures", "FirstAttentionInCalls", "FocalDepthInCalls", "PromptMeansInCalls", "StatesFolderInCalls",
-           "with_fields"]
+__all__ = ["CallCaptures", "with_fields"]
 
 
 def with_fields(probe: ResponseProbe, fields: Mapping[str, Any]) -> ResponseProbe:
@@ -66,25 +64,25 @@ def with_fields(probe: ResponseProbe, fields: Mapping[str, Any]) -> ResponseProb
 
 
 class _Answers:
-    """The parts' per-request bookkeeping of one ``loglikelihood`` call, as one."""
+    """The captures' per-request bookkeeping of one ``loglikelihood`` call, as one."""
 
-    def __init__(self, parts: list[Any]) -> None:
-        self._parts = parts
+    def __init__(self, hooked: list[Any]) -> None:
+        self._hooked = hooked
 
     def on_answer(self, attr: str, request_key: Any, answer: Any) -> None:
-        for part in self._parts:
-            part.on_answer(attr, request_key, answer)
+        for hooks in self._hooked:
+            hooks.on_answer(attr, request_key, answer)
 
     def fields(self, request_key: Any) -> dict[str, Any]:
         """The record fields of the request ``request_key`` (``{}``: none)."""
         out: dict[str, Any] = {}
-        for part in self._parts:
-            out.update(part.fields.get(request_key, {}))
+        for hooks in self._hooked:
+            out.update(hooks.fields.get(request_key, {}))
         return out
 
 
 class _GeneratedRow:
-    """The parts' rows of one generated row, as one: :meth:`fields` of its first ``kept`` tokens."""
+    """The captures' rows of one generated row, as one: :meth:`fields` of its first ``kept`` tokens."""
 
     def __init__(self, rows: Sequence[Any]) -> None:
         self._rows = rows
@@ -107,49 +105,49 @@ class CallCaptures:
     def __init__(self, plan: ProbePlan, held: Mapping[str, Any], *, decode: Callable[[int], str] | None = None,
                  traces: bool = False) -> None:
         self.plan = plan
-        self.parts: dict[str, Any] = {}
-        """Each capture's part in the calls, by capture name, in registration order."""
-        for name, (probe, request) in plan.whole.requests.items():
+        self.hooks: dict[str, Any] = {}
+        """Each capture's hooks in the calls, by capture name, in registration order."""
+        for name, (probe, request) in plan.requested.requests.items():
             build = capture_named(name).calls
             if build is not None:
-                self.parts[name] = build(InCalls(held.get(name), request, probe, decode, traces))
+                self.hooks[name] = build(InCalls(held.get(name), request, probe, decode, traces))
 
     def _having(self, hook: str) -> list[tuple[str, Any]]:
-        return [(name, part) for name, part in self.parts.items() if hasattr(part, hook)]
+        return [(name, hooks) for name, hooks in self.hooks.items() if hasattr(hooks, hook)]
 
     # ----------------------------------------------------------------------------- forwards
 
     @contextmanager
     def forwards(self, kind: str) -> Iterator[dict[str, Any]]:
-        """Around forwards of ``kind`` (see the module docstring): the hooks of the parts that read them; yields what
+        """Around forwards of ``kind`` (see the module docstring): the hooks of the captures that read them; yields what
         each records, by capture name (empty: none)."""
         with ExitStack() as stack:
             recorded = {}
-            for name, part in self._having("forwards"):
-                context = part.forwards(kind)
+            for name, hooks in self._having("forwards"):
+                context = hooks.forwards(kind)
                 if context is not None:
                     recorded[name] = stack.enter_context(context)
             yield recorded
 
     def reads(self, kind: str) -> bool:
-        """Whether a part hooks forwards of ``kind`` (a replayed generation must then run one)."""
-        return any(part.forwards(kind) is not None for _, part in self._having("forwards"))
+        """Whether a capture hooks forwards of ``kind`` (a replayed generation must then run one)."""
+        return any(hooks.forwards(kind) is not None for _, hooks in self._having("forwards"))
 
     def read_at(self, recorded: Mapping[str, Any], windows: Mapping[int, tuple[int, int]]) -> None:
         """Before a forward: the rows' positions ``windows`` (row → ``[start, stop)``) its answers will read."""
-        for name, part in self._having("read_at"):
+        for name, hooks in self._having("read_at"):
             if name in recorded:
-                part.read_at(recorded[name], windows)
+                hooks.read_at(recorded[name], windows)
 
     def position_values(self, recorded: Mapping[str, Any], states: Sequence[torch.Tensor] | None,
                         spans: Sequence[tuple[int, int, int]]) -> list[dict[str, dict[str, torch.Tensor]]]:
-        """After that forward (its ``states``): per span ``(row, start, stop)``, probe name → the values the parts
+        """After that forward (its ``states``): per span ``(row, start, stop)``, probe name → the values the captures
         computed at its positions (on their last axis)."""
         out: list[dict[str, dict[str, torch.Tensor]]] = [{} for _ in spans]
-        for name, part in self._having("position_values"):
+        for name, hooks in self._having("position_values"):
             if name in recorded:
-                for values, got in zip(out, part.position_values(recorded[name], states, spans), strict=True):
-                    values[part.probe] = got
+                for values, got in zip(out, hooks.position_values(recorded[name], states, spans), strict=True):
+                    values[hooks.probe] = got
         return out
 
     @staticmethod
@@ -163,15 +161,15 @@ class CallCaptures:
         return out
 
     def answers(self, recorded: Mapping[str, Any], *, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
-        """The parts' per-request bookkeeping of one ``loglikelihood`` call over what :meth:`forwards` recorded
+        """The captures' per-request bookkeeping of one ``loglikelihood`` call over what :meth:`forwards` recorded
         (``None``: none): ``on_answer(attr, key, answer)`` per answered request (``locate``: the request's row of the
         latest batch), ``fields(key)`` its record fields."""
-        parts = [part.answers(recorded[name], locate) for name, part in self._having("answers") if name in recorded]
-        return _Answers(parts) if parts else None
+        hooked = [hooks.answers(recorded[name], locate) for name, hooks in self._having("answers") if name in recorded]
+        return _Answers(hooked) if hooked else None
 
     def generated(self, recorded: Mapping[str, Any], prompt_len: int, bounds: Sequence[int]) -> list[_GeneratedRow]:
-        """Per row of one (left-padded) ``generate`` batch, what the parts recorded of it up to its bound."""
-        rows = [part.generated(recorded[name], prompt_len, bounds) for name, part in self._having("generated")
+        """Per row of one (left-padded) ``generate`` batch, what the captures recorded of it up to its bound."""
+        rows = [hooks.generated(recorded[name], prompt_len, bounds) for name, hooks in self._having("generated")
                 if name in recorded]
         return [_GeneratedRow([one[index] for one in rows]) for index in range(len(bounds))]
 
@@ -179,126 +177,30 @@ class CallCaptures:
 
     @property
     def prompt_layers(self) -> tuple[int, ...]:
-        """The ``hidden_states`` layers whose states over a response's prompt the parts read, ascending."""
-        return tuple(sorted({layer for _, part in self._having("prompt_layers") for layer in part.prompt_layers}))
+        """The ``hidden_states`` layers whose states over a response's prompt the captures read, ascending."""
+        return tuple(sorted({layer for _, hooks in self._having("prompt_layers") for layer in hooks.prompt_layers}))
 
     def prompt_fields(self, states: Mapping[int, torch.Tensor], mask: torch.Tensor) -> list[dict[str, Any]]:
-        """Per row of a left-padded batch, the record fields the parts make of its prompt: ``states`` maps each layer
+        """Per row of a left-padded batch, the record fields the captures make of its prompt: ``states`` maps each layer
         of :attr:`prompt_layers` to ``[B, P, H]`` over the prompt's ``P`` columns, ``mask`` ``[B, P]`` its real
         tokens."""
         out: list[dict[str, Any]] = [{} for _ in range(mask.shape[0])]
-        for _, part in self._having("prompt_fields"):
-            for fields, got in zip(out, part.prompt_fields(states, mask), strict=True):
+        for _, hooks in self._having("prompt_fields"):
+            for fields, got in zip(out, hooks.prompt_fields(states, mask), strict=True):
                 fields.update(got)
         return out
 
     def span_fields(self, states: Mapping[int, torch.Tensor], prompt_tokens: int) -> dict[str, Any]:
-        """The record fields the parts make of one unpadded response's prompt: ``states`` maps each layer of
+        """The record fields the captures make of one unpadded response's prompt: ``states`` maps each layer of
         :attr:`prompt_layers` to ``[T, H]`` whose first ``prompt_tokens`` positions are the prompt's."""
         out: dict[str, Any] = {}
-        for _, part in self._having("span_fields"):
-            out.update(part.span_fields(states, prompt_tokens))
+        for _, hooks in self._having("span_fields"):
+            out.update(hooks.span_fields(states, prompt_tokens))
         return out
 
     # ----------------------------------------------------------------------------- responses
 
     def attached(self, requests: Sequence[Any], responses: Sequence[Any]) -> None:
         """A call's ``responses`` (its answers to ``requests``, in order) carry their probes."""
-        for _, part in self._having("attached"):
-            part.attached(requests, responses)
-
-
-# --------------------------------------------------------------------------------- the built-ins' parts
-
-
-class PromptMeansInCalls:
-    """``prompt_means`` (:class:`~lm_eval_probes.api.PromptMeans`): the mean states over a response's prompt (its last
-    ``tail`` tokens; 0: all), set as the record field the request names."""
-
-    def __init__(self, context: InCalls) -> None:
-        self.request = context.request
-        self.prompt_layers = tuple(self.request.layers)
-
-    def prompt_fields(self, states: Mapping[int, torch.Tensor], mask: torch.Tensor) -> list[dict[str, Any]]:
-        tail = self.request.tail
-        if tail:  # left padding: the prompt's last tokens are the last columns
-            mask = mask.clone()
-            mask[:, : max(0, mask.shape[1] - tail)] = 0
-        means = masked_mean_states([states[layer] for layer in self.prompt_layers], mask, self.prompt_layers)
-        return [{self.request.field: row} for row in means]
-
-    def span_fields(self, states: Mapping[int, torch.Tensor], prompt_tokens: int) -> dict[str, Any]:
-        tail = self.request.tail
-        start = max(0, prompt_tokens - tail) if tail else 0
-        if prompt_tokens <= start:
-            return {}
-        layers = self.prompt_layers
-        return {self.request.field: span_mean_states(layers, [states[layer][start:prompt_tokens] for layer in layers])}
-
-
-class FocalDepthInCalls:
-    """``focal_depth`` (:class:`~lm_eval_probes.api.FocalDepth`): the
-    :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` records the blocks' inputs of HFLM's loglikelihood
-    forwards and of a generation's teacher-forced forward, decodes the rows' positions while the forward runs, and
-    gives each span's top-K masses ``mass [S, n]``."""
-
-    def __init__(self, context: InCalls) -> None:
-        self.decoder, self.probe = context.held, context.probe
-
-    def forwards(self, kind: str) -> Any:
-        return self.decoder.capture() if kind in ("loglikelihood", "teacher_forced") else None
-
-    def read_at(self, recorded: Any, windows: Mapping[int, tuple[int, int]]) -> None:
-        self.decoder.read_at(recorded, dict(windows))
-
-    def position_values(self, recorded: Any, states: Sequence[torch.Tensor] | None,
-                        spans: Sequence[tuple[int, int, int]]) -> list[dict[str, torch.Tensor]]:
-        return [{"mass": mass} for mass in self.decoder.confidences(states, recorded, spans)]
-
-
-class FirstAttentionInCalls:
-    """``first_attention`` (:class:`~lm_eval_probes.api.FirstAttention`): the
-    :class:`~lm_eval_probes.capture.attention.FirstAttentionCapture` keeps the first softmax-attention layer's
-    arguments in HFLM's own forwards (a ``generate``'s calls joined into whole sequences), and the probe's per-position
-    values become each response's record fields."""
-
-    def __init__(self, context: InCalls) -> None:
-        self.capture, self.request = context.held, context.request
-        self.decode, self.traces = context.decode, context.traces
-
-    def forwards(self, kind: str) -> Any:
-        if kind == "teacher_forced":
-            return None
-        return self.capture.capture(join=kind == "generate")
-
-    def answers(self, recorded: Any, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
-        from lm_eval_probes.capture.attention import AttentionRows
-
-        return AttentionRows(self.capture, recorded, self.request, locate=locate, decode=self.decode,
-                             traces=self.traces)
-
-    def generated(self, recorded: Any, prompt_len: int, bounds: Sequence[int]) -> list[Any]:
-        from lm_eval_probes.capture.attention import attention_spans
-
-        return [_SpanFields(span, self) for span in attention_spans(self.capture, recorded, self.request, prompt_len,
-                                                                    bounds)]
-
-
-@dataclasses.dataclass(frozen=True)
-class _SpanFields:
-    span: Any
-    part: FirstAttentionInCalls
-
-    def fields(self, kept: int) -> dict[str, Any]:
-        return self.span.fields(self.part.request, kept, self.part.decode, traces=self.part.traces)
-
-
-class StatesFolderInCalls:
-    """``states_folder`` (``probe_save_states``): the :class:`~lm_eval_probes.capture.saved_states.StatesWriter`
-    writes the states each call's responses carry."""
-
-    def __init__(self, context: InCalls) -> None:
-        self.writer = context.held
-
-    def attached(self, requests: Sequence[Any], responses: Sequence[Any]) -> None:
-        self.writer.write(requests, responses)
+        for _, hooks in self._having("attached"):
+            hooks.attached(requests, responses)

@@ -4,10 +4,10 @@ response's positions.
 A probe asks for one with an attribute of its :class:`~lm_eval_probes.api.PositionProbe` named after it (``None`` or
 absent: not asked; at most one enabled probe asks for each). A :class:`WholeForwardCapture` says what the wrappers set
 up for it on the loaded model (``set_up``: may refuse the model with
-:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`), what it does in their calls (``calls``: an object with
-the hooks it needs, :class:`~lm_eval_probes.capture.calls.CallCaptures` lists them) and whether it needs an
+:class:`~lm_eval_probes.capture.parts.UnsupportedModelError`), what it does in their calls (``calls``: its hooks, an object with
+the methods it needs, :class:`~lm_eval_probes.capture.calls.CallCaptures` lists them) and whether it needs an
 autoregressive model's blocks (``hf-probes-diffusion`` then refuses, or skips, the probe). The four built-ins, in
-this order (their hooks: :mod:`~lm_eval_probes.capture.calls`):
+this order (their hooks: :mod:`~lm_eval_probes.capture.builtin_hooks`):
 
 * ``prompt_means`` (:class:`~lm_eval_probes.api.PromptMeans`) — the mean states over each request's prompt;
 * ``focal_depth`` (:class:`~lm_eval_probes.api.FocalDepth`) — set up as the model's self-checked
@@ -45,7 +45,7 @@ class SetUp:
 
 @dataclass(frozen=True)
 class InCalls:
-    """What a capture's part in the wrappers' calls is built from, once at load: what its set-up ``held``, the
+    """What a capture's hooks in the wrappers' calls are built from, once at load: what its set-up ``held``, the
     ``request`` of the ``probe`` that asked for it, ``decode`` (a token id → its text) and ``traces``
     (``probe_traces=true``)."""
 
@@ -60,7 +60,7 @@ class InCalls:
 class WholeForwardCapture:
     """One kind of whole-forward capture: ``name`` (the position probe's attribute that asks for it), ``set_up``
     (``(request, SetUp) -> what the wrappers hold for it``, at load; ``None``: nothing to set up), ``calls``
-    (``InCalls -> its part in the wrappers' calls``: an object with any of the hooks that
+    (``InCalls -> its hooks in the wrappers' calls``: an object with any of the methods that
     :class:`~lm_eval_probes.capture.calls.CallCaptures` calls; ``None``: none) and ``autoregressive`` (it re-runs or
     hooks an autoregressive model's blocks)."""
 
@@ -120,20 +120,20 @@ def _states_writer(folder: str, setup: SetUp) -> Any:
 
 
 def _calls(kind: str) -> Callable[[InCalls], Any]:
-    """The part in the wrappers' calls of the built-in capture ``kind`` (its class in :mod:`.calls`, imported when the
-    wrappers build it)."""
+    """The hooks in the wrappers' calls of a built-in capture: the class ``kind`` of :mod:`.builtin_hooks` (imported
+    when the wrappers build them)."""
 
     def build(context: InCalls) -> Any:
-        from lm_eval_probes.capture import calls
+        from lm_eval_probes.capture import builtin_hooks
 
-        return getattr(calls, kind)(context)
+        return getattr(builtin_hooks, kind)(context)
 
     return build
 
 
-register_capture(WholeForwardCapture("prompt_means", calls=_calls("PromptMeansInCalls")))
+register_capture(WholeForwardCapture("prompt_means", calls=_calls("PromptMeansHooks")))
 register_capture(WholeForwardCapture("focal_depth", set_up=_focal_decoder, autoregressive=True,
-                                     calls=_calls("FocalDepthInCalls")))
+                                     calls=_calls("FocalDepthHooks")))
 register_capture(WholeForwardCapture("first_attention", set_up=_first_attention, autoregressive=True,
-                                     calls=_calls("FirstAttentionInCalls")))
-register_capture(WholeForwardCapture("states_folder", set_up=_states_writer, calls=_calls("StatesFolderInCalls")))
+                                     calls=_calls("FirstAttentionHooks")))
+register_capture(WholeForwardCapture("states_folder", set_up=_states_writer, calls=_calls("StatesFolderHooks")))

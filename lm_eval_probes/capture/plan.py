@@ -2,7 +2,7 @@
 
 The plan holds the enabled probes' :class:`~lm_eval_probes.api.PositionProbe` objects (built once, from each probe's
 options and the model's depth), the probes skipped on this model with their reasons, the whole-forward captures the
-probes ask for (:class:`WholeForward`) and the ``hidden_states`` layers a probed forward keeps. The wrappers build it
+probes ask for (:class:`CaptureRequests`) and the ``hidden_states`` layers a probed forward keeps. The wrappers build it
 in ``__init__`` (``hf-probes`` once its lens readout knows the depth, ``hf-probes-diffusion`` from the model's config,
 before any weight loads); a capture the loaded model refuses takes its probe out with :meth:`ProbePlan.without`.
 The per-call code (:func:`~lm_eval_probes.capture.positions.position_probes`,
@@ -23,13 +23,13 @@ from lm_eval_probes.capture.parts import UnsupportedModelError
 from lm_eval_probes.config import ProbeConfig
 from lm_eval_probes.records import LayerStates
 
-__all__ = ["ProbePlan", "WholeForward", "layers_of", "position_axis", "reads_lens", "whole_forward", "without_skipped"]
+__all__ = ["ProbePlan", "CaptureRequests", "layers_of", "position_axis", "reads_lens", "capture_requests", "without_skipped"]
 
 _LOG = logging.getLogger("lm_eval.lm_eval_probes")  # lm_eval's own log (its handler and --verbosity)
 
 
 @dataclass(frozen=True)
-class WholeForward:
+class CaptureRequests:
     """What the enabled probes ask of the wrappers beyond the states at a response's positions: registered capture
     name (:mod:`~lm_eval_probes.capture.captures`) → ``(probe name, request)``, in registration order; at most one
     probe asks for each. The built-ins read as attributes (``None``: not asked)."""
@@ -74,7 +74,7 @@ class WholeForward:
         return {} if self.prompt_means is None or states is None else {self.prompt_means[1].field: states}
 
 
-def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
+def capture_requests(captures: Mapping[str, PositionProbe]) -> CaptureRequests:
     """The registered whole-forward captures ``captures`` (enabled probes by name) ask for; ``ValueError`` when two ask
     for the same one."""
     found: dict[str, tuple[str, Any]] = {}
@@ -86,7 +86,7 @@ def whole_forward(captures: Mapping[str, PositionProbe]) -> WholeForward:
                              "enable one of them")
         if asking:
             found[kind] = asking[0]
-    return WholeForward(found)
+    return CaptureRequests(found)
 
 
 def layers_of(capture: PositionProbe) -> frozenset[int]:
@@ -124,7 +124,7 @@ class ProbePlan:
     ``config``: the enabled probes (those skipped taken out) and their options; ``num_layers``: the model's blocks L
     (``hidden_states`` has L + 1 entries); ``captures``: each enabled probe's position probe, by name, in registry
     order; ``skipped``: probe → why it cannot run on this model (``probes=all``; the results' ``probes_skipped``);
-    ``whole``: the whole-forward captures the probes ask for; ``read_layers``: the ``hidden_states`` indices the
+    ``requested``: the whole-forward captures the probes ask for; ``read_layers``: the ``hidden_states`` indices the
     probes read at a response's positions; ``kept_layers``: those a probed forward keeps (see :meth:`of`).
     """
 
@@ -132,7 +132,7 @@ class ProbePlan:
     num_layers: int
     captures: Mapping[str, PositionProbe] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
-    whole: WholeForward = field(default_factory=WholeForward)
+    requested: CaptureRequests = field(default_factory=CaptureRequests)
     read_layers: frozenset[int] = frozenset()
     kept_layers: frozenset[int] = frozenset()
 
@@ -153,12 +153,12 @@ class ProbePlan:
         (its states tell the positions), the prompt-means layers and the focal-depth source layers at focal depth 0
         (at m >= 1 :class:`~lm_eval_probes.capture.readouts.FocalDepthDecoder` takes them from the blocks' inputs
         itself, and releases them as it decodes them)."""
-        whole = whole_forward(captures)
+        requested = capture_requests(captures)
         read = frozenset().union(*(layers_of(capture) for capture in captures.values()))
-        kept = set(read) | {num_layers} | set(whole.prompt_layers)
-        if whole.focal_depth is not None and whole.focal_depth[1].depth == 0:
-            kept |= set(range(*whole.focal_depth[1].source_layers))
-        return cls(config, num_layers, dict(captures), dict(skipped), whole, read, frozenset(kept))
+        kept = set(read) | {num_layers} | set(requested.prompt_layers)
+        if requested.focal_depth is not None and requested.focal_depth[1].depth == 0:
+            kept |= set(range(*requested.focal_depth[1].source_layers))
+        return cls(config, num_layers, dict(captures), dict(skipped), requested, read, frozenset(kept))
 
     def without(self, skipped: Mapping[str, str]) -> ProbePlan:
         """This plan without the probes ``skipped`` (probe → why the loaded model refused what it asked for; each
@@ -177,7 +177,7 @@ class ProbePlan:
         named explicitly raises the refusal — and what each capture that was set up holds, by capture name)."""
         built: dict[str, Any] = {}
         refused: dict[str, str] = {}  # probe → why the loaded model refused the capture it asked for
-        for name, (probe, request) in self.whole.requests.items():
+        for name, (probe, request) in self.requested.requests.items():
             set_up = capture_named(name).set_up
             if set_up is None:
                 continue
@@ -188,7 +188,7 @@ class ProbePlan:
                     raise
                 refused[probe] = str(error)
         plan = self.without(refused)
-        return plan, {name: held for name, held in built.items() if plan.whole.of(name) is not None}
+        return plan, {name: held for name, held in built.items() if plan.requested.of(name) is not None}
 
     def position_captures(self, *, lens: bool = True) -> dict[str, PositionProbe]:
         """The enabled probes' position probes that measure something at a response's positions (their
@@ -206,4 +206,4 @@ class ProbePlan:
     def state_layers(self) -> tuple[int, ...]:
         """The layers the probes read (at a response's positions, and the prompt means'), ascending; none without a
         position probe."""
-        return tuple(sorted(self.read_layers | set(self.whole.prompt_layers))) if self.captures else ()
+        return tuple(sorted(self.read_layers | set(self.requested.prompt_layers))) if self.captures else ()

@@ -60,7 +60,7 @@ from lm_eval_probes.capture.loglikelihood import (
 from lm_eval_probes.capture.memory import model_shapes, reserved_during_forwards
 from lm_eval_probes.capture.calls import CallCaptures, with_fields
 from lm_eval_probes.capture.captures import SetUp
-from lm_eval_probes.capture.plan import ProbePlan, WholeForward, without_skipped
+from lm_eval_probes.capture.plan import ProbePlan, without_skipped
 from lm_eval_probes.capture.positions import PositionProbes, hidden_state_tap, position_probes_of_spans, states_request
 from lm_eval_probes.capture.readouts import LensReadout, check_lens
 from lm_eval_probes.config import ProbeConfig, split_model_args
@@ -151,10 +151,6 @@ class ProbeHFLM(ProbeWrapper, HFLM):
                 SetUp(self.model, self.readout, config, shapes, rank=self.rank))
             self.captures = CallCaptures(self.plan, self.held, decode=self._decode_one, traces=self.plan.config.traces)
 
-    @property
-    def whole(self) -> WholeForward:
-        """The whole-forward captures of :attr:`plan`."""
-        return self.plan.whole
 
     @property
     def kept_layers(self) -> frozenset[int]:

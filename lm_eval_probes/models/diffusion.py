@@ -62,7 +62,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_probes import registry
 from lm_eval_probes.capture.masked_readout import MaskedLMReadout, lens_grid_of, masked_lm_readout
-from lm_eval_probes.capture.plan import ProbePlan, WholeForward, reads_lens, without_skipped
+from lm_eval_probes.capture.plan import ProbePlan, reads_lens, without_skipped
 from lm_eval_probes.capture.positions import LensGrid, position_probes
 from lm_eval_probes.capture.calls import CallCaptures
 from lm_eval_probes.capture.captures import SetUp
@@ -225,7 +225,7 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
     def _planned(plan: ProbePlan) -> ProbePlan:
         """``plan`` (the model's, before any weight is loaded) without the probes that need an autoregressive capture
         (``probes=all``; a probe named explicitly is refused here)."""
-        autoregressive = plan.whole.autoregressive()
+        autoregressive = plan.requested.autoregressive()
         if autoregressive and not plan.config.every_applicable:
             raise ValueError(f"hf-probes-diffusion cannot run probes {autoregressive}: they re-run or hook an "
                              "autoregressive model's blocks")
@@ -236,10 +236,6 @@ class DiffusionProbeHFLM(ProbeWrapper, HFLM):
         """The model's blocks (``hidden_states`` has one more entry)."""
         return self.plan.num_layers
 
-    @property
-    def whole(self) -> WholeForward:
-        """The whole-forward captures of :attr:`plan` (what the probes ask of the forwards)."""
-        return self.plan.whole
 
     @property
     def state_layers(self) -> tuple[int, ...]:
