@@ -4,12 +4,17 @@ can ask for: :class:`~lm_eval_probes.api.FirstAttention`).
 
 Found and read through transformers' attention interface (``AttentionInterface``, its public extension point): every
 attention module of a current transformers model hands its queries, keys and values to the function registered under
-its ``config._attn_implementation`` (``eager`` falls back to the module's own). For a short while — a few forwards of
-a handful of tokens at load, each stopped at that call (:func:`first_softmax_attention`: the first module that calls
-it is the first softmax-attention layer; linear-attention and SSM layers of a hybrid do not), and each re-run below —
-:func:`attention_calls_recorded` registers a recording function under every name, then restores the originals. The
-harness's own forwards run untouched: a pre-hook on the layer (:meth:`FirstAttentionCapture.capture`) only keeps its
-arguments.
+its ``config._attn_implementation`` (``eager`` falls back to the module's own; transformers 4.57 calls it without the
+interface). A recording function is registered there once, under a name of the plugin's (:data:`RECORDING`).
+For a short while — a few forwards of a handful of tokens at load, each stopped at that call
+(:func:`first_softmax_attention`: the first module that calls it is the first softmax-attention layer;
+linear-attention and SSM layers of a hybrid do not), and each re-run below — :func:`attention_calls_recorded` hands
+the modules it records (all of the model's, or the layer's) a copy of their config that names it, then gives them
+their own back. The model's own config is left as it is, so transformers builds the attention masks of the model's
+implementation, and the name reads as that implementation's wherever the layer's code tests it (DeepSeek-V3.2 folds
+its indexer's selection into the mask for ``eager`` and ``sdpa`` only): only the interface's lookup finds the
+recording function (:class:`_RecordedName`). The harness's own forwards run untouched: a pre-hook on the layer
+(:meth:`FirstAttentionCapture.capture`) only keeps its arguments.
 
 Each captured batch is then re-run through that layer, one row at a time, in float64 and stopped at the attention
 call (:func:`torch.func.functional_call`), so that the queries and keys are those of its own code — fused qkv,
@@ -47,11 +52,13 @@ capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.Unsupporte
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +72,8 @@ from lm_eval_probes.records import trace_values
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan", "FirstAttentionCapture",
-           "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
+__all__ = ["RECORDING", "AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan",
+           "FirstAttentionCapture", "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
 
 @dataclass
 class AttentionCall:
@@ -90,33 +97,97 @@ class _Stop(Exception):
     """Ends a forward at its first attention call."""
 
 
+RECORDING = "lm_eval_probes.recording"
+"""The name of the recording attention function in transformers' ``AttentionInterface`` (registered once, at the first
+:func:`attention_calls_recorded`)."""
+
+_recorder: ContextVar[tuple[Callable[[AttentionCall], None], bool] | None] = ContextVar("_recorder", default=None)
+"""What the innermost :func:`attention_calls_recorded` block records with, and whether it stops the forward."""
+
+
+def _recording(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention function registered as :data:`RECORDING`: hands its call to the innermost
+    :func:`attention_calls_recorded` block's ``record``, then returns zeros, or with ``stop`` ends the forward."""
+    recorder = _recorder.get()
+    if recorder is None:
+        raise RuntimeError(f"the attention implementation {RECORDING!r} records calls only inside "
+                           "attention_calls_recorded()")
+    record, stop = recorder
+    record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
+                         kwargs.get("s_aux"), attention_mask if isinstance(attention_mask, torch.Tensor) else None))
+    if stop:
+        raise _Stop
+    batch, _, length, _ = query.shape
+    return query.new_zeros(batch, length, query.shape[1], value.shape[-1]), None
+
+
+@functools.cache
+def _registered() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(RECORDING, _recording)
+
+
+class _RecordedName(str):
+    """A module's ``config._attn_implementation`` while its calls are recorded. Its text is the name of the model's
+    own implementation, so every test the module's code makes of the name (``== "sdpa"``, ``in ("eager", "sdpa")``:
+    DeepSeek-V3.2's indexer folds its selection into the mask for these only; ``"flash" in``) takes the branch it takes
+    unrecorded; it hashes as, and equals, :data:`RECORDING` too, so the attention interface's lookup by the name
+    (``get_interface(name, eager_attention_forward)``, ``ALL_ATTENTION_FUNCTIONS[name]``) finds the recording
+    function (a dict or set looked up by it finds :data:`RECORDING` only: the mask functions have none, so a mask
+    built by a module's own config while it is recorded is none; the models' masks are built by the model's config,
+    :func:`_switch_configs`)."""
+
+    def __hash__(self) -> int:
+        return hash(RECORDING)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and (str.__eq__(other, RECORDING) or str.__eq__(self, other))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+
+def _switch_configs(root: nn.Module, switched: list[tuple[nn.Module, Any]]) -> None:
+    """Give each module of ``root`` (itself and its submodules) that keeps a transformers config a shallow copy of it
+    whose ``_attn_implementation`` is a :class:`_RecordedName`, one copy per config, and append the module with its
+    own config to ``switched`` (for :func:`attention_calls_recorded` to give back). A ``PreTrainedModel`` keeps its
+    own: transformers builds the attention masks by its config's name."""
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    views: dict[int, Any] = {}
+    for module in root.modules():
+        config = vars(module).get("config")
+        if isinstance(module, PreTrainedModel) or not isinstance(config, PretrainedConfig):
+            continue
+        if id(config) not in views:
+            view = copy.copy(config)
+            # the dict form sets this config's name alone: its sub-configs are the model's own
+            view._attn_implementation = {"": _RecordedName(config._attn_implementation or "eager")}
+            views[id(config)] = view
+        switched.append((module, config))
+        module.config = views[id(config)]
+
+
 @contextmanager
-def attention_calls_recorded(record: Callable[[AttentionCall], None], *, stop: bool = False) -> Iterator[None]:
-    """While the block runs, every attention implementation registered with transformers' ``AttentionInterface``
-    (and ``eager``) records its call with ``record`` and returns zeros (``stop``: ends the forward instead).
-    The originals are restored when the block ends."""
-    from transformers.modeling_utils import AttentionInterface
-
-    mapping = AttentionInterface._global_mapping
-    saved = dict(mapping)
-
-    def recording(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                  **kwargs: Any) -> tuple[torch.Tensor, None]:
-        record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
-                             kwargs.get("s_aux"), attention_mask if isinstance(attention_mask, torch.Tensor) else None))
-        if stop:
-            raise _Stop
-        batch, _, length, _ = query.shape
-        return query.new_zeros(batch, length, query.shape[1], value.shape[-1]), None
-
+def attention_calls_recorded(root: nn.Module, record: Callable[[AttentionCall], None], *,
+                             stop: bool = False) -> Iterator[None]:
+    """While the block runs, every module of ``root`` that calls transformers' attention interface calls the function
+    registered as :data:`RECORDING` instead, which records the call with ``record`` and returns zeros (``stop``: ends
+    the forward instead): each module's config is a copy that names it (:func:`_switch_configs`); the model's own
+    config, and so its attention masks, stay as they are. The modules get their own configs back when the block ends."""
+    _registered()
+    switched: list[tuple[nn.Module, Any]] = []
+    token = _recorder.set((record, stop))
     try:
-        for name in (*saved, "eager"):
-            AttentionInterface.register(name, recording)
+        _switch_configs(root, switched)
         yield
     finally:
-        mapping.clear()
-        mapping.update(saved)
+        _recorder.reset(token)
+        for module, config in switched:
+            module.config = config
 
 
 def _stopped(run: Callable[[], Any]) -> None:
@@ -138,7 +209,7 @@ def first_softmax_attention(model: nn.Module) -> nn.Module | None:
     """The first module of ``model`` that calls the attention interface in a two-token forward (``None``: none
     does — no softmax attention, or attention written without the interface)."""
     found: list[nn.Module] = []
-    with attention_calls_recorded(lambda call: found.append(call.module), stop=True):
+    with attention_calls_recorded(model, lambda call: found.append(call.module), stop=True):
         _stopped(lambda: model(input_ids=_token_ids(model, 1, 2), use_cache=False))
     return found[0] if found else None
 
@@ -424,7 +495,7 @@ class FirstAttentionCapture:
         computes its attention itself at its softmax (``early``: at its query-key product; :mod:`.own_attention`)."""
         if self._own is not None:
             return self._own.recorded(record, early=early)
-        return attention_calls_recorded(record, stop=True)
+        return attention_calls_recorded(self.module, record, stop=True)
 
     # -- load: the layer's arguments, its projections, the self-check -------------------------------------------------
 
