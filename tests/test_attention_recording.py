@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_eval_probes.capture.attention import RECORDING, AttentionCall, _RecordedName, _Stop, attention_calls_recorded
+from lm_eval_probes.capture.attention_calls import RECORDING, AttentionCall, _RecordedName, _Stop, attention_calls_recorded
 
 _ARCHITECTURES = "lm_eval_probes_bench_architectures"
 

@@ -17,8 +17,10 @@
 * :mod:`.reader` — the prompt means the wrappers take;
 * :mod:`.loglikelihood` — the bookkeeping of one ``loglikelihood`` call (which answers need the lens, each answered
   request's states out of the batch);
-* :mod:`.attention` — the first softmax-attention layer's queries, keys and query-map Jacobian over the positions a
-  forward saw (:mod:`.own_attention`: layers that compute their attention themselves).
+* :mod:`.attention_calls` — transformers' attention interface recorded, and the first softmax-attention layer found
+  through it; :mod:`.attention` — that layer's queries, keys and query-map Jacobian over the positions a forward saw,
+  re-run from its kept arguments (:mod:`.own_attention`: layers that compute their attention themselves);
+  :mod:`.attention_fields` — a request's per-position values as each response's record fields.
 
 The math itself lives in :mod:`lm_eval_probes.probes`; nothing here imports lm_eval.
 """

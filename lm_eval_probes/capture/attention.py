@@ -2,19 +2,10 @@
 uses them, and the Jacobian of its query map, over every position the model saw (a whole-forward capture any probe
 can ask for: :class:`~lm_eval_probes.api.FirstAttention`).
 
-Found and read through transformers' attention interface (``AttentionInterface``, its public extension point): every
-attention module of a current transformers model hands its queries, keys and values to the function registered under
-its ``config._attn_implementation`` (``eager`` falls back to the module's own; transformers 4.57 calls it without the
-interface). A recording function is registered there once, under a name of the plugin's (:data:`RECORDING`).
-For a short while — a few forwards of a handful of tokens at load, each stopped at that call
-(:func:`first_softmax_attention`: the first module that calls it is the first softmax-attention layer;
-linear-attention and SSM layers of a hybrid do not), and each re-run below — :func:`attention_calls_recorded` hands
-the modules it records (all of the model's, or the layer's) a copy of their config that names it, then gives them
-their own back. The model's own config is left as it is, so transformers builds the attention masks of the model's
-implementation, and the name reads as that implementation's wherever the layer's code tests it (DeepSeek-V3.2 folds
-its indexer's selection into the mask for ``eager`` and ``sdpa`` only): only the interface's lookup finds the
-recording function (:class:`_RecordedName`). The harness's own forwards run untouched: a pre-hook on the layer
-(:meth:`FirstAttentionCapture.capture`) only keeps its arguments.
+Found and recorded through transformers' attention interface (:mod:`~lm_eval_probes.capture.attention_calls`: the
+first module that calls it is the first softmax-attention layer); the harness's own forwards run untouched: a
+pre-hook on the layer (:meth:`FirstAttentionCapture.capture`) only keeps its arguments. What a probe's per-position
+values become in each response's record: :mod:`~lm_eval_probes.capture.attention_fields`.
 
 Each captured batch is then re-run through that layer, one row at a time, in float64 and stopped at the attention
 call (:func:`torch.func.functional_call`), so that the queries and keys are those of its own code — fused qkv,
@@ -52,167 +43,25 @@ capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.Unsupporte
 
 from __future__ import annotations
 
-import copy
-import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, FirstAttention, jacobian_chunks
+from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, jacobian_chunks
+from lm_eval_probes.capture.attention_calls import (AttentionCall, attention_calls_recorded, first_softmax_attention,
+                                                    stopped, token_ids)
 from lm_eval_probes.capture.own_attention import OwnAttention, first_own_attention
 from lm_eval_probes.capture.readouts import UnsupportedModelError
-from lm_eval_probes.records import trace_values
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RECORDING", "AttentionBatch", "AttentionCall", "AttentionRow", "AttentionRows", "AttentionSpan",
-           "FirstAttentionCapture", "attention_calls_recorded", "attention_spans", "first_softmax_attention"]
-
-@dataclass
-class AttentionCall:
-    """What the attention interface was handed: ``queries [B, H, T, p]``, ``keys [B, KV, T, p]``, the logit
-    ``scaling`` (``None``: p^-½), ``softcap`` (logits c·tanh(z/c); ``None``: none), ``sliding_window`` (s attended
-    from t only when t − s < W; ``None``: none), its attention sinks (``s_aux``: one logit per head that takes part
-    in the softmax and has no value, gpt-oss; ``None``: none) and the ``mask`` it was handed (bool: attended; float:
-    added to the logits; ``None``: causal only, or a mask of another kind)."""
-
-    module: nn.Module
-    queries: torch.Tensor
-    keys: torch.Tensor
-    scaling: float | None
-    softcap: float | None
-    sliding_window: int | None
-    sinks: torch.Tensor | None
-    mask: torch.Tensor | None = None
-
-
-class _Stop(Exception):
-    """Ends a forward at its first attention call."""
-
-
-RECORDING = "lm_eval_probes.recording"
-"""The name of the recording attention function in transformers' ``AttentionInterface`` (registered once, at the first
-:func:`attention_calls_recorded`)."""
-
-_recorder: ContextVar[tuple[Callable[[AttentionCall], None], bool] | None] = ContextVar("_recorder", default=None)
-"""What the innermost :func:`attention_calls_recorded` block records with, and whether it stops the forward."""
-
-
-def _recording(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-               **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The attention function registered as :data:`RECORDING`: hands its call to the innermost
-    :func:`attention_calls_recorded` block's ``record``, then returns zeros, or with ``stop`` ends the forward."""
-    recorder = _recorder.get()
-    if recorder is None:
-        raise RuntimeError(f"the attention implementation {RECORDING!r} records calls only inside "
-                           "attention_calls_recorded()")
-    record, stop = recorder
-    record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
-                         kwargs.get("s_aux"), attention_mask if isinstance(attention_mask, torch.Tensor) else None))
-    if stop:
-        raise _Stop
-    batch, _, length, _ = query.shape
-    return query.new_zeros(batch, length, query.shape[1], value.shape[-1]), None
-
-
-@functools.cache
-def _registered() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(RECORDING, _recording)
-
-
-class _RecordedName(str):
-    """A module's ``config._attn_implementation`` while its calls are recorded. Its text is the name of the model's
-    own implementation, so every test the module's code makes of the name (``== "sdpa"``, ``in ("eager", "sdpa")``:
-    DeepSeek-V3.2's indexer folds its selection into the mask for these only; ``"flash" in``) takes the branch it takes
-    unrecorded; it hashes as, and equals, :data:`RECORDING` too, so the attention interface's lookup by the name
-    (``get_interface(name, eager_attention_forward)``, ``ALL_ATTENTION_FUNCTIONS[name]``) finds the recording
-    function (a dict or set looked up by it finds :data:`RECORDING` only: the mask functions have none, so a mask
-    built by a module's own config while it is recorded is none; the models' masks are built by the model's config,
-    :func:`_switch_configs`)."""
-
-    def __hash__(self) -> int:
-        return hash(RECORDING)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, str) and (str.__eq__(other, RECORDING) or str.__eq__(self, other))
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-
-def _switch_configs(root: nn.Module, switched: list[tuple[nn.Module, Any]]) -> None:
-    """Give each module of ``root`` (itself and its submodules) that keeps a transformers config a shallow copy of it
-    whose ``_attn_implementation`` is a :class:`_RecordedName`, one copy per config, and append the module with its
-    own config to ``switched`` (for :func:`attention_calls_recorded` to give back). A ``PreTrainedModel`` keeps its
-    own: transformers builds the attention masks by its config's name."""
-    from transformers import PretrainedConfig, PreTrainedModel
-
-    views: dict[int, Any] = {}
-    for module in root.modules():
-        config = vars(module).get("config")
-        if isinstance(module, PreTrainedModel) or not isinstance(config, PretrainedConfig):
-            continue
-        if id(config) not in views:
-            view = copy.copy(config)
-            # the dict form sets this config's name alone: its sub-configs are the model's own
-            view._attn_implementation = {"": _RecordedName(config._attn_implementation or "eager")}
-            views[id(config)] = view
-        switched.append((module, config))
-        module.config = views[id(config)]
-
-
-@contextmanager
-def attention_calls_recorded(root: nn.Module, record: Callable[[AttentionCall], None], *,
-                             stop: bool = False) -> Iterator[None]:
-    """While the block runs, every module of ``root`` that calls transformers' attention interface calls the function
-    registered as :data:`RECORDING` instead, which records the call with ``record`` and returns zeros (``stop``: ends
-    the forward instead): each module's config is a copy that names it (:func:`_switch_configs`); the model's own
-    config, and so its attention masks, stay as they are. The modules get their own configs back when the block ends."""
-    _registered()
-    switched: list[tuple[nn.Module, Any]] = []
-    token = _recorder.set((record, stop))
-    try:
-        _switch_configs(root, switched)
-        yield
-    finally:
-        _recorder.reset(token)
-        for module, config in switched:
-            module.config = config
-
-
-def _stopped(run: Callable[[], Any]) -> None:
-    """``run()`` inside :func:`attention_calls_recorded` with ``stop``: ends at the attention call."""
-    try:
-        run()
-    except _Stop:
-        pass
-
-
-def _token_ids(model: nn.Module, rows: int, length: int) -> torch.Tensor:
-    device = next(model.parameters()).device
-    vocab = model.config.get_text_config().vocab_size
-    return (torch.arange(1, length + 1, device=device) % (vocab - 1) + 1).expand(rows, length).contiguous()
-
-
-@torch.no_grad()
-def first_softmax_attention(model: nn.Module) -> nn.Module | None:
-    """The first module of ``model`` that calls the attention interface in a two-token forward (``None``: none
-    does — no softmax attention, or attention written without the interface)."""
-    found: list[nn.Module] = []
-    with attention_calls_recorded(model, lambda call: found.append(call.module), stop=True):
-        _stopped(lambda: model(input_ids=_token_ids(model, 1, 2), use_cache=False))
-    return found[0] if found else None
-
+__all__ = ["AttentionBatch", "AttentionRow", "CapturedInputs", "FirstAttentionCapture"]
 
 # The layer's arguments, ``(args, kwargs)``, as a tree of tuples, lists and dicts; a leaf's path is its keys from the
 # root.
@@ -469,7 +318,7 @@ class FirstAttentionCapture:
         self._own: OwnAttention | None = None
         if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
             try:
-                module = first_own_attention(model, _token_ids(model, 1, 5))
+                module = first_own_attention(model, token_ids(model, 1, 5))
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
                 raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
                                             f"softmax attention failed: {type(error).__name__}: {error}") from None
@@ -569,13 +418,13 @@ class FirstAttentionCapture:
     @torch.no_grad()
     def _arguments(self, rows: int, length: int) -> _Segment:
         """The layer's arguments in a forward of ``rows × length`` tokens (stopped at its attention call)."""
-        ids = _token_ids(self.model, rows, length)
+        ids = token_ids(self.model, rows, length)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
         with self.capture() as inputs, self._recorded(lambda call: None, early=True):
             try:  # positions per row, as generate gives them
-                _stopped(lambda: self.model(**kwargs, position_ids=torch.arange(length, device=ids.device).expand_as(ids)))
+                stopped(lambda: self.model(**kwargs, position_ids=torch.arange(length, device=ids.device).expand_as(ids)))
             except TypeError:
-                _stopped(lambda: self.model(**kwargs))
+                stopped(lambda: self.model(**kwargs))
         return inputs.latest()
 
     @torch.no_grad()
@@ -600,7 +449,7 @@ class FirstAttentionCapture:
                    for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen, with_kwargs=True))]
         try:
             with self._recorded(calls.append):
-                _stopped(lambda: self.module(*segment.args, **segment.kwargs))
+                stopped(lambda: self.module(*segment.args, **segment.kwargs))
         finally:
             for handle in handles:
                 handle.remove()
@@ -784,7 +633,7 @@ class FirstAttentionCapture:
             module.forward = lambda *_args, part=part, **_kwargs: part
         try:
             with self._recorded(calls.append, early=early):
-                _stopped(lambda: torch.func.functional_call(self.module, self._params, tree[0], tree[1]))
+                stopped(lambda: torch.func.functional_call(self.module, self._params, tree[0], tree[1]))
         finally:
             for module in self._projections:
                 del module.forward
@@ -950,106 +799,3 @@ class FirstAttentionCapture:
             raise UnsupportedModelError(f"{self._name} called the attention interface {len(mine)} times in one "
                                         "forward (one expected)")
         return mine[0]
-
-
-class AttentionRows:
-    """Bookkeeping of one ``loglikelihood`` call for a :class:`~lm_eval_probes.api.FirstAttention` request, beside
-    HFLM's own batching.
-
-    HFLM answers each row's requests (:meth:`on_answer`, from ``cache_hook.add_partial``) after the row's forward;
-    ``locate`` (:meth:`~lm_eval_probes.capture.loglikelihood.LoglikelihoodRows.locate`) names the request's row in
-    that batch and its input length. The probe's per-position values of the batch are computed once, at its first
-    answer; a request's record fields are those of the row's input positions ``[0, input length)``: its context and
-    all but its last continuation token (what the model saw). Only the current batch's values are held.
-    """
-
-    def __init__(self, capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, *,
-                 locate: Callable[[Any], tuple[int, int, int] | None], decode: Callable[[int], str],
-                 traces: bool = False) -> None:
-        self.capture, self.inputs, self.request, self.locate, self.decode = capture, inputs, request, locate, decode
-        self.traces = traces
-        self.fields: dict[Any, dict[str, Any]] = {}
-        self._segment: _Segment | None = None
-        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def on_answer(self, attr: str, request_key: Any, _answer: Any) -> None:
-        located = self.locate(request_key) if attr == "loglikelihood" else None
-        if located is None:
-            return
-        segment = self.inputs.latest()
-        if segment is not self._segment:  # the first answer of a new batch
-            self._segment = segment
-            self._batch = (self.request.values(self.capture.batch(segment)), segment.ids.cpu())
-        values, ids = self._batch
-        row, input_length, _ = located
-        self.fields[request_key] = response_fields(self.request, values[row, :input_length], ids[row, :input_length],
-                                                   self.decode, traces=self.traces)
-
-
-def response_fields(request: FirstAttention, values: torch.Tensor, token_ids: torch.Tensor, decode: Callable[[int], str],
-                    *, traces: bool = False) -> dict[str, Any]:
-    """One response's record fields from the per-position ``values`` of the n positions the model saw; with ``traces``
-    (``probe_traces=true``) and a request that names :attr:`~lm_eval_probes.api.FirstAttention.trace`, also
-    ``trace``: the values over every position (``nan``: none, ``null``) and ``sequence_tokens`` (the ids decoded one
-    by one), for the wrapper to join into the response's trace."""
-    fields = request.fields(values, token_ids, decode)
-    if traces and request.trace is not None:
-        fields["trace"] = {request.trace: trace_values(values.tolist()),
-                           "sequence_tokens": [decode(int(token)) for token in token_ids.tolist()]}
-    return fields
-
-
-@dataclass(frozen=True)
-class AttentionSpan:
-    """One generation's per-position values over the positions the model saw: its (unpadded) prompt, then the
-    generated tokens fed back (all but the last); :meth:`fields` cuts them to the kept tokens."""
-
-    values: torch.Tensor
-    token_ids: torch.Tensor
-    prompt_tokens: int
-
-    def fields(self, request: FirstAttention, kept: int, decode: Callable[[int], str], *,
-               traces: bool = False) -> dict[str, Any]:
-        """The record fields of the prompt and the first ``kept − 1`` kept tokens (the inputs of the kept span)."""
-        stop = self.prompt_tokens + max(kept, 1) - 1
-        return response_fields(request, self.values[:stop], self.token_ids[:stop], decode, traces=traces)
-
-
-def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, request: FirstAttention, prompt_len: int,
-                    bounds: Sequence[int]) -> list[AttentionSpan]:
-    """Per row of one (left-padded) ``generate`` batch, the values of its real positions up to its bound (``nan`` where
-    the layer reads the attention mask before its attention call, :func:`_generate_unread`, and on the left-padded rows
-    of a layer whose queries read the positions before their own, :func:`_padded_unread`)."""
-    batch = capture.joined(inputs)
-    ids = batch.ids.cpu()
-    if capture.reads_mask:
-        _generate_unread(capture._name)
-        values = torch.full(ids.shape, float("nan"), dtype=torch.float64)
-    else:
-        values = request.values(batch)
-    mask = inputs.segments[-1].mask
-    first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
-    if capture._reach and any(first):  # the joined re-run has no mask: the first real queries would read the padding
-        _padded_unread(capture._name)
-        values[torch.tensor(first) > 0] = float("nan")
-    return [
-        AttentionSpan(values[row, pad : prompt_len + bound - 1], ids[row, pad : prompt_len + bound - 1], prompt_len - pad)
-        for row, (pad, bound) in enumerate(zip(first, bounds, strict=True))
-    ]
-
-
-@functools.cache
-def _padded_unread(name: str) -> None:
-    """Say once per layer why the first-attention values of a generation's left-padded rows are ``nan``."""
-    logger.warning("%s: its queries read the positions before their own (a causal convolution), and the calls of one "
-                   "generate are re-run as one without their masks (they do not join), so a left-padded row's first "
-                   "queries would read its padding: the first-attention values of left-padded generations are nan "
-                   "(those of loglikelihood requests and of unpadded rows are computed)", name)
-
-
-@functools.cache
-def _generate_unread(name: str) -> None:
-    """Say once per layer why a generation's first-attention values are ``nan``."""
-    logger.warning("%s reads the attention mask before its attention call (an indexer), so the calls of one generate "
-                   "cannot be re-run as one: the first-attention values of generated text are nan (those of "
-                   "loglikelihood requests are computed)", name)

@@ -77,13 +77,13 @@ class FirstAttentionHooks:
         return self.capture.capture(join=kind == "generate")
 
     def answers(self, recorded: Any, locate: Callable[[Any], tuple[int, int, int] | None]) -> Any:
-        from lm_eval_probes.capture.attention import AttentionRows
+        from lm_eval_probes.capture.attention_fields import AttentionRows
 
         return AttentionRows(self.capture, recorded, self.request, locate=locate, decode=self.decode,
                              traces=self.traces)
 
     def generated(self, recorded: Any, prompt_len: int, bounds: Sequence[int]) -> list[Any]:
-        from lm_eval_probes.capture.attention import attention_spans
+        from lm_eval_probes.capture.attention_fields import attention_spans
 
         return [_SpanFields(span, self) for span in attention_spans(self.capture, recorded, self.request, prompt_len,
                                                                     bounds)]

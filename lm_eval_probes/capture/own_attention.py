@@ -240,7 +240,7 @@ class OwnAttention:
 
     def __init__(self, module: nn.Module, make_call: Callable[..., Any]) -> None:
         """``make_call(module, queries, keys, scaling, softcap, sliding_window, sinks, mask)``: one recorded call
-        (:class:`~lm_eval_probes.capture.attention.AttentionCall`)."""
+        (:class:`~lm_eval_probes.capture.attention_calls.AttentionCall`)."""
         self.module, self.make_call = module, make_call
         self.scale: float | None = None
         self.keep_weights = False
