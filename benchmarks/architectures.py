@@ -317,25 +317,34 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 @functools.cache
-def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
+def _lens_input(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose input is the last block's output: the final norm, or the model's own merge of several residual
-    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from)."""
+    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from), or the head where the
+    model has no final norm; ``None`` where the model merges its streams in its forward's own code (Gemma-3n)."""
     from lm_eval_probes.capture.readouts import LensReadout, check_lens
 
     readout = LensReadout(model)
     check_lens(model, readout)
-    return readout.lens_input if readout.has_final_norm or readout.merge is not None else model.get_output_embeddings()
+    if readout.lens_input is not None:
+        return readout.lens_input
+    return None if readout.merge is not None else model.get_output_embeddings()
 
 
 @torch.no_grad()
 def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torch.Tensor) -> torch.Tensor:
     """The model's own log-probabilities when its final norm (or its merge of residual streams before the norm) reads
-    ``layer_states [T, ...]`` instead of the last block's output (the model's own merge, norm, head and logit transform:
-    the lens, computed by the model)."""
-    def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (layer_states.unsqueeze(0).to(args[0].dtype), *args[1:])
+    ``layer_states`` (the forward's ``hidden_states`` entry of a layer, one row) instead of the last block's output (the
+    model's own merge, norm, head and logit transform: the lens, computed by the model); where the model merges its
+    streams in its forward's own code, the last block's output is replaced by them."""
+    from lm_eval_probes.capture.parts import architecture_of, get_path
 
-    handle = _lens_input(model).register_forward_pre_hook(replace)
+    reader = _lens_input(model)
+    if reader is None:
+        last = get_path(model, architecture_of(model).blocks)[-1]
+        handle = last.register_forward_hook(lambda _module, _args, output: layer_states.to(output.dtype))
+    else:
+        handle = reader.register_forward_pre_hook(
+            lambda _module, args: (layer_states[0].unsqueeze(0).to(args[0].dtype), *args[1:]))
     try:
         logits = model(ids, use_cache=False).logits[0]
     finally:
@@ -399,11 +408,21 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
         states = out.hidden_states
         if len(states) != layers + 1:
             raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
-        delta = _delta_tcb(model, ids, states[layers][0, positions])
+        final = states[layers]
+        if final.ndim > 3:  # the last block's streams (Gemma-3n's), not the final norm's output: the norm's own
+            finals = []
+            handle = _final_norm(model).register_forward_hook(lambda _module, _args, output: finals.append(output))
+            try:
+                with torch.no_grad():
+                    model(ids, use_cache=False)
+            finally:
+                handle.remove()
+            final = finals[-1]
+        delta = _delta_tcb(model, ids, final[0, positions])
         tcb = float(torch.log10(delta).mean())
-        lower = _lens_logprobs(model, ids, states[middle][0])[positions]
+        lower = _lens_logprobs(model, ids, states[middle])[positions]
         upper = (torch.log_softmax(out.logits[0].double(), -1) if middle + 1 == layers
-                 else _lens_logprobs(model, ids, states[middle + 1][0]))[positions]
+                 else _lens_logprobs(model, ids, states[middle + 1]))[positions]
         bte = float(_jsd(lower, upper).mean())
         got = sample["tcb_log10"], sample["bte_profile"][middle]
         for value, want in zip(got, (tcb, bte), strict=True):

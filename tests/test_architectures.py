@@ -76,13 +76,9 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
 
 
 REFUSED = {
-    "gemma3n_text": r"the logit lens cannot read its blocks' states \(4, 1, 16, 64\): its final norm reads \(1, 16, 64\) "
-                    r"\(the model first merges them, e\.g\. residual streams, by no module of its own",
     "cpmant": r"its last block's output is not what its head reads, and it keeps no final norm by a conventional name",
 }
-"""Families whose layers are not one state per block, each with the start of its refusal: Gemma-3n carries four
-residual streams (AltUp) that its forward merges before the final norm in code of its own, no module the lens could
-call (DeepSeek-V4's and HY-V4's ``hc_head`` is one: ``test_last_families.py``). CPM-Ant normalises its last block's
+"""Families whose layers are not one state per block, each with the start of its refusal. CPM-Ant normalises its last block's
 output by a norm of another name (``output_layernorm``): a model with no final norm by the conventional names must have
 its head read that output itself."""
 

@@ -2,7 +2,10 @@
 and run with ``probes=all``: DeepSeek-V4 and HY-V4 (four residual streams merged by the model's ``hc_head`` before
 its final norm: the lens reads each block's streams through that merge), BLOOM (Ω re-runs its blocks on one row of a
 batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis), XGLM, MiniCPM3 (its ``logits_scaling`` derived from
-its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides). Every document's δ_TCB and BTE agree with their
+its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides) and Gemma-3n (four AltUp streams kept
+before the batch, ``[streams, B, T, d]``, merged by its forward's own code before its final norm: the lens reads them
+through the same merge on the model's own projections; its ``hidden_states[L]`` the last block's streams, read out
+through the merge and the final norm). Every document's δ_TCB and BTE agree with their
 independent recomputation from the model's own forward (``benchmarks/architectures.py``'s ``check_documents``), and
 every document's Ω trajectory with the model's own blocks (``test_omega_capture.focal_reference``)."""
 
@@ -41,10 +44,19 @@ CONFIGS: dict[str, dict] = {
     "hyperclovax": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "head_dim": 16, "logits_scaling": 0.25, "embedding_multiplier": 2.0,
                     "residual_multiplier": 0.5},
+    "gemma3n_text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8, "hidden_size_per_layer_input": 8,
+                     "vocab_size_per_layer_input": 360, "laurel_rank": 8, "num_kv_shared_layers": 1,
+                     "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                     "activation_sparsity_pattern": [0.95, 0.0, 0.0]},
 }
 """Each family's small config, written here from its config class's fields (3 layers, width 64, 4 experts). HY-V4's
 indexer keeps its default top-2048 keys: with fewer than a sequence's length it picks them among the padded batch's
-positions too, and the model's own output depends on its batch."""
+positions too, and the model's own output depends on its batch. Gemma-3n: its four AltUp streams, its first layer's
+sparse activations, a sliding layer, and its last layer reading the keys and values of the first (full-attention)
+layer; its first layer (the one the margins read) attends to its whole prefix: on a sliding first layer the margins
+beyond the window differ from the eager reference, as Gemma-3's do (a matter of the margins' capture, not of the
+streams)."""
 
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
@@ -198,3 +210,66 @@ def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_k
     torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
     long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
     assert torch.isnan(long).all()
+
+
+def test_the_lens_reads_gemma3n_streams_through_the_merge_of_its_forward(tmp_path, monkeypatch):
+    """Gemma-3n merges its AltUp streams in its forward's own code: the lens runs the same merge on the model's own
+    ``altup_unembed_projections``, and a middle block's streams read by it equal the model's own forward with the last
+    block's output replaced by them; the probes read the states batch first, and ``[L]`` as the final norm's output.
+    A merge that is not the model's (the streams' plain mean) is refused at load."""
+    import transformers
+
+    from lm_eval_probes.capture import parts
+    from lm_eval_probes.capture.readouts import LensReadout, UnsupportedModelError, check_lens
+    from lm_eval_probes.stack_api import hidden_states_of
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("gemma3n_text", tmp_path)).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.merge.func is parts.altup_merge and readout.lens_input is None
+    assert readout.streams_first and readout.stream_shape == (4, 64) and readout.last_state_is_block_output
+    ids = torch.arange(3, 15).unsqueeze(0)
+    norm_outputs = []
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, use_cache=False)
+        middle = out.hidden_states[1]
+        assert middle.shape == (4, 1, 12, 64)
+        handle = model.model.layers[-1].register_forward_hook(lambda _module, _args, _output: middle)
+        try:
+            want = torch.log_softmax(model(ids, use_cache=False).logits[0].float(), -1)
+        finally:
+            handle.remove()
+        got = readout.logprobs(middle.movedim(0, 2)[0], normalized=False)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+        handle = model.model.norm.register_forward_hook(lambda _module, _args, output: norm_outputs.append(output))
+        try:
+            states = hidden_states_of(model, True, model(ids, output_hidden_states=True, use_cache=False).hidden_states)
+        finally:
+            handle.remove()
+    assert [tuple(state.shape) for state in states] == [(1, 12, 4, 64)] * 3 + [(1, 12, 64)]
+    assert torch.equal(states[1], middle.movedim(0, 2))
+    torch.testing.assert_close(states[-1], norm_outputs[-1], rtol=1e-6, atol=1e-6)
+
+    monkeypatch.setitem(parts.STREAM_MERGES, "gemma3n_text", lambda _model, streams: streams.mean(-2))
+    with pytest.raises(UnsupportedModelError, match="gemma3n_text.*differs from the model's own log-probabilities"):
+        check_lens(model, LensReadout(model))
+
+
+def test_gemma3n_omega_through_every_block_reads_the_keys_its_rerun_stored(tmp_path):
+    """Ω at focal depth L on Gemma-3n re-runs every block: its last block reads the keys and values that the re-run of
+    its first block stored (a new store per re-run, which every re-run block shares as the forward's blocks share
+    theirs), not the forward's — as the model's own forward from a source layer's states does (the reference)."""
+    import transformers
+    from test_capture import ll_instances
+    from test_omega_capture import assert_omega_matches_the_reference
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = build_independently("gemma3n_text", tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.config.kv_sharing_modes == ["store", "store", "reuse"]
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=3)
+    assert len(lm.focal_decoder.blocks) == 3
+    assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))

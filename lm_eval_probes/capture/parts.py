@@ -8,13 +8,19 @@ a divider (Granite's ``logits_scaling``) and Gemma's final soft-capping ``c·tan
 
 :data:`ARCHITECTURES` lists only the families that break these conventions. Whatever is found is checked against the
 model's own log-probabilities at load (:func:`check_lens`), so a wrong reading is never silent.
+
+A model that merges several residual streams before its final norm by a module of its own (DeepSeek-V4's ``hc_head``)
+has that module found at load; one that merges them in its forward's own code has the same computation here, run on
+the model's own modules and weights (:data:`STREAM_MERGES`: Gemma-3n's AltUp), and checked at load like every lens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -136,3 +142,33 @@ def logit_transform_of(config: Any) -> LogitTransform:
             scale /= float(value)
     softcap = next((float(v) for v in (getattr(text, name, None) for name in LOGIT_SOFTCAPS) if v), None)
     return LogitTransform(scale, softcap)
+
+
+def altup_merge(model: nn.Module, streams: torch.Tensor) -> torch.Tensor:
+    """Gemma-3n's merge of its AltUp streams after its last block, as ``Gemma3nTextModel.forward`` writes it, on the
+    model's own ``altup_unembed_projections``: ``streams [..., n, d]`` (stream 0 the active one) → ``[..., d]``, the
+    mean of stream 0 and of each other stream i projected by the model's (i − 1)-th unembedding projection and
+    rescaled to stream 0's root-mean-square (the projection's own clamped at 1e-5 before its square root).
+
+    Alternating Updates (Baykal et al., 2023, https://arxiv.org/abs/2301.13310) as Gemma-3n's forward writes it."""
+    owner = next((m for m in model.modules() if isinstance(getattr(m, "altup_unembed_projections", None), nn.ModuleList)),
+                 None)
+    if owner is None:
+        raise UnsupportedModelError(f"{type(model).__name__} keeps no altup_unembed_projections to merge its streams by")
+    first = streams[..., 0, :]
+    target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
+    merged = [first]
+    for index, projection in enumerate(owner.altup_unembed_projections, start=1):
+        projected = projection(streams[..., index, :]).to(dtype=first.dtype, device=target.device)
+        magnitude = torch.sqrt(torch.mean(projected**2, dim=-1, keepdim=True).clamp(min=1e-5))
+        merged.append(projected * target / magnitude)
+    return torch.mean(torch.stack(merged), dim=0)
+
+
+StreamMerge = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+"""``(model, streams [..., n, d]) → [..., d]``: a model's merge of its residual streams before its final norm."""
+
+STREAM_MERGES: dict[str, StreamMerge] = {"gemma3n_text": altup_merge}
+"""``model_type`` → the merge its forward's own code does before the final norm (no module of the model does it), for
+the families whose blocks carry several residual streams; :func:`~lm_eval_probes.capture.readouts.check_lens` checks
+it against the model's own log-probabilities."""

@@ -14,9 +14,11 @@ the model's own forward, then the :class:`LensReadout`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from collections.abc import Iterator, Sequence
+from collections import UserDict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ from torch import nn
 from lm_eval_probes.capture.parts import (
     ARCHITECTURES,
     FINAL_NORM_NAMES,
+    STREAM_MERGES,
     ArchitectureSpec,
     UnsupportedModelError,
     architecture_of,
@@ -34,7 +37,7 @@ from lm_eval_probes.capture.parts import (
     logit_transform_of,
     model_type_of,
 )
-from lm_eval_probes.stack_api import learn_hidden_states_selection
+from lm_eval_probes.stack_api import learn_hidden_states_selection, read_states_through
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 __all__ = ["ARCHITECTURES", "ArchitectureSpec", "BlockInputs", "FocalDepthDecoder", "LensReadout",
@@ -80,12 +83,22 @@ class LensReadout:
         """s of logits = g(s · (W h + b)) (1 for most families)."""
         self.logit_softcap: float | None = transform.softcap
         self.row_sq_norms = squared_row_norms(self.unembed)  # in float64, without a float64 copy of W
-        self.merge: nn.Module | None = None
-        """The model's own merge of several residual streams before its final norm (DeepSeek-V4's and HY-V4's
-        ``hc_head``), found and checked at load by :func:`check_lens`; ``None``: the blocks' states are what the final
-        norm reads."""
+        self.merge: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The model's own merge of several residual streams before its final norm, ``[1, n, *stream_shape] → [1, n,
+        d]``, found and checked at load by :func:`check_lens`: the module the final norm's input comes from
+        (DeepSeek-V4's and HY-V4's ``hc_head``: :attr:`merge_module`), or the merge its forward's own code does run on
+        its own modules (:data:`~lm_eval_probes.capture.parts.STREAM_MERGES`: Gemma-3n's AltUp); ``None``: the blocks'
+        states are what the final norm reads."""
+        self.merge_module: nn.Module | None = None
+        """:attr:`merge` where it is a module of the model (whose input is the last block's output)."""
         self.stream_shape: tuple[int, ...] = ()
         """A block's state per token where :attr:`merge` is set (``(streams, d)``)."""
+        self.streams_first = False
+        """Whether the blocks keep their streams before the batch (Gemma-3n's ``[streams, B, T, d]``): the forward's
+        states are then read batch first, ``[B, T, streams, d]`` (:meth:`batch_first`, :meth:`own_states`)."""
+        self.last_state_is_block_output = False
+        """Whether the forward's ``hidden_states[L]`` is the last block's output (its streams) rather than the final
+        norm's output (Gemma-3n's): :meth:`own_states` then reads it out through the merge and the final norm."""
 
     @property
     def looped(self) -> bool:
@@ -103,10 +116,37 @@ class LensReadout:
         return names
 
     @property
-    def lens_input(self) -> nn.Module:
-        """The module whose input is the last block's output: the stream merge where the model has one, else the final
-        norm."""
-        return self.final_norm if self.merge is None else self.merge
+    def lens_input(self) -> nn.Module | None:
+        """The module of the model whose input is the last block's output: the stream merge where the model has one as
+        a module, else the final norm; ``None`` where none is (no final norm, or a merge in the forward's own code)."""
+        if self.merge is not None:
+            return self.merge_module
+        return self.final_norm if self.has_final_norm else None
+
+    def batch_first(self, states: torch.Tensor) -> torch.Tensor:
+        """A block's states as the lens reads them, ``[B, T, *stream_shape]`` (a view): the streams moved after the
+        positions where the blocks keep them first (:attr:`streams_first`); unchanged otherwise."""
+        return states.movedim(0, -2) if self.streams_first else states
+
+    def block_layout(self, states: torch.Tensor) -> torch.Tensor:
+        """:meth:`batch_first`'s inverse: ``[B, T, *stream_shape]`` → the layout the blocks take."""
+        return states.movedim(-2, 0) if self.streams_first else states
+
+    def own_states(self, hidden_states: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...]:
+        """A forward's L + 1 ``hidden_states`` (``None`` where not kept) as every probe reads them: each block's
+        :meth:`batch_first`, and ``[L]`` the final norm's output where the forward gives the last block's instead
+        (:attr:`last_state_is_block_output`: read out here through the model's own merge and final norm, as the
+        model does)."""
+        states = [None if state is None else self.batch_first(state) for state in hidden_states]
+        if self.last_state_is_block_output and states[-1] is not None:
+            last = states[-1]
+            states[-1] = self.final_norm(self.merged(last.to(self._norm_device)))
+        return tuple(states)
+
+    @property
+    def reads_own_states(self) -> bool:
+        """Whether the forward's ``hidden_states`` must go through :meth:`own_states` before a probe reads them."""
+        return self.streams_first or self.last_state_is_block_output
 
     def merged(self, hidden: torch.Tensor) -> torch.Tensor:
         """Block states ``[..., *stream_shape]`` → ``[..., d]`` through the model's own :attr:`merge` (called as the
@@ -238,7 +278,12 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     states are not (several residual streams, DeepSeek-V4's and HY-V4's ``hc_head``), the module the final norm's input
     comes from is the model's merge (:func:`_stream_merge`): it becomes the readout's :attr:`LensReadout.merge`, and the
     lens on the last block's output (through the merge, the final norm and the head) must reproduce the model's own
-    log-probabilities as above.
+    log-probabilities as above. Where no module gives it (a merge in the forward's own code), the family's
+    :data:`~lm_eval_probes.capture.parts.STREAM_MERGES` entry, run on the model's own modules, is the merge, checked the
+    same way; streams kept before the batch (Gemma-3n's ``[streams, B, T, d]``) are read batch first, and a
+    ``hidden_states[L]`` that is the last block's output through the merge and the final norm
+    (:meth:`LensReadout.own_states`, which :func:`~lm_eval_probes.stack_api.hidden_states_of` then applies to every
+    forward's states of the model).
     Two or three more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
     (:func:`~lm_eval_probes.stack_api.learn_hidden_states_selection`).
 
@@ -272,16 +317,29 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     if len(passes) > readout.num_blocks and len(out.hidden_states) == len(passes) + 1:  # a looped model
         readout.passes, readout.num_layers = tuple(passes), len(passes)
     lens_input, read = taken[-1], "the final norm's input"
-    readout.merge, readout.stream_shape = None, ()
+    last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
+        (last_outputs[-1] if last_outputs else None)
+    readout.merge, readout.merge_module, readout.stream_shape = None, None, ()
+    readout.streams_first = readout.last_state_is_block_output = False
     if len(out.hidden_states) == readout.num_layers + 1 and out.hidden_states[-2].shape != lens_input.shape:
-        found = _stream_merge(model, readout, ids, tuple(out.hidden_states[-2].shape))  # several residual streams
+        block_shape = tuple(out.hidden_states[-2].shape)  # several residual streams
+        found = _stream_merge(model, readout, ids, block_shape)
         if found is not None:
-            readout.merge, lens_input = found
+            readout.merge_module, lens_input = found
+            readout.merge = readout.merge_module
             readout.stream_shape = tuple(lens_input.shape[2:])
-            read = f"the last block's output (merged by its {type(readout.merge).__name__})"
+            read = f"the last block's output (merged by its {type(readout.merge_module).__name__})"
+        elif (readout.model_type in STREAM_MERGES and isinstance(last, torch.Tensor)
+              and tuple(last.shape) == block_shape and len(block_shape) == lens_input.ndim + 1):
+            merge = STREAM_MERGES[readout.model_type]  # the merge the forward's own code does
+            readout.merge = functools.partial(merge, model)
+            readout.streams_first = block_shape[1:3] == tuple(lens_input.shape[:2]) != block_shape[:2]
+            lens_input = last.detach()
+            readout.stream_shape = tuple(readout.batch_first(lens_input).shape[2:])
+            readout.last_state_is_block_output = (out.hidden_states[-1].shape == last.shape
+                                                  and torch.equal(out.hidden_states[-1], last))
+            read = f"the last block's output (merged by {merge.__name__} on the model's own modules)"
     if not readout.has_final_norm:  # the head (or the merge) must read the last block's output itself
-        last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
-            (last_outputs[-1] if last_outputs else None)
         if not (isinstance(last, torch.Tensor) and last.shape == lens_input.shape
                 and torch.equal(last, lens_input)):  # a norm (or more) between them, not found by its name
             raise UnsupportedModelError(
@@ -300,8 +358,10 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
     transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
     largest = 0.0
-    for hidden, normalized, read in ((lens_input, False, read),
-                                     (out.hidden_states[-1], True, "hidden_states[L] (read as post-norm)")):
+    read_states_through(model, readout.own_states if readout.reads_own_states else None)
+    for hidden, normalized, read in ((readout.batch_first(lens_input), False, read),
+                                     (readout.own_states(out.hidden_states)[-1], True,
+                                      "hidden_states[L] (read as post-norm)")):
         got = readout.logprobs(hidden[0], normalized=normalized)
         if got.shape != want.shape:
             raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, the "
@@ -370,14 +430,17 @@ class BlockInputs:
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
-             axes: dict[tuple[Any, ...], tuple[int, int]] | None = None, path: tuple[Any, ...] = ()) -> Any:
+             axes: dict[tuple[Any, ...], tuple[int, int]] | None = None, path: tuple[Any, ...] = (),
+             shared: dict[int, Any] | None = None) -> Any:
     """``value`` with its batch dimension gathered at ``index``.
 
     ``axes`` (found at load by :func:`_batch_axes`): argument path → ``(axis, per row)``, an axis that holds
     ``per row`` consecutive entries per batch row (BLOOM's ALiBi bias ``[B · heads, 1, T]``: ``heads`` per row); each
     row's entries are gathered there. Elsewhere a leading dimension of size ``batch_size`` is the batch; tensors whose
     first dimension is not (size-1 broadcast masks or rotary tables, scalars) are returned unchanged; tuples, lists and
-    dicts are mapped.
+    dicts are mapped. A ``UserDict`` the blocks share and fill as they run (Gemma-3n's keys and values shared between
+    blocks) becomes a new one of its rows, the forward's left as it is; ``shared`` (the forward's ``id`` → its new
+    one) gives every block of one re-run the same new one, as the forward gives every block its own.
     """
     if isinstance(value, torch.Tensor):
         if axes and path in axes:
@@ -391,11 +454,18 @@ def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
             return value.index_select(0, index.to(value.device))
         return value
     if isinstance(value, tuple):
-        return tuple(_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value))
+        return tuple(_rows_of(v, index, batch_size, axes, (*path, i), shared) for i, v in enumerate(value))
     if isinstance(value, list):
-        return [_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value)]
+        return [_rows_of(v, index, batch_size, axes, (*path, i), shared) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _rows_of(v, index, batch_size, axes, (*path, k)) for k, v in value.items()}
+        return {k: _rows_of(v, index, batch_size, axes, (*path, k), shared) for k, v in value.items()}
+    if isinstance(value, UserDict):
+        if shared is not None and id(value) in shared:
+            return shared[id(value)]
+        rows = type(value)({k: _rows_of(v, index, batch_size, axes, (*path, k), shared) for k, v in value.items()})
+        if shared is not None:
+            shared[id(value)] = rows
+        return rows
     return value
 
 
@@ -604,11 +674,10 @@ class FocalDepthDecoder:
             raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
         self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs)
         row = torch.tensor([1])
-        states = taken[0].index_select(0, row.to(taken[0].device))
+        states = self.readout.batch_first(taken[0])
         try:
-            for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-                result = block(states, **_rows_of(kwargs, row, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, (tuple, list)) else result
+            states = self._rerun(states.index_select(0, row.to(states.device)), inputs.block_kwargs, row,
+                                 inputs.batch_size)
         except Exception as error:  # the arguments do not re-run on a subset of the rows
             raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
                                         f"{(str(error).splitlines() or [''])[0][:160]}") from None
@@ -669,7 +738,7 @@ class FocalDepthDecoder:
                 if index >= first_rerun:
                     inputs.block_kwargs[index - first_rerun] = kept
                 if first_source <= index < stop_source:
-                    self._add_source(inputs, index - first_source, hidden.detach())
+                    self._add_source(inputs, index - first_source, self.readout.batch_first(hidden.detach()))
 
             return record
 
@@ -683,11 +752,12 @@ class FocalDepthDecoder:
         try:
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave, always_call=True))
-            if self.readout.has_final_norm:
-                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))  # the streams, where merged
-            else:  # no final norm: the last block's output
+            if self.readout.lens_input is not None:  # the final norm, or the module that merges the streams
+                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))
+            else:  # no final norm, or a merge in the forward's own code: the last block's output
                 handles.append(self.readout.last_block.register_forward_hook(
-                    lambda module, _args, output: norm_hook(module, (output[0] if isinstance(output, (tuple, list)) else output,))))
+                    lambda module, _args, output: norm_hook(module, (self.readout.batch_first(
+                        output[0] if isinstance(output, (tuple, list)) else output),))))
             for index, block in enumerate(self.all_blocks):
                 handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
@@ -726,6 +796,18 @@ class FocalDepthDecoder:
         for done in [s for s in inputs.sources if s not in waiting]:
             del inputs.sources[done]
 
+    def _rerun(self, states: torch.Tensor, kwargs_of: Sequence[dict[str, Any]], rows: torch.Tensor,
+               batch_size: int) -> torch.Tensor:
+        """The last m blocks on ``states [n, T, ...]`` (batch first: :meth:`LensReadout.batch_first`), rows ``rows`` of
+        the forward's batch of ``batch_size``, each with those rows of the arguments ``kwargs_of`` it got; batch
+        first."""
+        states = self.readout.block_layout(states)
+        shared: dict[int, Any] = {}  # what the blocks share and fill as they run: one new one for this re-run
+        for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
+            result = block(states, **_rows_of(kwargs, rows, batch_size, self.batch_axes, shared=shared))
+            states = result[0] if isinstance(result, (tuple, list)) else result
+        return self.readout.batch_first(states)
+
     def _per_chunk(self, length: int) -> int:
         return max(1, self.chunk_tokens // max(length, 1))
 
@@ -737,9 +819,7 @@ class FocalDepthDecoder:
         with torch.no_grad(), torch.autocast(device_type=inputs.device_type,
                                              dtype=inputs.autocast_dtype or torch.float32,
                                              enabled=inputs.autocast_dtype is not None):
-            for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
-                result = block(states, **_rows_of(kwargs, rows, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, (tuple, list)) else result
+            states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
         windows = [inputs.windows[row] for _, row in chunk]
         picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
         masses = self._masses(picked, normalized=False).cpu()
