@@ -282,16 +282,17 @@ def _task_manager() -> Any:
     return lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
 
 
-def run(folder: str, docs: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`: lm_eval's results
-    and samples (JSON-native)."""
+def run(folder: str, docs: int, *, batch_size: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`, ``batch_size`` at a
+    time: lm_eval's results and samples (JSON-native)."""
     import lm_eval
     from lm_eval.utils import handle_non_serializable
 
     result = lm_eval.simple_evaluate(
         model="hf-probes", model_args={"pretrained": folder, "probes": "all", "probe_bte_profile": "full",
                                        "device": "cpu"},
-        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=2, bootstrap_iters=0, log_samples=True)
+        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=batch_size, bootstrap_iters=0,
+        log_samples=True)
     return result, json.loads(json.dumps(result["samples"][TASK], default=handle_non_serializable))
 
 
@@ -317,14 +318,22 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 @functools.cache
-def _lens_input(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The module whose input is the last block's output: the final norm, or the model's own merge of several residual
-    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from), or the head where the
-    model has no final norm; ``None`` where the model merges its streams in its forward's own code (Gemma-3n)."""
+def _readout(model: torch.nn.Module) -> Any:
+    """The plugin's lens readout of ``model``, checked at load (what it found: the final norm under another name,
+    a merge of streams, a prediction head)."""
     from lm_eval_probes.capture.readouts import LensReadout, check_lens
 
     readout = LensReadout(model)
     check_lens(model, readout)
+    return readout
+
+
+def _lens_input(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose input is the last block's output: the final norm (CPM-Ant's under another name, the module its
+    head's input comes from), or the model's own merge of several residual streams before it (DeepSeek-V4's
+    ``hc_head``, the module the final norm's input comes from), or the head where the model has no final norm;
+    ``None`` where the model merges its streams in its forward's own code (Gemma-3n)."""
+    readout = _readout(model)
     if readout.lens_input is not None:
         return readout.lens_input
     return None if readout.merge is not None else model.get_output_embeddings()
@@ -343,8 +352,12 @@ def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torc
         last = get_path(model, architecture_of(model).blocks)[-1]
         handle = last.register_forward_hook(lambda _module, _args, output: layer_states.to(output.dtype))
     else:
-        handle = reader.register_forward_pre_hook(
-            lambda _module, args: (layer_states[0].unsqueeze(0).to(args[0].dtype), *args[1:]))
+        def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            states = args[0].clone()  # the last positions: a model's own before them stay (CPM-Ant's prompt)
+            states[:, states.shape[1] - layer_states.shape[1]:] = layer_states[0].to(states.dtype)
+            return (states, *args[1:])
+
+        handle = reader.register_forward_pre_hook(replace)
     try:
         logits = model(ids, use_cache=False).logits[0]
     finally:
@@ -352,10 +365,11 @@ def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torc
     return torch.log_softmax(logits.double(), -1)
 
 
-def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor, *, at_head: bool = False) -> torch.Tensor:
     """δ = 1 / ‖∂softmax(logits)/∂h‖_F at each of ``final``'s ``[n, d]`` post-norm states, the Jacobian by autograd
-    through the model's own head and logit transform (the final norm's output replaced by h)."""
-    norm = _final_norm(model)
+    through the model's own head and logit transform (the final norm's output replaced by h; ``at_head``: the
+    unembedding's input, where a prediction head lies between them)."""
+    norm = None if at_head else _final_norm(model)
     out = []
     for h in final:
         def probabilities(state: torch.Tensor) -> torch.Tensor:
@@ -408,8 +422,18 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
         states = out.hidden_states
         if len(states) != layers + 1:
             raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
-        final = states[layers]
-        if final.ndim > 3:  # the last block's streams (Gemma-3n's), not the final norm's output: the norm's own
+        final, at_head = states[layers], _readout(model).head_transform is not None
+        if at_head:  # a prediction head between the final norm and the unembedding: δ at the unembedding's input
+            heads: list[torch.Tensor] = []
+            handle = model.get_output_embeddings().register_forward_pre_hook(
+                lambda _module, args: heads.append(args[0]))
+            try:
+                with torch.no_grad():
+                    model(ids, use_cache=False)
+            finally:
+                handle.remove()
+            final = heads[-1]
+        elif final.ndim > 3:  # the last block's streams (Gemma-3n's), not the final norm's output: the norm's own
             finals = []
             handle = _final_norm(model).register_forward_hook(lambda _module, _args, output: finals.append(output))
             try:
@@ -418,7 +442,7 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
             finally:
                 handle.remove()
             final = finals[-1]
-        delta = _delta_tcb(model, ids, final[0, positions])
+        delta = _delta_tcb(model, ids, final[0, positions], at_head=at_head)
         tcb = float(torch.log10(delta).mean())
         lower = _lens_logprobs(model, ids, states[middle])[positions]
         upper = (torch.log_softmax(out.logits[0].double(), -1) if middle + 1 == layers

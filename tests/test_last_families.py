@@ -5,7 +5,10 @@ batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis), XGLM, MiniC
 its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides) and Gemma-3n (four AltUp streams kept
 before the batch, ``[streams, B, T, d]``, merged by its forward's own code before its final norm: the lens reads them
 through the same merge on the model's own projections; its ``hidden_states[L]`` the last block's streams, read out
-through the merge and the final norm). Every document's δ_TCB and BTE agree with their
+through the merge and the final norm), ModernBERT-decoder (a prediction head — dense, activation, norm — between
+its final norm and its unembedding: the module the unembedding's input comes from, read through) and CPM-Ant (its final
+norm ``output_layernorm``, by no conventional name: the module whose output its head reads; 32 prompt positions of its
+own before the sequence's, dropped before its head). Every document's δ_TCB and BTE agree with their
 independent recomputation from the model's own forward (``benchmarks/architectures.py``'s ``check_documents``), and
 every document's Ω trajectory with the model's own blocks (``test_omega_capture.focal_reference``)."""
 
@@ -49,6 +52,9 @@ CONFIGS: dict[str, dict] = {
                      "vocab_size_per_layer_input": 360, "laurel_rank": 8, "num_kv_shared_layers": 1,
                      "layer_types": ["full_attention", "sliding_attention", "full_attention"],
                      "activation_sparsity_pattern": [0.95, 0.0, 0.0]},
+    "modernbert-decoder": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                           "num_attention_heads": 4, "local_attention": 16,
+                           "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
 }
 """Each family's small config, written here from its config class's fields (3 layers, width 64, 4 experts). HY-V4's
 indexer keeps its default top-2048 keys: with fewer than a sequence's length it picks them among the padded batch's
@@ -89,7 +95,8 @@ def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
     import transformers
     from test_margin_capture import own_eager_margins
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,  # a mask built for eager
+                                                              attn_implementation="eager").eval()  # (ModernBERT's)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     for sample in samples:
         logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
@@ -273,3 +280,88 @@ def test_gemma3n_omega_through_every_block_reads_the_keys_its_rerun_stored(tmp_p
     lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=3)
     assert len(lm.focal_decoder.blocks) == 3
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
+
+
+CPMANT = {"hidden_size": 64, "num_attention_heads": 4, "dim_head": 16, "dim_ff": 128, "num_hidden_layers": 3,
+          "prompt_types": 4, "prompt_length": 4, "segment_types": 4, "position_bias_num_buckets": 32,
+          "position_bias_max_distance": 128, "init_std": 0.1}
+"""CPM-Ant's small config (its default initialisation, standard deviation 1, saturates every softmax of a tiny model)."""
+
+
+def _cpmant(folder: Path) -> str:
+    import transformers
+    from tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model("cpmant", vocab_size=len(tokenizer), **CPMANT)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
+    """CPM-Ant keeps its final norm as ``encoder.output_layernorm`` (no conventional name): the module between its last
+    block and its head is found at load and read through, its 4 prompt positions before the sequence's left out; its
+    own forward reads a right-padded row otherwise than that row alone (it builds its attention mask from the ids, not
+    from the mask it is given), so the run takes one document per batch, and attends both ways over its input (every
+    position is "context"), so the references read the input the harness gave it. δ_TCB and BTE agree with their
+    independent recomputation, Ω with the model's own blocks; the margins (of causal attention) are skipped."""
+    import transformers
+    from test_capture import LL_REQUESTS, ll_instances
+    from test_omega_capture import focal_reference
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = _cpmant(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    readout = LensReadout(model)
+    assert not readout.has_final_norm  # by the conventional names
+    assert check_lens(model, readout) < 1e-4
+    assert readout.final_norm is model.cpmant.encoder.output_layernorm and readout.prepended == 4
+
+    result, samples = architectures.run(folder, 2, batch_size=1)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert architectures.check_documents(folder, samples) <= 1e-5
+
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=1, probes="omega", probe_omega_depth=2)
+    for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances()), strict=True):
+        context_ids, continuation_ids = lm._encode_pair(context, continuation)
+        seen = (context_ids + continuation_ids)[:-1]  # its forward attends both ways: the reference on what it saw
+        want = focal_reference(model, seen, 2, 1, len(context_ids) - 1, len(seen)).mean(-1)
+        assert answer.probe.get("omega_trajectory") == pytest.approx(want.tolist(), rel=2e-5, abs=2e-6)
+
+
+def test_modernbert_decoder_lens_reads_through_its_prediction_head(tmp_path):
+    """The module between ModernBERT-decoder's final norm and its unembedding (``lm_head``: dense, activation, norm) is
+    found at load: the lens of the final norm's input equals the model's own log-probabilities only through it, and
+    ``hidden_states[L]`` reaches the probes as the unembedding's input."""
+    import transformers
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+    from lm_eval_probes.stack_api import hidden_states_of
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("modernbert-decoder", tmp_path)).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.head_transform is model.lm_head and model.get_output_embeddings() is model.decoder
+    ids = torch.arange(3, 15).unsqueeze(0)
+    heads = []
+    handle = model.decoder.register_forward_pre_hook(lambda _module, args: heads.append(args[0]))
+    try:
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(hidden_states_of(model, True, out.hidden_states)[-1], heads[-1], rtol=0, atol=0)
+    readout.head_transform = None  # without it the lens is not the model's
+    with torch.no_grad():
+        got = readout.logprobs(out.hidden_states[-1][0], normalized=True)
+    assert not torch.allclose(got, torch.log_softmax(out.logits[0], -1), atol=1e-2)

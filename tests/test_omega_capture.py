@@ -63,15 +63,18 @@ def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, 
     norm = blocks[-1] if in_forward else readout.lens_input or model.get_output_embeddings()  # no norm: the head's input
     ids = torch.tensor([token_ids])
     norm_input: list[torch.Tensor] = []
-    handle = (norm.register_forward_hook(lambda _m, _args, output: norm_input.append(output)) if in_forward else
-              norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0])))
+    block_inputs: list[torch.Tensor] = []  # where the model puts positions of its own before the sequence's (CPM-Ant)
+    handles = [norm.register_forward_hook(lambda _m, _args, output: norm_input.append(output)) if in_forward else
+               norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))]
+    handles += [block.register_forward_pre_hook(lambda _m, args: block_inputs.append(args[0])) for block in blocks]
     try:
         out = model(ids, output_hidden_states=True, use_cache=False)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     entry = [*blocks, norm][len(blocks) - depth]
-    rows = []
-    for state in [*out.hidden_states[:-1], norm_input[-1]]:
+    rows = []  # a source layer's states over the whole sequence: the blocks' own positions too, where the model has them
+    for state in [*(block_inputs if readout.prepended else out.hidden_states[:-1]), norm_input[-1]]:
         handle = (norm.register_forward_hook(lambda _m, _args, _output, state=state: state) if in_forward and not depth
                   else _replacing_input(entry, state))
         try:

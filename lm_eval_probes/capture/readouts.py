@@ -93,12 +93,26 @@ class LensReadout:
         """:attr:`merge` where it is a module of the model (whose input is the last block's output)."""
         self.stream_shape: tuple[int, ...] = ()
         """A block's state per token where :attr:`merge` is set (``(streams, d)``)."""
+        self.head_transform: nn.Module | None = None
+        """The module between the final norm and the unembedding, where the model has one (ModernBERT-decoder's
+        prediction head: dense, activation, norm), found and checked at load by :func:`check_lens`: the lens reads
+        ``W · head_transform(final_norm(h))``, and ``hidden_states[L]`` (the final norm's output) through it."""
+        self.prepended = 0
+        """Positions the model puts before the sequence's own in its blocks and drops before its head (CPM-Ant's
+        prompt), found by :func:`check_lens`: the blocks' states there are not the sequence's."""
         self.streams_first = False
         """Whether the blocks keep their streams before the batch (Gemma-3n's ``[streams, B, T, d]``): the forward's
         states are then read batch first, ``[B, T, streams, d]`` (:meth:`batch_first`, :meth:`own_states`)."""
         self.last_state_is_block_output = False
         """Whether the forward's ``hidden_states[L]`` is the last block's output (its streams) rather than the final
         norm's output (Gemma-3n's): :meth:`own_states` then reads it out through the merge and the final norm."""
+
+    def use_final_norm(self, norm: nn.Module) -> None:
+        """Read through ``norm`` as the final norm (found by :func:`check_lens` where the conventional names find none:
+        the module between the last block and the head)."""
+        self.final_norm, self.has_final_norm = norm, True
+        parameters = list(norm.parameters())
+        self._norm_device = parameters[0].device if parameters else self._norm_device
 
     @property
     def looped(self) -> bool:
@@ -136,17 +150,20 @@ class LensReadout:
         """A forward's L + 1 ``hidden_states`` (``None`` where not kept) as every probe reads them: each block's
         :meth:`batch_first`, and ``[L]`` the final norm's output where the forward gives the last block's instead
         (:attr:`last_state_is_block_output`: read out here through the model's own merge and final norm, as the
-        model does)."""
+        model does), through the prediction head where the model has one (:attr:`head_transform`: ``[L]`` is then
+        what the unembedding reads)."""
         states = [None if state is None else self.batch_first(state) for state in hidden_states]
         if self.last_state_is_block_output and states[-1] is not None:
             last = states[-1]
             states[-1] = self.final_norm(self.merged(last.to(self._norm_device)))
+        if self.head_transform is not None and states[-1] is not None:
+            states[-1] = self.head_transform(states[-1])
         return tuple(states)
 
     @property
     def reads_own_states(self) -> bool:
         """Whether the forward's ``hidden_states`` must go through :meth:`own_states` before a probe reads them."""
-        return self.streams_first or self.last_state_is_block_output
+        return self.streams_first or self.last_state_is_block_output or self.head_transform is not None
 
     def merged(self, hidden: torch.Tensor) -> torch.Tensor:
         """Block states ``[..., *stream_shape]`` → ``[..., d]`` through the model's own :attr:`merge` (called as the
@@ -167,11 +184,14 @@ class LensReadout:
     def logits(
         self, hidden: torch.Tensor, *, normalized: bool, capped: bool = True, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm is already applied;
+        """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm (and the prediction head
+        after it, :attr:`head_transform`) is already applied: ``hidden`` is what the unembedding reads;
         ``capped=False`` returns ``s · (W h + b)`` before the soft-capping (δ_TCB's input); ``out``: a float32
         ``[..., V]`` tensor to write them into (and return), instead of a new one."""
         if not normalized:
             hidden = self.final_norm(self.merged(hidden).to(self._norm_device))
+            if self.head_transform is not None:
+                hidden = self.head_transform(hidden)
         hidden = hidden.to(self.device).float()
         if out is None and not self.rows.converts:
             logits = torch.nn.functional.linear(hidden, self.unembed, self.bias)
@@ -264,6 +284,43 @@ def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
                  and tuple(states.shape) == block_shape), None)
 
 
+def _views_of_one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor or views of one storage (the head's input sliced from a norm's output)."""
+    return a is b or a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _module_between(model: nn.Module, ids: torch.Tensor, source: nn.Module, reader: nn.Module) -> nn.Module | None:
+    """The module of one forward of ``ids`` whose input is ``source``'s output (its last call's; a block's first
+    output) and whose output is what ``reader`` reads (its last call's input: that tensor or a view of it), the outermost
+    where several are (the last to return); ``None`` where none is. The final norm under another name (the module
+    between the last block and the head: CPM-Ant's ``output_layernorm``), or a prediction head between the final norm
+    and the unembedding (ModernBERT-decoder's ``lm_head``: dense, activation, norm)."""
+    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+    sources: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            calls.append((module, args[0], output))
+
+    def take_source(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        sources.append(output[0] if isinstance(output, (tuple, list)) else output)
+
+    handles = [module.register_forward_hook(record) for module in model.modules()
+               if module is not model and module is not reader and module is not source]
+    handles.append(source.register_forward_hook(take_source))
+    handles.append(reader.register_forward_pre_hook(lambda _module, args: targets.append(args[0])))
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not sources or not targets or not isinstance(sources[-1], torch.Tensor):
+        return None
+    return next((module for module, states, output in reversed(calls)
+                 if _views_of_one_storage(output, targets[-1]) and _views_of_one_storage(states, sources[-1])), None)
+
+
 @torch.no_grad()
 def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TOKENS) -> float:
     """Check at load that the :class:`LensReadout` found for ``model`` is the model's own readout: one forward of
@@ -284,6 +341,12 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     ``hidden_states[L]`` that is the last block's output through the merge and the final norm
     (:meth:`LensReadout.own_states`, which :func:`~lm_eval_probes.stack_api.hidden_states_of` then applies to every
     forward's states of the model).
+    A model with no final norm by its conventional names whose head does not read its last block's output has the
+    module between them as its final norm (:func:`_module_between`: CPM-Ant's ``output_layernorm``; positions the
+    model puts before the sequence's own in its blocks and drops before its head, CPM-Ant's prompt, are
+    :attr:`LensReadout.prepended`). Where the lens differs from the model's own log-probabilities and the unembedding
+    reads no view of the final norm's output, the module between them (a prediction head: ModernBERT-decoder's) is
+    :attr:`LensReadout.head_transform`, and the lens is checked again through it.
     Two or three more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
     (:func:`~lm_eval_probes.stack_api.learn_hidden_states_selection`).
 
@@ -299,7 +362,12 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     taken: list[torch.Tensor] = []
     passes: list[int] = []
     last_outputs: list[Any] = []
+    head = model.get_output_embeddings()
+    head_inputs: list[torch.Tensor] = []
+    norm_outputs: list[torch.Tensor] = []
     handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach())),
+               readout.final_norm.register_forward_hook(lambda _module, _args, output: norm_outputs.append(output)),
+               head.register_forward_pre_hook(lambda _module, args: head_inputs.append(args[0])),
                readout.last_block.register_forward_hook(lambda _module, _args, output: last_outputs.append(output))]
     handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
                 for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
@@ -341,11 +409,18 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
             read = f"the last block's output (merged by {merge.__name__} on the model's own modules)"
     if not readout.has_final_norm:  # the head (or the merge) must read the last block's output itself
         if not (isinstance(last, torch.Tensor) and last.shape == lens_input.shape
-                and torch.equal(last, lens_input)):  # a norm (or more) between them, not found by its name
-            raise UnsupportedModelError(
-                f"{where}: its last block's output is not what its head reads, and it keeps no final norm by a "
-                f"conventional name ({', '.join(FINAL_NORM_NAMES)}); add a row to lm_eval_probes.capture.parts."
-                "ARCHITECTURES")
+                and torch.equal(last, lens_input)):  # a norm between them, not found by its name
+            norm = _module_between(model, ids, readout.last_block, head)  # the module whose output the head reads
+            if norm is None or not isinstance(last, torch.Tensor):
+                raise UnsupportedModelError(
+                    f"{where}: its last block's output is not what its head reads, and no module between them (nor a "
+                    f"final norm by a conventional name: {', '.join(FINAL_NORM_NAMES)}) is; add a row to "
+                    "lm_eval_probes.capture.parts.ARCHITECTURES")
+            readout.use_final_norm(norm)
+            lens_input, read = last.detach(), f"the final norm's input (its {type(norm).__name__}, read by its head)"
+    readout.prepended = max(0, readout.batch_first(lens_input).shape[1] - out.logits.shape[1])
+    if readout.prepended:  # the blocks' positions that are the sequence's (after CPM-Ant's prompt)
+        lens_input = lens_input[:, readout.prepended :]
     _check_one_state_per_block(out.hidden_states, lens_input, readout.num_layers, where)
     learn_hidden_states_selection(  # how this model reads a list of hidden_states indices (its release's reading)
         model, lambda request: model(input_ids=ids, output_hidden_states=request, use_cache=False).hidden_states,
@@ -357,23 +432,35 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     atol, rtol = LENS_TOLERANCE.get(readout.unembed.dtype, LENS_TOLERANCE[torch.bfloat16])
     bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
     transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
-    largest = 0.0
-    read_states_through(model, readout.own_states if readout.reads_own_states else None)
-    for hidden, normalized, read in ((readout.batch_first(lens_input), False, read),
-                                     (readout.own_states(out.hidden_states)[-1], True,
-                                      "hidden_states[L] (read as post-norm)")):
-        got = readout.logprobs(hidden[0], normalized=normalized)
-        if got.shape != want.shape:
-            raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, the "
-                                        f"model {tuple(want.shape)}")
-        got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
-        difference = float((got - want)[compared].abs().max())
-        if not difference <= bound:
-            raise UnsupportedModelError(
-                f"{where}: the logit lens ({transform}) on {read} differs from the model's own log-probabilities by "
-                f"up to {difference:.3g} (allowed {bound:.3g} in {str(readout.unembed.dtype).removeprefix('torch.')})")
-        largest = max(largest, difference)
-    return largest
+    readout.head_transform = None
+    while True:
+        largest, failure = 0.0, None
+        read_states_through(model, readout.own_states if readout.reads_own_states else None)
+        for hidden, normalized, read in ((readout.batch_first(lens_input), False, read),
+                                         (readout.own_states(out.hidden_states)[-1], True,
+                                          "hidden_states[L] (read as post-norm)")):
+            got = readout.logprobs(hidden[0], normalized=normalized)
+            if got.shape != want.shape:
+                raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, "
+                                            f"the model {tuple(want.shape)}")
+            got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
+            difference = float((got - want)[compared].abs().max())
+            if not difference <= bound:
+                failure = (f"{where}: the logit lens ({transform}) on {read} differs from the model's own "
+                           f"log-probabilities by up to {difference:.3g} (allowed {bound:.3g} in "
+                           f"{str(readout.unembed.dtype).removeprefix('torch.')})")
+                break
+            largest = max(largest, difference)
+        if failure is None:
+            return largest
+        if readout.head_transform is not None or not (readout.has_final_norm and norm_outputs and head_inputs) \
+                or _views_of_one_storage(norm_outputs[-1], head_inputs[-1]):
+            raise UnsupportedModelError(failure)
+        # the head reads no view of the final norm's output: a module between them (a prediction head), read through
+        readout.head_transform = _module_between(model, ids, readout.final_norm, head)
+        if readout.head_transform is None:
+            raise UnsupportedModelError(failure)
+        transform += f", through its {type(readout.head_transform).__name__}"
 
 
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past", "cache_params")
@@ -821,7 +908,8 @@ class FocalDepthDecoder:
                                              enabled=inputs.autocast_dtype is not None):
             states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
         windows = [inputs.windows[row] for _, row in chunk]
-        picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
+        first = self.readout.prepended  # the model's own positions before the sequence's (CPM-Ant's prompt)
+        picked = torch.cat([states[k, first + start : first + stop] for k, (start, stop) in enumerate(windows)])
         masses = self._masses(picked, normalized=False).cpu()
         offset = 0
         for pair, (start, stop) in zip(chunk, windows, strict=True):
@@ -864,6 +952,7 @@ class FocalDepthDecoder:
                 or not all(inputs.block_kwargs) or len(inputs.sources) + len(inputs.masses) == 0):
             raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
         batch, length = inputs.final_norm_input.shape[:2]
+        length -= self.readout.prepended  # the sequence's positions (the blocks' less the model's own before them)
         kept = next((h for h in hidden_states if h is not None), None)
         if inputs.batch_size != batch or (kept is not None and kept.shape[:2] != (batch, length)):
             raise RuntimeError(
@@ -884,7 +973,7 @@ class FocalDepthDecoder:
                 windows[row] = (min(lo, start), max(hi, stop))
             self.read_at(inputs, windows)
             inputs.pending = [(source, row) for source in sorted(inputs.sources) for row in inputs.windows]
-        per_chunk = self._per_chunk(length)
+        per_chunk = self._per_chunk(length + self.readout.prepended)  # the re-run sequences: the blocks' length
         while inputs.pending:
             self._decode_chunk(inputs, inputs.pending[:per_chunk], inputs.block_kwargs)
             del inputs.pending[:per_chunk]
