@@ -352,11 +352,11 @@ def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torc
     ``layer_states`` (the forward's ``hidden_states`` entry of a layer, one row) instead of the last block's output (the
     model's own merge, norm, head and logit transform: the lens, computed by the model); where the model merges its
     streams in its forward's own code, the last block's output is replaced by them."""
-    from lm_eval_probes.capture.parts import architecture_of, get_path
+    from lm_eval_probes.capture.parts import blocks_of
 
     reader = _lens_input(model)
     if reader is None:
-        last = get_path(model, architecture_of(model).blocks)[-1]
+        last = blocks_of(model)[-1]
         handle = last.register_forward_hook(lambda _module, _args, output: layer_states.to(output.dtype))
     else:
         def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -407,13 +407,13 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
     ``output_hidden_states``."""
     import transformers
 
-    from lm_eval_probes.capture.parts import architecture_of, get_path
+    from lm_eval_probes.capture.parts import blocks_of
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     with torch.no_grad():  # a looped model's forward gives one state per pass of a block
         passes = len(model(torch.arange(2, 8).unsqueeze(0), output_hidden_states=True, use_cache=False).hidden_states) - 1
-    layers = max(len(get_path(model, architecture_of(model).blocks)), passes)
+    layers = max(len(blocks_of(model)), passes)
     middle = layers // 2
     worst = 0.0
     for sample in samples:

@@ -365,3 +365,44 @@ def test_modernbert_decoder_lens_reads_through_its_prediction_head(tmp_path):
     with torch.no_grad():
         got = readout.logprobs(out.hidden_states[-1][0], normalized=True)
     assert not torch.allclose(got, torch.log_softmax(out.logits[0], -1), atol=1e-2)
+
+
+HRM = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "num_layers_per_stack": 2,
+       "H_cycles": 2, "L_cycles": 2, "L_bp_cycles": [1], "num_hidden_layers": 12, "embedding_scale": 8.0}
+"""HRM's small config: two stacks of 2 blocks, the low-level one run twice per high-level cycle, two cycles (12 passes;
+``num_hidden_layers`` counts them)."""
+
+
+def test_hrm_two_looped_stacks_give_one_state_per_pass_of_a_block(tmp_path):
+    """HRM runs a low-level and a high-level stack of blocks in loops, each stack ending in a norm of its own: the
+    blocks are both stacks' (the second a further stack beside the first), one lens reading per pass of a block, named
+    by block and pass, the final norm the high-level stack's (the module whose output the head reads). δ_TCB and BTE
+    agree with their independent recomputation; Ω is skipped (a looped model, as Dory)."""
+    import transformers
+    from tiny_models import build_tokenizer
+
+    from lm_eval_probes.capture.parts import architecture_of
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model("hrm_text", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                               bos_token_id=tokenizer.eos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id, **HRM)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    spec = architecture_of(model)
+    assert (spec.blocks, spec.stacks, spec.final_norm) == ("model.L_module.layers", ("model.H_module.layers",), "")
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.final_norm is model.model.H_module.final_norm
+    assert readout.passes == (0, 1, 0, 1, 2, 3) * 2 and readout.num_layers == 12
+    assert readout.layer_names()[1:7] == ["block 0, pass 1", "block 1, pass 1", "block 0, pass 2", "block 1, pass 2",
+                                          "block 2, pass 1", "block 3, pass 1"]
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result, samples = architectures.run(str(tmp_path), 2)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"omega"}
+    assert "a looped model" in result["config"]["probes_skipped"]["omega"]
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "omega"), rows
+    assert architectures.check_documents(str(tmp_path), samples) <= architectures.CHECK_TOLERANCE

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from lm_eval_probes.capture.parts import architecture_of, get_path
+from lm_eval_probes.capture.parts import architecture_of, blocks_of
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, check_lens
 from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
 from lm_eval_probes.declarations import PROBE_NAMES
@@ -56,7 +56,7 @@ def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, 
     for the final norm's; where it has no final norm (GPT-1), the head's; where its forward's own code merges them
     (Gemma-3n), the last block's output stands for it (replaced, m = 0)."""
     spec = architecture_of(model)
-    blocks = list(get_path(model, spec.blocks))
+    blocks = blocks_of(model, spec)
     readout = LensReadout(model)
     check_lens(model, readout)
     in_forward = readout.lens_input is None and readout.merge is not None  # the streams merged by the forward's code

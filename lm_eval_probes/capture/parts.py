@@ -37,10 +37,13 @@ class ArchitectureSpec:
             ``""`` where the model has none (blocks that normalise their own output: GPT-1, TrOCR, BERT-generation),
             and the unembedding reads the last block's output.
         blocks: the list of decoder blocks, in order.
+        stacks: further lists of blocks the model runs beside :attr:`blocks` (HRM's high-level stack beside its
+            low-level one, each run in loops): their blocks follow :attr:`blocks`' (:func:`blocks_of`).
     """
 
     final_norm: str
     blocks: str
+    stacks: tuple[str, ...] = ()
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -83,8 +86,11 @@ def _path_of(model: nn.Module, target: nn.Module) -> str:
 def architecture_of(model: nn.Module) -> ArchitectureSpec:
     """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` (or one level below
     it) by the conventional names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`; no final norm by those names:
-    ``final_norm=""``, the head reads the last block's output); :class:`UnsupportedModelError` (one line, naming the
-    model type and what is missing) when no block list is found."""
+    ``final_norm=""``, the head reads the last block's output, or :func:`~lm_eval_probes.capture.readouts.check_lens`
+    finds the module between them); a block list of the same blocks under another child of the base is a further
+    stack (HRM's; ``final_norm=""``: each stack has its own norm, the final one is found by ``check_lens``);
+    :class:`UnsupportedModelError` (one line, naming the model type and what is missing) when no block list is
+    found."""
     model_type = model_type_of(model)
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
@@ -99,11 +105,24 @@ def architecture_of(model: nn.Module) -> ArchitectureSpec:
             f"model_type {model_type!r}: {type(model).__name__} keeps no block list under model.base_model by any of "
             f"the names {', '.join(BLOCK_LIST_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
     base = next(base for base in bases if any(child is blocks for child in base.children()))
+    stacks = [getattr(other, name) for other in bases if other is not base for name in BLOCK_LIST_NAMES
+              if isinstance(getattr(other, name, None), nn.ModuleList) and len(getattr(other, name))
+              and type(getattr(other, name)[0]) is type(blocks[0])]
+    if stacks:  # several stacks of the same blocks (HRM's): the final norm is the module its head reads (check_lens)
+        paths = tuple(dict.fromkeys(_path_of(model, stack) for stack in stacks))
+        return ArchitectureSpec("", _path_of(model, blocks), paths)
     norm = next((getattr(base, name) for name in FINAL_NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
                 None)
     if norm is None:  # none by name: the head reads the last block's output (check_lens refuses a model that normalises)
         return ArchitectureSpec("", _path_of(model, blocks))
     return ArchitectureSpec(_path_of(model, norm), _path_of(model, blocks))
+
+
+def blocks_of(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[nn.Module]:
+    """The blocks of ``model`` (of ``spec``, default :func:`architecture_of`): those of its block list, then those of
+    each further stack."""
+    spec = architecture_of(model) if spec is None else spec
+    return [block for path in (spec.blocks, *spec.stacks) for block in get_path(model, path)]
 
 
 def get_path(root: nn.Module, path: str) -> nn.Module:

@@ -33,6 +33,7 @@ from lm_eval_probes.capture.parts import (
     ArchitectureSpec,
     UnsupportedModelError,
     architecture_of,
+    blocks_of,
     get_path,
     logit_transform_of,
     model_type_of,
@@ -58,7 +59,7 @@ class LensReadout:
     def __init__(self, model: nn.Module) -> None:
         spec = architecture_of(model)
         self.model_type = model_type_of(model)
-        self.num_layers = len(_get_path(model, spec.blocks))
+        self.num_layers = len(blocks_of(model, spec))
         self.num_blocks = self.num_layers
         """The model's blocks (:attr:`num_layers` counts their passes: more in a looped model)."""
         self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
@@ -67,7 +68,7 @@ class LensReadout:
         self.final_norm = _get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
         """The final norm (an identity where the model has none: the head reads the last block's output)."""
         self.has_final_norm = bool(spec.final_norm)
-        self.last_block = _get_path(model, spec.blocks)[-1]
+        self.last_block = blocks_of(model, spec)[-1]
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
         head = model.get_output_embeddings()
@@ -370,7 +371,7 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
                head.register_forward_pre_hook(lambda _module, args: head_inputs.append(args[0])),
                readout.last_block.register_forward_hook(lambda _module, _args, output: last_outputs.append(output))]
     handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
-                for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
+                for index, block in enumerate(blocks_of(model))]
     try:
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     finally:
@@ -701,7 +702,7 @@ class FocalDepthDecoder:
         self.source_layers = tuple(range(start, stop))
         self.top_k = top_k
         self.chunk_positions = chunk_positions
-        self.all_blocks: list[nn.Module] = list(_get_path(model, spec.blocks))
+        self.all_blocks: list[nn.Module] = blocks_of(model, spec)
         self.blocks: list[nn.Module] = self.all_blocks[num_layers - depth :] if depth else []
         self.chunk_tokens = chunk_tokens
         types = getattr(model.config, "layer_types", None)
