@@ -21,6 +21,7 @@ its softmax — and must agree to :data:`CHECK_TOLERANCE` (relative). Exit statu
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import math
@@ -80,6 +81,7 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "full_attention"], "num_dense_layers": 1},
     "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
                        "indexer_head_dim": 16},
+    "xlstm": {"qk_dim_factor": 1.0},
     "dots3_note_text": {"per_layer_config": {layer: {"num_attention_heads": 2, "num_key_value_heads": 2,
                                                      "kv_lora_rank": 32, "qk_nope_head_dim": 12, "head_dim": 20}
                                              for layer in (1, 2)}},
@@ -95,7 +97,9 @@ default attends both ways). Cohere-Compass: rotary parameters per layer
 type (its default has none). LFM2-MoE: no default ``layer_types`` (a convolution and two attention layers, one dense).
 Qwen4-exp: no default token budget, compression and heads of its indexer (64 tokens, 4 to 1, 2 heads). dots3's sliding layers (1 and 2 of its small
 ``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
-qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep."""
+qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep. xLSTM: its keys as wide as its
+values (its cached forward builds its state with the values' width for both: narrower keys, its default's half, fail
+there)."""
 
 ONE_PER_BATCH: dict[str, str] = {
     "cpmant": "its forward builds its attention mask from the ids, not from the mask it is given: a right-padded row's "
@@ -148,8 +152,8 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
                        "unpadded_vocab_size": vocab_size}.items():  # Inkling-2 pads its vocabulary to vocab_size
         name = aliases.get(key, key)
-        if not hasattr(base, name) or _read_only(cls, name):  # a width the family derives (xLSTM's v_head_dim)
-            continue
+        if not hasattr(base, name) or _read_only(cls, name) or not _settable(base, name, value):
+            continue  # a width the family derives (xLSTM's v_head_dim), a limit it has not (XLNet's positions)
         current = getattr(base, name)
         if current is None and key not in SET_EVEN_IF_UNSET:
             continue
@@ -185,6 +189,18 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             if key not in FAMILY_FIELDS.get(model_type, {}):
                 kwargs.pop(key, None)
         return cls(**kwargs)
+
+
+def _settable(config: Any, name: str, value: Any) -> bool:
+    """Whether ``config``'s class lets ``name`` be set to ``value`` (a property whose setter raises, XLNet's
+    ``max_position_embeddings``: it has no sequence length limit, is not); tried on a copy."""
+    if not isinstance(getattr(type(config), name, None), property):
+        return True
+    try:
+        setattr(copy.deepcopy(config), name, value)
+    except Exception:
+        return False
+    return True
 
 
 def _per_layer_ints(base: Any, value: Any) -> bool:

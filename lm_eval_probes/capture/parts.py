@@ -68,8 +68,8 @@ MULTIPLIED_BY: dict[str, tuple[str, ...]] = {"hyperclovax": ("logits_scaling",)}
 """``model_type`` → config attributes of :data:`LOGIT_DIVIDERS` that this family multiplies its logits by instead
 (HyperCLOVA X's μP ``logits_scaling``; Granite divides by it)."""
 
-LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap")
-"""Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma)."""
+LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+"""Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma, xLSTM)."""
 
 
 def model_type_of(model: nn.Module) -> str | None:

@@ -249,10 +249,13 @@ def _check_one_state_per_block(
             "(a block runs more than once: a looped model), so a layer's state is not one block's output")
     shapes = {tuple(state.shape) for state in hidden_states[:-1]} - {tuple(norm_input.shape)}
     if shapes:
+        shape = sorted(shapes)[0]
+        why = ("its blocks keep the positions before the batch, [T, B, d] (XLNet), its hidden_states the batch first"
+               if sorted(shape) == sorted(norm_input.shape) else "the model first merges them, e.g. residual streams, "
+               "by no module of its own that the lens could call")
         raise UnsupportedModelError(
-            f"{where}: the logit lens cannot read its blocks' states {sorted(shapes)[0]}: its final norm reads "
-            f"{tuple(norm_input.shape)} (the model first merges them, e.g. residual streams, by no module of its own "
-            "that the lens could call)")
+            f"{where}: the logit lens cannot read its blocks' states {shape}: its final norm reads "
+            f"{tuple(norm_input.shape)} ({why})")
 
 
 def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
