@@ -129,6 +129,10 @@ def test_decoder_only_types_and_small_configs():
     gemma4 = architectures.small_config("gemma4_text")  # the family's ratio of per-layer widths, at small widths
     assert gemma4.layer_types == ["sliding_attention", "full_attention", "full_attention"]
     assert [layer.head_dim for layer in gemma4.per_layer_config] == [16, 32, 32]
+    xlnet = architectures.small_config("xlnet")  # no sequence length limit: its config refuses one, left unset
+    assert (xlnet.d_model, xlnet.n_layer, xlnet.max_position_embeddings) == (64, 3, -1)
+    xlstm = architectures.small_config("xlstm")  # keys as wide as values: its cached forward's state
+    assert (xlstm.hidden_size, xlstm.qk_dim_factor, xlstm.v_dim_factor) == (64, 1.0, 1.0)
 
 
 def test_model_shapes_of_a_per_layer_config_are_its_largest_layers():

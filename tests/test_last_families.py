@@ -406,3 +406,33 @@ def test_hrm_two_looped_stacks_give_one_state_per_pass_of_a_block(tmp_path):
     assert "a looped model" in result["config"]["probes_skipped"]["omega"]
     assert all(math.isfinite(rows[name]) for name in ROWS if name != "omega"), rows
     assert architectures.check_documents(str(tmp_path), samples) <= architectures.CHECK_TOLERANCE
+
+
+def test_xlstm_runs_with_its_output_soft_cap_read(tmp_path):
+    """xLSTM (no attention heads: the margins are skipped) soft-caps its logits by ``output_logit_soft_cap``, which the
+    lens reads as a final soft-capping; keys as wide as its values (its cached forward builds its state with the values'
+    width for both). δ_TCB and BTE agree with their independent recomputation."""
+    import transformers
+    from tiny_models import build_tokenizer
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model(
+        "xlstm", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id, hidden_size=64, embedding_dim=64, num_hidden_layers=3, num_blocks=3,
+        num_heads=4, qk_dim_factor=1.0, chunk_size=16, output_logit_soft_cap=2.0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    readout = LensReadout(model)
+    assert readout.logit_softcap == 2.0 and check_lens(model, readout) < 1e-4
+    readout.logit_softcap = None  # without it the lens is not the model's
+    with pytest.raises(Exception, match="differs from the model's own log-probabilities"):
+        check_lens(model, readout)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result, samples = architectures.run(str(tmp_path), 2)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert architectures.check_documents(str(tmp_path), samples) <= architectures.CHECK_TOLERANCE
