@@ -21,6 +21,7 @@ its softmax — and must agree to :data:`CHECK_TOLERANCE` (relative). Exit statu
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import math
@@ -80,6 +81,7 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "full_attention"], "num_dense_layers": 1},
     "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4, "indexer_n_heads": 2, "indexer_kv_heads": 1,
                        "indexer_head_dim": 16},
+    "xlstm": {"qk_dim_factor": 1.0},
     "dots3_note_text": {"per_layer_config": {layer: {"num_attention_heads": 2, "num_key_value_heads": 2,
                                                      "kv_lora_rank": 32, "qk_nope_head_dim": 12, "head_dim": 20}
                                              for layer in (1, 2)}},
@@ -95,7 +97,16 @@ default attends both ways). Cohere-Compass: rotary parameters per layer
 type (its default has none). LFM2-MoE: no default ``layer_types`` (a convolution and two attention layers, one dense).
 Qwen4-exp: no default token budget, compression and heads of its indexer (64 tokens, 4 to 1, 2 heads). dots3's sliding layers (1 and 2 of its small
 ``layer_types``) have half the heads, twice the key-value latent and ``head_dim = qk_nope_head_dim +
-qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep."""
+qk_rope_head_dim``, a sum that :func:`_small_per_layer_config`'s ratios do not keep. xLSTM: its keys as wide as its
+values (its cached forward builds its state with the values' width for both: narrower keys, its default's half, fail
+there)."""
+
+ONE_PER_BATCH: dict[str, str] = {
+    "cpmant": "its forward builds its attention mask from the ids, not from the mask it is given: a right-padded row's "
+              "values are not those of the row alone",
+}
+"""The families run one document per batch (the table's others take two), and why: the check recomputes each document
+alone, which a model whose own output depends on its batch's padding does not give."""
 
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "layers_block_type")
 MAX_PARAMETERS = 20_000_000
@@ -141,8 +152,8 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
     for key, value in {**SIZES, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
                        "unpadded_vocab_size": vocab_size}.items():  # Inkling-2 pads its vocabulary to vocab_size
         name = aliases.get(key, key)
-        if not hasattr(base, name) or _read_only(cls, name):  # a width the family derives (xLSTM's v_head_dim)
-            continue
+        if not hasattr(base, name) or _read_only(cls, name) or not _settable(base, name, value):
+            continue  # a width the family derives (xLSTM's v_head_dim), a limit it has not (XLNet's positions)
         current = getattr(base, name)
         if current is None and key not in SET_EVEN_IF_UNSET:
             continue
@@ -178,6 +189,18 @@ def small_config(model_type: str, *, vocab_size: int = 360, pad: int = 1, eos: i
             if key not in FAMILY_FIELDS.get(model_type, {}):
                 kwargs.pop(key, None)
         return cls(**kwargs)
+
+
+def _settable(config: Any, name: str, value: Any) -> bool:
+    """Whether ``config``'s class lets ``name`` be set to ``value`` (a property whose setter raises, XLNet's
+    ``max_position_embeddings``: it has no sequence length limit, is not); tried on a copy."""
+    if not isinstance(getattr(type(config), name, None), property):
+        return True
+    try:
+        setattr(copy.deepcopy(config), name, value)
+    except Exception:
+        return False
+    return True
 
 
 def _per_layer_ints(base: Any, value: Any) -> bool:
@@ -282,16 +305,17 @@ def _task_manager() -> Any:
     return lm_eval_probes.ProbeTaskManager(include_path=lm_eval_probes.TASKS_DIR)
 
 
-def run(folder: str, docs: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`: lm_eval's results
-    and samples (JSON-native)."""
+def run(folder: str, docs: int, *, batch_size: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``hf-probes`` with ``probes=all`` (BTE's full profile) on ``docs`` documents of :data:`TASK`, ``batch_size`` at a
+    time: lm_eval's results and samples (JSON-native)."""
     import lm_eval
     from lm_eval.utils import handle_non_serializable
 
     result = lm_eval.simple_evaluate(
         model="hf-probes", model_args={"pretrained": folder, "probes": "all", "probe_bte_profile": "full",
                                        "device": "cpu"},
-        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=2, bootstrap_iters=0, log_samples=True)
+        tasks=[TASK], task_manager=_task_manager(), limit=docs, batch_size=batch_size, bootstrap_iters=0,
+        log_samples=True)
     return result, json.loads(json.dumps(result["samples"][TASK], default=handle_non_serializable))
 
 
@@ -317,25 +341,46 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 @functools.cache
-def _lens_input(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose input is the last block's output: the final norm, or the model's own merge of several residual
-    streams before it (DeepSeek-V4's ``hc_head``, the module the final norm's input comes from)."""
+def _readout(model: torch.nn.Module) -> Any:
+    """The plugin's lens readout of ``model``, checked at load (what it found: the final norm under another name,
+    a merge of streams, a prediction head)."""
     from lm_eval_probes.capture.readouts import LensReadout, check_lens
 
     readout = LensReadout(model)
     check_lens(model, readout)
-    return readout.lens_input if readout.has_final_norm or readout.merge is not None else model.get_output_embeddings()
+    return readout
+
+
+def _lens_input(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose input is the last block's output: the final norm (CPM-Ant's under another name, the module its
+    head's input comes from), or the model's own merge of several residual streams before it (DeepSeek-V4's
+    ``hc_head``, the module the final norm's input comes from), or the head where the model has no final norm;
+    ``None`` where the model merges its streams in its forward's own code (Gemma-3n)."""
+    readout = _readout(model)
+    if readout.lens_input is not None:
+        return readout.lens_input
+    return None if readout.merge is not None else model.get_output_embeddings()
 
 
 @torch.no_grad()
 def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torch.Tensor) -> torch.Tensor:
     """The model's own log-probabilities when its final norm (or its merge of residual streams before the norm) reads
-    ``layer_states [T, ...]`` instead of the last block's output (the model's own merge, norm, head and logit transform:
-    the lens, computed by the model)."""
-    def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (layer_states.unsqueeze(0).to(args[0].dtype), *args[1:])
+    ``layer_states`` (the forward's ``hidden_states`` entry of a layer, one row) instead of the last block's output (the
+    model's own merge, norm, head and logit transform: the lens, computed by the model); where the model merges its
+    streams in its forward's own code, the last block's output is replaced by them."""
+    from lm_eval_probes.capture.parts import blocks_of
 
-    handle = _lens_input(model).register_forward_pre_hook(replace)
+    reader = _lens_input(model)
+    if reader is None:
+        last = blocks_of(model)[-1]
+        handle = last.register_forward_hook(lambda _module, _args, output: layer_states.to(output.dtype))
+    else:
+        def replace(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            states = args[0].clone()  # the last positions: a model's own before them stay (CPM-Ant's prompt)
+            states[:, states.shape[1] - layer_states.shape[1]:] = layer_states[0].to(states.dtype)
+            return (states, *args[1:])
+
+        handle = reader.register_forward_pre_hook(replace)
     try:
         logits = model(ids, use_cache=False).logits[0]
     finally:
@@ -343,10 +388,11 @@ def _lens_logprobs(model: torch.nn.Module, ids: torch.Tensor, layer_states: torc
     return torch.log_softmax(logits.double(), -1)
 
 
-def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+def _delta_tcb(model: torch.nn.Module, ids: torch.Tensor, final: torch.Tensor, *, at_head: bool = False) -> torch.Tensor:
     """δ = 1 / ‖∂softmax(logits)/∂h‖_F at each of ``final``'s ``[n, d]`` post-norm states, the Jacobian by autograd
-    through the model's own head and logit transform (the final norm's output replaced by h)."""
-    norm = _final_norm(model)
+    through the model's own head and logit transform (the final norm's output replaced by h; ``at_head``: the
+    unembedding's input, where a prediction head lies between them)."""
+    norm = None if at_head else _final_norm(model)
     out = []
     for h in final:
         def probabilities(state: torch.Tensor) -> torch.Tensor:
@@ -377,13 +423,13 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
     ``output_hidden_states``."""
     import transformers
 
-    from lm_eval_probes.capture.parts import architecture_of, get_path
+    from lm_eval_probes.capture.parts import blocks_of
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     with torch.no_grad():  # a looped model's forward gives one state per pass of a block
         passes = len(model(torch.arange(2, 8).unsqueeze(0), output_hidden_states=True, use_cache=False).hidden_states) - 1
-    layers = max(len(get_path(model, architecture_of(model).blocks)), passes)
+    layers = max(len(blocks_of(model)), passes)
     middle = layers // 2
     worst = 0.0
     for sample in samples:
@@ -399,11 +445,31 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
         states = out.hidden_states
         if len(states) != layers + 1:
             raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
-        delta = _delta_tcb(model, ids, states[layers][0, positions])
+        final, at_head = states[layers], _readout(model).head_transform is not None
+        if at_head:  # a prediction head between the final norm and the unembedding: δ at the unembedding's input
+            heads: list[torch.Tensor] = []
+            handle = model.get_output_embeddings().register_forward_pre_hook(
+                lambda _module, args: heads.append(args[0]))
+            try:
+                with torch.no_grad():
+                    model(ids, use_cache=False)
+            finally:
+                handle.remove()
+            final = heads[-1]
+        elif final.ndim > 3:  # the last block's streams (Gemma-3n's), not the final norm's output: the norm's own
+            finals = []
+            handle = _final_norm(model).register_forward_hook(lambda _module, _args, output: finals.append(output))
+            try:
+                with torch.no_grad():
+                    model(ids, use_cache=False)
+            finally:
+                handle.remove()
+            final = finals[-1]
+        delta = _delta_tcb(model, ids, final[0, positions], at_head=at_head)
         tcb = float(torch.log10(delta).mean())
-        lower = _lens_logprobs(model, ids, states[middle][0])[positions]
+        lower = _lens_logprobs(model, ids, states[middle])[positions]
         upper = (torch.log_softmax(out.logits[0].double(), -1) if middle + 1 == layers
-                 else _lens_logprobs(model, ids, states[middle + 1][0]))[positions]
+                 else _lens_logprobs(model, ids, states[middle + 1]))[positions]
         bte = float(_jsd(lower, upper).mean())
         got = sample["tcb_log10"], sample["bte_profile"][middle]
         for value, want in zip(got, (tcb, bte), strict=True):
@@ -428,7 +494,7 @@ def outcome_of(model_type: str, *, docs: int, check: bool) -> Outcome:
         except NotSmall as reason:
             return Outcome(model_type, "not small", str(reason))
         try:
-            result, samples = run(path, docs)
+            result, samples = run(path, docs, batch_size=1 if model_type in ONE_PER_BATCH else 2)
         except Exception as error:
             return Outcome(model_type, "refused", f"{type(error).__name__}: {_line(error)}")
         outcome = Outcome(model_type, "runs", skipped=dict(result["config"].get("probes_skipped") or {}),

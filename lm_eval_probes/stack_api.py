@@ -18,6 +18,8 @@ which imports ``capture/`` and would close a cycle between the two packages.
 
   Which one a model follows is learnt once at load (:func:`learn_hidden_states_selection`, three forwards of a
   few tokens, compared with the ``True`` forward); until then, and for anything else, a request is ``True``.
+  A model whose states are not in that convention (Gemma-3n's: its streams before the batch, ``[L]`` its last block's
+  output) has them converted by what the lens found at load (:func:`read_states_through`).
 
 * :func:`matmul_float32` — products with a float32 result from bfloat16 inputs: ``torch.mm`` / ``torch.bmm`` with
   ``out_dtype=torch.float32`` (CUDA's tensor cores: bfloat16 products accumulated and returned in float32; the
@@ -49,6 +51,7 @@ SELECTIONS = ("hidden_states", "blocks", "flag")
 """How a model reads a list ``output_hidden_states`` (see the module's text)."""
 
 _SELECTION: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_CONVERT: weakref.WeakKeyDictionary[Any, weakref.WeakMethod] = weakref.WeakKeyDictionary()
 
 
 def hidden_states_request(model: Any, layers: Iterable[int] | None) -> bool | list[int]:
@@ -77,10 +80,26 @@ def hidden_states_of(model: Any, request: bool | list[int], states: Sequence[tor
     layer): every release hands the probes the same states."""
     if isinstance(request, list) and _SELECTION.get(model) == "blocks":
         states = (None, *states)
-    if layers is None:
+    if layers is not None:
+        kept = set(layers)
+        states = [state if index in kept else None for index, state in enumerate(states)]
+    if model not in _CONVERT:
         return tuple(states)
-    kept = set(layers)
-    return tuple(state if index in kept else None for index, state in enumerate(states))
+    convert = _CONVERT[model]()
+    if convert is None:
+        raise RuntimeError(f"the lens that reads the hidden states of {type(model).__name__} is gone")
+    return tuple(convert(states))
+
+
+def read_states_through(model: Any, convert: Callable[[Sequence[torch.Tensor | None]], Sequence[torch.Tensor | None]]
+                        | None) -> None:
+    """Make :func:`hidden_states_of` hand ``model``'s states through ``convert`` (a bound method, held weakly: the lens
+    readout's ``own_states``, which puts a model's L + 1 states in the convention every probe reads); ``None``: as
+    the forward gives them."""
+    if convert is None:
+        _CONVERT.pop(model, None)
+    else:
+        _CONVERT[model] = weakref.WeakMethod(convert)
 
 
 def hidden_states_selection(model: Any) -> str | None:

@@ -75,25 +75,41 @@ def test_omega_per_document_equals_the_models_own_blocks(model_type, depth, tmp_
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
 
 
+def _without_gemma3n_merge(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval_probes.capture import parts
+
+    monkeypatch.delitem(parts.STREAM_MERGES, "gemma3n_text")
+
+
+def _without_modules_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval_probes.capture import readouts
+
+    monkeypatch.setattr(readouts, "_module_between", lambda *_args: None)
+
+
 REFUSED = {
-    "gemma3n_text": r"the logit lens cannot read its blocks' states \(4, 1, 16, 64\): its final norm reads \(1, 16, 64\) "
-                    r"\(the model first merges them, e\.g\. residual streams, by no module of its own",
-    "cpmant": r"its last block's output is not what its head reads, and it keeps no final norm by a conventional name",
+    "gemma3n_text": (_without_gemma3n_merge,
+                     r"the logit lens cannot read its blocks' states \(4, 1, 16, 64\): its final norm reads \(1, 16, 64\) "
+                     r"\(the model first merges them, e\.g\. residual streams, by no module of its own"),
+    "cpmant": (_without_modules_between,
+               r"its last block's output is not what its head reads, and no module between them \(nor a final norm by "
+               r"a conventional name"),
 }
-"""Families whose layers are not one state per block, each with the start of its refusal: Gemma-3n carries four
-residual streams (AltUp) that its forward merges before the final norm in code of its own, no module the lens could
-call (DeepSeek-V4's and HY-V4's ``hc_head`` is one: ``test_last_families.py``). CPM-Ant normalises its last block's
-output by a norm of another name (``output_layernorm``): a model with no final norm by the conventional names must have
-its head read that output itself."""
+"""Families whose layers are not one state per block as the lens reads them, each with what it is run without and the
+start of its refusal then: Gemma-3n without its merge of its four AltUp streams (its forward's own code, which
+``STREAM_MERGES`` repeats on its own modules), CPM-Ant without the module between its last block and its head (its
+final norm, by no conventional name). Each runs with them (``test_last_families.py``)."""
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
-def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type):
+def test_a_model_without_one_readable_state_per_block_is_refused_at_load_in_one_line(model_type, monkeypatch):
     """Once a raw RuntimeError of Ω's self-check: now the lens's check at load refuses the model, naming its type and
     why, before any request runs."""
+    without, reason = REFUSED[model_type]
+    without(monkeypatch)
     outcome = architectures.outcome_of(model_type, docs=2, check=False)
     assert outcome.status == "refused", outcome
-    assert re.match(rf"UnsupportedModelError: model_type '{model_type}': {REFUSED[model_type]}", outcome.reason), outcome
+    assert re.match(rf"UnsupportedModelError: model_type '{model_type}': {reason}", outcome.reason), outcome
 
 
 def test_decoder_only_types_and_small_configs():
@@ -113,6 +129,10 @@ def test_decoder_only_types_and_small_configs():
     gemma4 = architectures.small_config("gemma4_text")  # the family's ratio of per-layer widths, at small widths
     assert gemma4.layer_types == ["sliding_attention", "full_attention", "full_attention"]
     assert [layer.head_dim for layer in gemma4.per_layer_config] == [16, 32, 32]
+    xlnet = architectures.small_config("xlnet")  # no sequence length limit: its config refuses one, left unset
+    assert (xlnet.d_model, xlnet.n_layer, xlnet.max_position_embeddings) == (64, 3, -1)
+    xlstm = architectures.small_config("xlstm")  # keys as wide as values: its cached forward's state
+    assert (xlstm.hidden_size, xlstm.qk_dim_factor, xlstm.v_dim_factor) == (64, 1.0, 1.0)
 
 
 def test_model_shapes_of_a_per_layer_config_are_its_largest_layers():

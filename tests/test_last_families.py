@@ -2,7 +2,13 @@
 and run with ``probes=all``: DeepSeek-V4 and HY-V4 (four residual streams merged by the model's ``hc_head`` before
 its final norm: the lens reads each block's streams through that merge), BLOOM (Ω re-runs its blocks on one row of a
 batch: the ALiBi bias ``[B · heads, 1, T]`` cut at its batch axis), XGLM, MiniCPM3 (its ``logits_scaling`` derived from
-its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides). Every document's δ_TCB and BTE agree with their
+its widths, a divider) and HyperCLOVA X (its μP ``logits_scaling`` multiplies the logits, where Granite's divides) and Gemma-3n (four AltUp streams kept
+before the batch, ``[streams, B, T, d]``, merged by its forward's own code before its final norm: the lens reads them
+through the same merge on the model's own projections; its ``hidden_states[L]`` the last block's streams, read out
+through the merge and the final norm), ModernBERT-decoder (a prediction head — dense, activation, norm — between
+its final norm and its unembedding: the module the unembedding's input comes from, read through) and CPM-Ant (its final
+norm ``output_layernorm``, by no conventional name: the module whose output its head reads; 32 prompt positions of its
+own before the sequence's, dropped before its head). Every document's δ_TCB and BTE agree with their
 independent recomputation from the model's own forward (``benchmarks/architectures.py``'s ``check_documents``), and
 every document's Ω trajectory with the model's own blocks (``test_omega_capture.focal_reference``)."""
 
@@ -41,10 +47,22 @@ CONFIGS: dict[str, dict] = {
     "hyperclovax": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "head_dim": 16, "logits_scaling": 0.25, "embedding_multiplier": 2.0,
                     "residual_multiplier": 0.5},
+    "gemma3n_text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8, "hidden_size_per_layer_input": 8,
+                     "vocab_size_per_layer_input": 360, "laurel_rank": 8, "num_kv_shared_layers": 1,
+                     "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                     "activation_sparsity_pattern": [0.95, 0.0, 0.0]},
+    "modernbert-decoder": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                           "num_attention_heads": 4, "local_attention": 16,
+                           "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
 }
 """Each family's small config, written here from its config class's fields (3 layers, width 64, 4 experts). HY-V4's
 indexer keeps its default top-2048 keys: with fewer than a sequence's length it picks them among the padded batch's
-positions too, and the model's own output depends on its batch."""
+positions too, and the model's own output depends on its batch. Gemma-3n: its four AltUp streams, its first layer's
+sparse activations, a sliding layer, and its last layer reading the keys and values of the first (full-attention)
+layer; its first layer (the one the margins read) attends to its whole prefix: on a sliding first layer the margins
+beyond the window differ from the eager reference, as Gemma-3's do (a matter of the margins' capture, not of the
+streams)."""
 
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
@@ -77,7 +95,8 @@ def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
     import transformers
     from test_margin_capture import own_eager_margins
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,  # a mask built for eager
+                                                              attn_implementation="eager").eval()  # (ModernBERT's)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     for sample in samples:
         logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
@@ -198,3 +217,222 @@ def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_k
     torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
     long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
     assert torch.isnan(long).all()
+
+
+def test_the_lens_reads_gemma3n_streams_through_the_merge_of_its_forward(tmp_path, monkeypatch):
+    """Gemma-3n merges its AltUp streams in its forward's own code: the lens runs the same merge on the model's own
+    ``altup_unembed_projections``, and a middle block's streams read by it equal the model's own forward with the last
+    block's output replaced by them; the probes read the states batch first, and ``[L]`` as the final norm's output.
+    A merge that is not the model's (the streams' plain mean) is refused at load."""
+    import transformers
+
+    from lm_eval_probes.capture import parts
+    from lm_eval_probes.capture.readouts import LensReadout, UnsupportedModelError, check_lens
+    from lm_eval_probes.stack_api import hidden_states_of
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("gemma3n_text", tmp_path)).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.merge.func is parts.altup_merge and readout.lens_input is None
+    assert readout.streams_first and readout.stream_shape == (4, 64) and readout.last_state_is_block_output
+    ids = torch.arange(3, 15).unsqueeze(0)
+    norm_outputs = []
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, use_cache=False)
+        middle = out.hidden_states[1]
+        assert middle.shape == (4, 1, 12, 64)
+        handle = model.model.layers[-1].register_forward_hook(lambda _module, _args, _output: middle)
+        try:
+            want = torch.log_softmax(model(ids, use_cache=False).logits[0].float(), -1)
+        finally:
+            handle.remove()
+        got = readout.logprobs(middle.movedim(0, 2)[0], normalized=False)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+        handle = model.model.norm.register_forward_hook(lambda _module, _args, output: norm_outputs.append(output))
+        try:
+            states = hidden_states_of(model, True, model(ids, output_hidden_states=True, use_cache=False).hidden_states)
+        finally:
+            handle.remove()
+    assert [tuple(state.shape) for state in states] == [(1, 12, 4, 64)] * 3 + [(1, 12, 64)]
+    assert torch.equal(states[1], middle.movedim(0, 2))
+    torch.testing.assert_close(states[-1], norm_outputs[-1], rtol=1e-6, atol=1e-6)
+
+    monkeypatch.setitem(parts.STREAM_MERGES, "gemma3n_text", lambda _model, streams: streams.mean(-2))
+    with pytest.raises(UnsupportedModelError, match="gemma3n_text.*differs from the model's own log-probabilities"):
+        check_lens(model, LensReadout(model))
+
+
+def test_gemma3n_omega_through_every_block_reads_the_keys_its_rerun_stored(tmp_path):
+    """Ω at focal depth L on Gemma-3n re-runs every block: its last block reads the keys and values that the re-run of
+    its first block stored (a new store per re-run, which every re-run block shares as the forward's blocks share
+    theirs), not the forward's — as the model's own forward from a source layer's states does (the reference)."""
+    import transformers
+    from test_capture import ll_instances
+    from test_omega_capture import assert_omega_matches_the_reference
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = build_independently("gemma3n_text", tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.config.kv_sharing_modes == ["store", "store", "reuse"]
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=3)
+    assert len(lm.focal_decoder.blocks) == 3
+    assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
+
+
+CPMANT = {"hidden_size": 64, "num_attention_heads": 4, "dim_head": 16, "dim_ff": 128, "num_hidden_layers": 3,
+          "prompt_types": 4, "prompt_length": 4, "segment_types": 4, "position_bias_num_buckets": 32,
+          "position_bias_max_distance": 128, "init_std": 0.1}
+"""CPM-Ant's small config (its default initialisation, standard deviation 1, saturates every softmax of a tiny model)."""
+
+
+def _cpmant(folder: Path) -> str:
+    import transformers
+    from tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model("cpmant", vocab_size=len(tokenizer), **CPMANT)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
+    """CPM-Ant keeps its final norm as ``encoder.output_layernorm`` (no conventional name): the module between its last
+    block and its head is found at load and read through, its 4 prompt positions before the sequence's left out; its
+    own forward reads a right-padded row otherwise than that row alone (it builds its attention mask from the ids, not
+    from the mask it is given), so the run takes one document per batch, and attends both ways over its input (every
+    position is "context"), so the references read the input the harness gave it. δ_TCB and BTE agree with their
+    independent recomputation, Ω with the model's own blocks; the margins (of causal attention) are skipped."""
+    import transformers
+    from test_capture import LL_REQUESTS, ll_instances
+    from test_omega_capture import focal_reference
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = _cpmant(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    readout = LensReadout(model)
+    assert not readout.has_final_norm  # by the conventional names
+    assert check_lens(model, readout) < 1e-4
+    assert readout.final_norm is model.cpmant.encoder.output_layernorm and readout.prepended == 4
+
+    result, samples = architectures.run(folder, 2, batch_size=1)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert architectures.check_documents(folder, samples) <= 1e-5
+
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=1, probes="omega", probe_omega_depth=2)
+    for (context, continuation), answer in zip(LL_REQUESTS, lm.loglikelihood(ll_instances()), strict=True):
+        context_ids, continuation_ids = lm._encode_pair(context, continuation)
+        seen = (context_ids + continuation_ids)[:-1]  # its forward attends both ways: the reference on what it saw
+        want = focal_reference(model, seen, 2, 1, len(context_ids) - 1, len(seen)).mean(-1)
+        assert answer.probe.get("omega_trajectory") == pytest.approx(want.tolist(), rel=2e-5, abs=2e-6)
+
+
+def test_modernbert_decoder_lens_reads_through_its_prediction_head(tmp_path):
+    """The module between ModernBERT-decoder's final norm and its unembedding (``lm_head``: dense, activation, norm) is
+    found at load: the lens of the final norm's input equals the model's own log-probabilities only through it, and
+    ``hidden_states[L]`` reaches the probes as the unembedding's input."""
+    import transformers
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+    from lm_eval_probes.stack_api import hidden_states_of
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("modernbert-decoder", tmp_path)).eval()
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.head_transform is model.lm_head and model.get_output_embeddings() is model.decoder
+    ids = torch.arange(3, 15).unsqueeze(0)
+    heads = []
+    handle = model.decoder.register_forward_pre_hook(lambda _module, args: heads.append(args[0]))
+    try:
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True, use_cache=False)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(hidden_states_of(model, True, out.hidden_states)[-1], heads[-1], rtol=0, atol=0)
+    readout.head_transform = None  # without it the lens is not the model's
+    with torch.no_grad():
+        got = readout.logprobs(out.hidden_states[-1][0], normalized=True)
+    assert not torch.allclose(got, torch.log_softmax(out.logits[0], -1), atol=1e-2)
+
+
+HRM = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "num_layers_per_stack": 2,
+       "H_cycles": 2, "L_cycles": 2, "L_bp_cycles": [1], "num_hidden_layers": 12, "embedding_scale": 8.0}
+"""HRM's small config: two stacks of 2 blocks, the low-level one run twice per high-level cycle, two cycles (12 passes;
+``num_hidden_layers`` counts them)."""
+
+
+def test_hrm_two_looped_stacks_give_one_state_per_pass_of_a_block(tmp_path):
+    """HRM runs a low-level and a high-level stack of blocks in loops, each stack ending in a norm of its own: the
+    blocks are both stacks' (the second a further stack beside the first), one lens reading per pass of a block, named
+    by block and pass, the final norm the high-level stack's (the module whose output the head reads). δ_TCB and BTE
+    agree with their independent recomputation; Ω is skipped (a looped model, as Dory)."""
+    import transformers
+    from tiny_models import build_tokenizer
+
+    from lm_eval_probes.capture.parts import architecture_of
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model("hrm_text", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                               bos_token_id=tokenizer.eos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id, **HRM)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    spec = architecture_of(model)
+    assert (spec.blocks, spec.stacks, spec.final_norm) == ("model.L_module.layers", ("model.H_module.layers",), "")
+    readout = LensReadout(model)
+    assert check_lens(model, readout) < 1e-4
+    assert readout.final_norm is model.model.H_module.final_norm
+    assert readout.passes == (0, 1, 0, 1, 2, 3) * 2 and readout.num_layers == 12
+    assert readout.layer_names()[1:7] == ["block 0, pass 1", "block 1, pass 1", "block 0, pass 2", "block 1, pass 2",
+                                          "block 2, pass 1", "block 3, pass 1"]
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result, samples = architectures.run(str(tmp_path), 2)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"omega"}
+    assert "a looped model" in result["config"]["probes_skipped"]["omega"]
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "omega"), rows
+    assert architectures.check_documents(str(tmp_path), samples) <= architectures.CHECK_TOLERANCE
+
+
+def test_xlstm_runs_with_its_output_soft_cap_read(tmp_path):
+    """xLSTM (no attention heads: the margins are skipped) soft-caps its logits by ``output_logit_soft_cap``, which the
+    lens reads as a final soft-capping; keys as wide as its values (its cached forward builds its state with the values'
+    width for both). δ_TCB and BTE agree with their independent recomputation."""
+    import transformers
+    from tiny_models import build_tokenizer
+
+    from lm_eval_probes.capture.readouts import LensReadout, check_lens
+
+    tokenizer = build_tokenizer()
+    config = transformers.AutoConfig.for_model(
+        "xlstm", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id, hidden_size=64, embedding_dim=64, num_hidden_layers=3, num_blocks=3,
+        num_heads=4, qk_dim_factor=1.0, chunk_size=16, output_logit_soft_cap=2.0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    readout = LensReadout(model)
+    assert readout.logit_softcap == 2.0 and check_lens(model, readout) < 1e-4
+    readout.logit_softcap = None  # without it the lens is not the model's
+    with pytest.raises(Exception, match="differs from the model's own log-probabilities"):
+        check_lens(model, readout)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    result, samples = architectures.run(str(tmp_path), 2)
+    rows = architectures.headline_rows(result)
+    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
+    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert architectures.check_documents(str(tmp_path), samples) <= architectures.CHECK_TOLERANCE

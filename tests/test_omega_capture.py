@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from lm_eval_probes.capture.parts import architecture_of, get_path
+from lm_eval_probes.capture.parts import architecture_of, blocks_of
 from lm_eval_probes.capture.readouts import FocalDepthDecoder, LensReadout, check_lens
 from lm_eval_probes.config import DEFAULT_PROBES, ProbeConfig
 from lm_eval_probes.declarations import PROBE_NAMES
@@ -53,23 +53,30 @@ def focal_reference(model: nn.Module, token_ids: list[int], depth: int, k: int, 
     forward of the model itself, the input of its block L − m + 1 (of its final norm, m = 0) replaced by H_i (layer L:
     the final norm's input, the last block's pre-norm output). The final norm is called once per forward. Where the
     model merges several residual streams before its final norm (DeepSeek-V4's ``hc_head``), the merge's input stands
-    for the final norm's; where it has no final norm (GPT-1), the head's."""
+    for the final norm's; where it has no final norm (GPT-1), the head's; where its forward's own code merges them
+    (Gemma-3n), the last block's output stands for it (replaced, m = 0)."""
     spec = architecture_of(model)
-    blocks = list(get_path(model, spec.blocks))
+    blocks = blocks_of(model, spec)
     readout = LensReadout(model)
     check_lens(model, readout)
-    norm = readout.lens_input if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head's input
+    in_forward = readout.lens_input is None and readout.merge is not None  # the streams merged by the forward's code
+    norm = blocks[-1] if in_forward else readout.lens_input or model.get_output_embeddings()  # no norm: the head's input
     ids = torch.tensor([token_ids])
     norm_input: list[torch.Tensor] = []
-    handle = norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))
+    block_inputs: list[torch.Tensor] = []  # where the model puts positions of its own before the sequence's (CPM-Ant)
+    handles = [norm.register_forward_hook(lambda _m, _args, output: norm_input.append(output)) if in_forward else
+               norm.register_forward_pre_hook(lambda _m, args: norm_input.append(args[0]))]
+    handles += [block.register_forward_pre_hook(lambda _m, args: block_inputs.append(args[0])) for block in blocks]
     try:
         out = model(ids, output_hidden_states=True, use_cache=False)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     entry = [*blocks, norm][len(blocks) - depth]
-    rows = []
-    for state in [*out.hidden_states[:-1], norm_input[-1]]:
-        handle = _replacing_input(entry, state)
+    rows = []  # a source layer's states over the whole sequence: the blocks' own positions too, where the model has them
+    for state in [*(block_inputs if readout.prepended else out.hidden_states[:-1]), norm_input[-1]]:
+        handle = (norm.register_forward_hook(lambda _m, _args, _output, state=state: state) if in_forward and not depth
+                  else _replacing_input(entry, state))
         try:
             logits = model(ids, use_cache=False).logits[0, start:stop]
         finally:

@@ -8,13 +8,19 @@ a divider (Granite's ``logits_scaling``) and Gemma's final soft-capping ``c·tan
 
 :data:`ARCHITECTURES` lists only the families that break these conventions. Whatever is found is checked against the
 model's own log-probabilities at load (:func:`check_lens`), so a wrong reading is never silent.
+
+A model that merges several residual streams before its final norm by a module of its own (DeepSeek-V4's ``hc_head``)
+has that module found at load; one that merges them in its forward's own code has the same computation here, run on
+the model's own modules and weights (:data:`STREAM_MERGES`: Gemma-3n's AltUp), and checked at load like every lens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -31,10 +37,13 @@ class ArchitectureSpec:
             ``""`` where the model has none (blocks that normalise their own output: GPT-1, TrOCR, BERT-generation),
             and the unembedding reads the last block's output.
         blocks: the list of decoder blocks, in order.
+        stacks: further lists of blocks the model runs beside :attr:`blocks` (HRM's high-level stack beside its
+            low-level one, each run in loops): their blocks follow :attr:`blocks`' (:func:`blocks_of`).
     """
 
     final_norm: str
     blocks: str
+    stacks: tuple[str, ...] = ()
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
@@ -59,8 +68,8 @@ MULTIPLIED_BY: dict[str, tuple[str, ...]] = {"hyperclovax": ("logits_scaling",)}
 """``model_type`` → config attributes of :data:`LOGIT_DIVIDERS` that this family multiplies its logits by instead
 (HyperCLOVA X's μP ``logits_scaling``; Granite divides by it)."""
 
-LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap")
-"""Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma)."""
+LOGIT_SOFTCAPS: tuple[str, ...] = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+"""Config attributes holding the final soft-capping constant c of g(z) = c·tanh(z/c) (Gemma-2/3, RecurrentGemma, xLSTM)."""
 
 
 def model_type_of(model: nn.Module) -> str | None:
@@ -77,8 +86,11 @@ def _path_of(model: nn.Module, target: nn.Module) -> str:
 def architecture_of(model: nn.Module) -> ArchitectureSpec:
     """The parts of ``model``: its :data:`ARCHITECTURES` row, else found under ``model.base_model`` (or one level below
     it) by the conventional names (:data:`FINAL_NORM_NAMES`, :data:`BLOCK_LIST_NAMES`; no final norm by those names:
-    ``final_norm=""``, the head reads the last block's output); :class:`UnsupportedModelError` (one line, naming the
-    model type and what is missing) when no block list is found."""
+    ``final_norm=""``, the head reads the last block's output, or :func:`~lm_eval_probes.capture.readouts.check_lens`
+    finds the module between them); a block list of the same blocks under another child of the base is a further
+    stack (HRM's; ``final_norm=""``: each stack has its own norm, the final one is found by ``check_lens``);
+    :class:`UnsupportedModelError` (one line, naming the model type and what is missing) when no block list is
+    found."""
     model_type = model_type_of(model)
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
@@ -93,11 +105,24 @@ def architecture_of(model: nn.Module) -> ArchitectureSpec:
             f"model_type {model_type!r}: {type(model).__name__} keeps no block list under model.base_model by any of "
             f"the names {', '.join(BLOCK_LIST_NAMES)}; add a row to lm_eval_probes.capture.parts.ARCHITECTURES")
     base = next(base for base in bases if any(child is blocks for child in base.children()))
+    stacks = [getattr(other, name) for other in bases if other is not base for name in BLOCK_LIST_NAMES
+              if isinstance(getattr(other, name, None), nn.ModuleList) and len(getattr(other, name))
+              and type(getattr(other, name)[0]) is type(blocks[0])]
+    if stacks:  # several stacks of the same blocks (HRM's): the final norm is the module its head reads (check_lens)
+        paths = tuple(dict.fromkeys(_path_of(model, stack) for stack in stacks))
+        return ArchitectureSpec("", _path_of(model, blocks), paths)
     norm = next((getattr(base, name) for name in FINAL_NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)),
                 None)
     if norm is None:  # none by name: the head reads the last block's output (check_lens refuses a model that normalises)
         return ArchitectureSpec("", _path_of(model, blocks))
     return ArchitectureSpec(_path_of(model, norm), _path_of(model, blocks))
+
+
+def blocks_of(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[nn.Module]:
+    """The blocks of ``model`` (of ``spec``, default :func:`architecture_of`): those of its block list, then those of
+    each further stack."""
+    spec = architecture_of(model) if spec is None else spec
+    return [block for path in (spec.blocks, *spec.stacks) for block in get_path(model, path)]
 
 
 def get_path(root: nn.Module, path: str) -> nn.Module:
@@ -136,3 +161,33 @@ def logit_transform_of(config: Any) -> LogitTransform:
             scale /= float(value)
     softcap = next((float(v) for v in (getattr(text, name, None) for name in LOGIT_SOFTCAPS) if v), None)
     return LogitTransform(scale, softcap)
+
+
+def altup_merge(model: nn.Module, streams: torch.Tensor) -> torch.Tensor:
+    """Gemma-3n's merge of its AltUp streams after its last block, as ``Gemma3nTextModel.forward`` writes it, on the
+    model's own ``altup_unembed_projections``: ``streams [..., n, d]`` (stream 0 the active one) → ``[..., d]``, the
+    mean of stream 0 and of each other stream i projected by the model's (i − 1)-th unembedding projection and
+    rescaled to stream 0's root-mean-square (the projection's own clamped at 1e-5 before its square root).
+
+    Alternating Updates (Baykal et al., 2023, https://arxiv.org/abs/2301.13310) as Gemma-3n's forward writes it."""
+    owner = next((m for m in model.modules() if isinstance(getattr(m, "altup_unembed_projections", None), nn.ModuleList)),
+                 None)
+    if owner is None:
+        raise UnsupportedModelError(f"{type(model).__name__} keeps no altup_unembed_projections to merge its streams by")
+    first = streams[..., 0, :]
+    target = torch.mean(first**2, dim=-1, keepdim=True) ** 0.5
+    merged = [first]
+    for index, projection in enumerate(owner.altup_unembed_projections, start=1):
+        projected = projection(streams[..., index, :]).to(dtype=first.dtype, device=target.device)
+        magnitude = torch.sqrt(torch.mean(projected**2, dim=-1, keepdim=True).clamp(min=1e-5))
+        merged.append(projected * target / magnitude)
+    return torch.mean(torch.stack(merged), dim=0)
+
+
+StreamMerge = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+"""``(model, streams [..., n, d]) → [..., d]``: a model's merge of its residual streams before its final norm."""
+
+STREAM_MERGES: dict[str, StreamMerge] = {"gemma3n_text": altup_merge}
+"""``model_type`` → the merge its forward's own code does before the final norm (no module of the model does it), for
+the families whose blocks carry several residual streams; :func:`~lm_eval_probes.capture.readouts.check_lens` checks
+it against the model's own log-probabilities."""

@@ -14,9 +14,11 @@ the model's own forward, then the :class:`LensReadout`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from collections.abc import Iterator, Sequence
+from collections import UserDict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,14 +29,16 @@ from torch import nn
 from lm_eval_probes.capture.parts import (
     ARCHITECTURES,
     FINAL_NORM_NAMES,
+    STREAM_MERGES,
     ArchitectureSpec,
     UnsupportedModelError,
     architecture_of,
+    blocks_of,
     get_path,
     logit_transform_of,
     model_type_of,
 )
-from lm_eval_probes.stack_api import learn_hidden_states_selection
+from lm_eval_probes.stack_api import learn_hidden_states_selection, read_states_through
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 __all__ = ["ARCHITECTURES", "ArchitectureSpec", "BlockInputs", "FocalDepthDecoder", "LensReadout",
@@ -55,7 +59,7 @@ class LensReadout:
     def __init__(self, model: nn.Module) -> None:
         spec = architecture_of(model)
         self.model_type = model_type_of(model)
-        self.num_layers = len(_get_path(model, spec.blocks))
+        self.num_layers = len(blocks_of(model, spec))
         self.num_blocks = self.num_layers
         """The model's blocks (:attr:`num_layers` counts their passes: more in a looped model)."""
         self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
@@ -64,7 +68,7 @@ class LensReadout:
         self.final_norm = _get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
         """The final norm (an identity where the model has none: the head reads the last block's output)."""
         self.has_final_norm = bool(spec.final_norm)
-        self.last_block = _get_path(model, spec.blocks)[-1]
+        self.last_block = blocks_of(model, spec)[-1]
         norm_params = list(self.final_norm.parameters())
         self._norm_device = norm_params[0].device if norm_params else torch.device("cpu")
         head = model.get_output_embeddings()
@@ -80,12 +84,36 @@ class LensReadout:
         """s of logits = g(s · (W h + b)) (1 for most families)."""
         self.logit_softcap: float | None = transform.softcap
         self.row_sq_norms = squared_row_norms(self.unembed)  # in float64, without a float64 copy of W
-        self.merge: nn.Module | None = None
-        """The model's own merge of several residual streams before its final norm (DeepSeek-V4's and HY-V4's
-        ``hc_head``), found and checked at load by :func:`check_lens`; ``None``: the blocks' states are what the final
-        norm reads."""
+        self.merge: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The model's own merge of several residual streams before its final norm, ``[1, n, *stream_shape] → [1, n,
+        d]``, found and checked at load by :func:`check_lens`: the module the final norm's input comes from
+        (DeepSeek-V4's and HY-V4's ``hc_head``: :attr:`merge_module`), or the merge its forward's own code does run on
+        its own modules (:data:`~lm_eval_probes.capture.parts.STREAM_MERGES`: Gemma-3n's AltUp); ``None``: the blocks'
+        states are what the final norm reads."""
+        self.merge_module: nn.Module | None = None
+        """:attr:`merge` where it is a module of the model (whose input is the last block's output)."""
         self.stream_shape: tuple[int, ...] = ()
         """A block's state per token where :attr:`merge` is set (``(streams, d)``)."""
+        self.head_transform: nn.Module | None = None
+        """The module between the final norm and the unembedding, where the model has one (ModernBERT-decoder's
+        prediction head: dense, activation, norm), found and checked at load by :func:`check_lens`: the lens reads
+        ``W · head_transform(final_norm(h))``, and ``hidden_states[L]`` (the final norm's output) through it."""
+        self.prepended = 0
+        """Positions the model puts before the sequence's own in its blocks and drops before its head (CPM-Ant's
+        prompt), found by :func:`check_lens`: the blocks' states there are not the sequence's."""
+        self.streams_first = False
+        """Whether the blocks keep their streams before the batch (Gemma-3n's ``[streams, B, T, d]``): the forward's
+        states are then read batch first, ``[B, T, streams, d]`` (:meth:`batch_first`, :meth:`own_states`)."""
+        self.last_state_is_block_output = False
+        """Whether the forward's ``hidden_states[L]`` is the last block's output (its streams) rather than the final
+        norm's output (Gemma-3n's): :meth:`own_states` then reads it out through the merge and the final norm."""
+
+    def use_final_norm(self, norm: nn.Module) -> None:
+        """Read through ``norm`` as the final norm (found by :func:`check_lens` where the conventional names find none:
+        the module between the last block and the head)."""
+        self.final_norm, self.has_final_norm = norm, True
+        parameters = list(norm.parameters())
+        self._norm_device = parameters[0].device if parameters else self._norm_device
 
     @property
     def looped(self) -> bool:
@@ -103,10 +131,40 @@ class LensReadout:
         return names
 
     @property
-    def lens_input(self) -> nn.Module:
-        """The module whose input is the last block's output: the stream merge where the model has one, else the final
-        norm."""
-        return self.final_norm if self.merge is None else self.merge
+    def lens_input(self) -> nn.Module | None:
+        """The module of the model whose input is the last block's output: the stream merge where the model has one as
+        a module, else the final norm; ``None`` where none is (no final norm, or a merge in the forward's own code)."""
+        if self.merge is not None:
+            return self.merge_module
+        return self.final_norm if self.has_final_norm else None
+
+    def batch_first(self, states: torch.Tensor) -> torch.Tensor:
+        """A block's states as the lens reads them, ``[B, T, *stream_shape]`` (a view): the streams moved after the
+        positions where the blocks keep them first (:attr:`streams_first`); unchanged otherwise."""
+        return states.movedim(0, -2) if self.streams_first else states
+
+    def block_layout(self, states: torch.Tensor) -> torch.Tensor:
+        """:meth:`batch_first`'s inverse: ``[B, T, *stream_shape]`` → the layout the blocks take."""
+        return states.movedim(-2, 0) if self.streams_first else states
+
+    def own_states(self, hidden_states: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...]:
+        """A forward's L + 1 ``hidden_states`` (``None`` where not kept) as every probe reads them: each block's
+        :meth:`batch_first`, and ``[L]`` the final norm's output where the forward gives the last block's instead
+        (:attr:`last_state_is_block_output`: read out here through the model's own merge and final norm, as the
+        model does), through the prediction head where the model has one (:attr:`head_transform`: ``[L]`` is then
+        what the unembedding reads)."""
+        states = [None if state is None else self.batch_first(state) for state in hidden_states]
+        if self.last_state_is_block_output and states[-1] is not None:
+            last = states[-1]
+            states[-1] = self.final_norm(self.merged(last.to(self._norm_device)))
+        if self.head_transform is not None and states[-1] is not None:
+            states[-1] = self.head_transform(states[-1])
+        return tuple(states)
+
+    @property
+    def reads_own_states(self) -> bool:
+        """Whether the forward's ``hidden_states`` must go through :meth:`own_states` before a probe reads them."""
+        return self.streams_first or self.last_state_is_block_output or self.head_transform is not None
 
     def merged(self, hidden: torch.Tensor) -> torch.Tensor:
         """Block states ``[..., *stream_shape]`` → ``[..., d]`` through the model's own :attr:`merge` (called as the
@@ -127,11 +185,14 @@ class LensReadout:
     def logits(
         self, hidden: torch.Tensor, *, normalized: bool, capped: bool = True, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm is already applied;
+        """``[..., d]`` → float32 logits ``[..., V]``; ``normalized`` says the final norm (and the prediction head
+        after it, :attr:`head_transform`) is already applied: ``hidden`` is what the unembedding reads;
         ``capped=False`` returns ``s · (W h + b)`` before the soft-capping (δ_TCB's input); ``out``: a float32
         ``[..., V]`` tensor to write them into (and return), instead of a new one."""
         if not normalized:
             hidden = self.final_norm(self.merged(hidden).to(self._norm_device))
+            if self.head_transform is not None:
+                hidden = self.head_transform(hidden)
         hidden = hidden.to(self.device).float()
         if out is None and not self.rows.converts:
             logits = torch.nn.functional.linear(hidden, self.unembed, self.bias)
@@ -188,10 +249,13 @@ def _check_one_state_per_block(
             "(a block runs more than once: a looped model), so a layer's state is not one block's output")
     shapes = {tuple(state.shape) for state in hidden_states[:-1]} - {tuple(norm_input.shape)}
     if shapes:
+        shape = sorted(shapes)[0]
+        why = ("its blocks keep the positions before the batch, [T, B, d] (XLNet), its hidden_states the batch first"
+               if sorted(shape) == sorted(norm_input.shape) else "the model first merges them, e.g. residual streams, "
+               "by no module of its own that the lens could call")
         raise UnsupportedModelError(
-            f"{where}: the logit lens cannot read its blocks' states {sorted(shapes)[0]}: its final norm reads "
-            f"{tuple(norm_input.shape)} (the model first merges them, e.g. residual streams, by no module of its own "
-            "that the lens could call)")
+            f"{where}: the logit lens cannot read its blocks' states {shape}: its final norm reads "
+            f"{tuple(norm_input.shape)} ({why})")
 
 
 def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
@@ -224,6 +288,43 @@ def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
                  and tuple(states.shape) == block_shape), None)
 
 
+def _views_of_one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor or views of one storage (the head's input sliced from a norm's output)."""
+    return a is b or a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _module_between(model: nn.Module, ids: torch.Tensor, source: nn.Module, reader: nn.Module) -> nn.Module | None:
+    """The module of one forward of ``ids`` whose input is ``source``'s output (its last call's; a block's first
+    output) and whose output is what ``reader`` reads (its last call's input: that tensor or a view of it), the outermost
+    where several are (the last to return); ``None`` where none is. The final norm under another name (the module
+    between the last block and the head: CPM-Ant's ``output_layernorm``), or a prediction head between the final norm
+    and the unembedding (ModernBERT-decoder's ``lm_head``: dense, activation, norm)."""
+    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+    sources: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            calls.append((module, args[0], output))
+
+    def take_source(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        sources.append(output[0] if isinstance(output, (tuple, list)) else output)
+
+    handles = [module.register_forward_hook(record) for module in model.modules()
+               if module is not model and module is not reader and module is not source]
+    handles.append(source.register_forward_hook(take_source))
+    handles.append(reader.register_forward_pre_hook(lambda _module, args: targets.append(args[0])))
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not sources or not targets or not isinstance(sources[-1], torch.Tensor):
+        return None
+    return next((module for module, states, output in reversed(calls)
+                 if _views_of_one_storage(output, targets[-1]) and _views_of_one_storage(states, sources[-1])), None)
+
+
 @torch.no_grad()
 def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TOKENS) -> float:
     """Check at load that the :class:`LensReadout` found for ``model`` is the model's own readout: one forward of
@@ -238,7 +339,18 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     states are not (several residual streams, DeepSeek-V4's and HY-V4's ``hc_head``), the module the final norm's input
     comes from is the model's merge (:func:`_stream_merge`): it becomes the readout's :attr:`LensReadout.merge`, and the
     lens on the last block's output (through the merge, the final norm and the head) must reproduce the model's own
-    log-probabilities as above.
+    log-probabilities as above. Where no module gives it (a merge in the forward's own code), the family's
+    :data:`~lm_eval_probes.capture.parts.STREAM_MERGES` entry, run on the model's own modules, is the merge, checked the
+    same way; streams kept before the batch (Gemma-3n's ``[streams, B, T, d]``) are read batch first, and a
+    ``hidden_states[L]`` that is the last block's output through the merge and the final norm
+    (:meth:`LensReadout.own_states`, which :func:`~lm_eval_probes.stack_api.hidden_states_of` then applies to every
+    forward's states of the model).
+    A model with no final norm by its conventional names whose head does not read its last block's output has the
+    module between them as its final norm (:func:`_module_between`: CPM-Ant's ``output_layernorm``; positions the
+    model puts before the sequence's own in its blocks and drops before its head, CPM-Ant's prompt, are
+    :attr:`LensReadout.prepended`). Where the lens differs from the model's own log-probabilities and the unembedding
+    reads no view of the final norm's output, the module between them (a prediction head: ModernBERT-decoder's) is
+    :attr:`LensReadout.head_transform`, and the lens is checked again through it.
     Two or three more forwards of the same ids learn how the model reads a list of ``hidden_states`` indices
     (:func:`~lm_eval_probes.stack_api.learn_hidden_states_selection`).
 
@@ -254,10 +366,15 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     taken: list[torch.Tensor] = []
     passes: list[int] = []
     last_outputs: list[Any] = []
+    head = model.get_output_embeddings()
+    head_inputs: list[torch.Tensor] = []
+    norm_outputs: list[torch.Tensor] = []
     handles = [readout.final_norm.register_forward_pre_hook(lambda _module, args: taken.append(args[0].detach())),
+               readout.final_norm.register_forward_hook(lambda _module, _args, output: norm_outputs.append(output)),
+               head.register_forward_pre_hook(lambda _module, args: head_inputs.append(args[0])),
                readout.last_block.register_forward_hook(lambda _module, _args, output: last_outputs.append(output))]
     handles += [block.register_forward_pre_hook(lambda _module, _args, index=index: passes.append(index))
-                for index, block in enumerate(_get_path(model, architecture_of(model).blocks))]
+                for index, block in enumerate(blocks_of(model))]
     try:
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     finally:
@@ -272,22 +389,42 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     if len(passes) > readout.num_blocks and len(out.hidden_states) == len(passes) + 1:  # a looped model
         readout.passes, readout.num_layers = tuple(passes), len(passes)
     lens_input, read = taken[-1], "the final norm's input"
-    readout.merge, readout.stream_shape = None, ()
+    last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
+        (last_outputs[-1] if last_outputs else None)
+    readout.merge, readout.merge_module, readout.stream_shape = None, None, ()
+    readout.streams_first = readout.last_state_is_block_output = False
     if len(out.hidden_states) == readout.num_layers + 1 and out.hidden_states[-2].shape != lens_input.shape:
-        found = _stream_merge(model, readout, ids, tuple(out.hidden_states[-2].shape))  # several residual streams
+        block_shape = tuple(out.hidden_states[-2].shape)  # several residual streams
+        found = _stream_merge(model, readout, ids, block_shape)
         if found is not None:
-            readout.merge, lens_input = found
+            readout.merge_module, lens_input = found
+            readout.merge = readout.merge_module
             readout.stream_shape = tuple(lens_input.shape[2:])
-            read = f"the last block's output (merged by its {type(readout.merge).__name__})"
+            read = f"the last block's output (merged by its {type(readout.merge_module).__name__})"
+        elif (readout.model_type in STREAM_MERGES and isinstance(last, torch.Tensor)
+              and tuple(last.shape) == block_shape and len(block_shape) == lens_input.ndim + 1):
+            merge = STREAM_MERGES[readout.model_type]  # the merge the forward's own code does
+            readout.merge = functools.partial(merge, model)
+            readout.streams_first = block_shape[1:3] == tuple(lens_input.shape[:2]) != block_shape[:2]
+            lens_input = last.detach()
+            readout.stream_shape = tuple(readout.batch_first(lens_input).shape[2:])
+            readout.last_state_is_block_output = (out.hidden_states[-1].shape == last.shape
+                                                  and torch.equal(out.hidden_states[-1], last))
+            read = f"the last block's output (merged by {merge.__name__} on the model's own modules)"
     if not readout.has_final_norm:  # the head (or the merge) must read the last block's output itself
-        last = last_outputs[-1][0] if last_outputs and isinstance(last_outputs[-1], (tuple, list)) else \
-            (last_outputs[-1] if last_outputs else None)
         if not (isinstance(last, torch.Tensor) and last.shape == lens_input.shape
-                and torch.equal(last, lens_input)):  # a norm (or more) between them, not found by its name
-            raise UnsupportedModelError(
-                f"{where}: its last block's output is not what its head reads, and it keeps no final norm by a "
-                f"conventional name ({', '.join(FINAL_NORM_NAMES)}); add a row to lm_eval_probes.capture.parts."
-                "ARCHITECTURES")
+                and torch.equal(last, lens_input)):  # a norm between them, not found by its name
+            norm = _module_between(model, ids, readout.last_block, head)  # the module whose output the head reads
+            if norm is None or not isinstance(last, torch.Tensor):
+                raise UnsupportedModelError(
+                    f"{where}: its last block's output is not what its head reads, and no module between them (nor a "
+                    f"final norm by a conventional name: {', '.join(FINAL_NORM_NAMES)}) is; add a row to "
+                    "lm_eval_probes.capture.parts.ARCHITECTURES")
+            readout.use_final_norm(norm)
+            lens_input, read = last.detach(), f"the final norm's input (its {type(norm).__name__}, read by its head)"
+    readout.prepended = max(0, readout.batch_first(lens_input).shape[1] - out.logits.shape[1])
+    if readout.prepended:  # the blocks' positions that are the sequence's (after CPM-Ant's prompt)
+        lens_input = lens_input[:, readout.prepended :]
     _check_one_state_per_block(out.hidden_states, lens_input, readout.num_layers, where)
     learn_hidden_states_selection(  # how this model reads a list of hidden_states indices (its release's reading)
         model, lambda request: model(input_ids=ids, output_hidden_states=request, use_cache=False).hidden_states,
@@ -299,21 +436,35 @@ def check_lens(model: nn.Module, readout: LensReadout, *, tokens: int = CHECK_TO
     atol, rtol = LENS_TOLERANCE.get(readout.unembed.dtype, LENS_TOLERANCE[torch.bfloat16])
     bound = atol + rtol * float(out.logits[0].float().to(readout.device)[compared].abs().max())
     transform = f"logit scale {readout.logit_scale:g}, soft-capping {readout.logit_softcap}"
-    largest = 0.0
-    for hidden, normalized, read in ((lens_input, False, read),
-                                     (out.hidden_states[-1], True, "hidden_states[L] (read as post-norm)")):
-        got = readout.logprobs(hidden[0], normalized=normalized)
-        if got.shape != want.shape:
-            raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, the "
-                                        f"model {tuple(want.shape)}")
-        got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
-        difference = float((got - want)[compared].abs().max())
-        if not difference <= bound:
-            raise UnsupportedModelError(
-                f"{where}: the logit lens ({transform}) on {read} differs from the model's own log-probabilities by "
-                f"up to {difference:.3g} (allowed {bound:.3g} in {str(readout.unembed.dtype).removeprefix('torch.')})")
-        largest = max(largest, difference)
-    return largest
+    readout.head_transform = None
+    while True:
+        largest, failure = 0.0, None
+        read_states_through(model, readout.own_states if readout.reads_own_states else None)
+        for hidden, normalized, read in ((readout.batch_first(lens_input), False, read),
+                                         (readout.own_states(out.hidden_states)[-1], True,
+                                          "hidden_states[L] (read as post-norm)")):
+            got = readout.logprobs(hidden[0], normalized=normalized)
+            if got.shape != want.shape:
+                raise UnsupportedModelError(f"{where}: the lens on {read} gives {tuple(got.shape)} log-probabilities, "
+                                            f"the model {tuple(want.shape)}")
+            got = got.masked_fill(~compared, -math.inf).log_softmax(-1)
+            difference = float((got - want)[compared].abs().max())
+            if not difference <= bound:
+                failure = (f"{where}: the logit lens ({transform}) on {read} differs from the model's own "
+                           f"log-probabilities by up to {difference:.3g} (allowed {bound:.3g} in "
+                           f"{str(readout.unembed.dtype).removeprefix('torch.')})")
+                break
+            largest = max(largest, difference)
+        if failure is None:
+            return largest
+        if readout.head_transform is not None or not (readout.has_final_norm and norm_outputs and head_inputs) \
+                or _views_of_one_storage(norm_outputs[-1], head_inputs[-1]):
+            raise UnsupportedModelError(failure)
+        # the head reads no view of the final norm's output: a module between them (a prediction head), read through
+        readout.head_transform = _module_between(model, ids, readout.final_norm, head)
+        if readout.head_transform is None:
+            raise UnsupportedModelError(failure)
+        transform += f", through its {type(readout.head_transform).__name__}"
 
 
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past", "cache_params")
@@ -370,14 +521,17 @@ class BlockInputs:
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
-             axes: dict[tuple[Any, ...], tuple[int, int]] | None = None, path: tuple[Any, ...] = ()) -> Any:
+             axes: dict[tuple[Any, ...], tuple[int, int]] | None = None, path: tuple[Any, ...] = (),
+             shared: dict[int, Any] | None = None) -> Any:
     """``value`` with its batch dimension gathered at ``index``.
 
     ``axes`` (found at load by :func:`_batch_axes`): argument path → ``(axis, per row)``, an axis that holds
     ``per row`` consecutive entries per batch row (BLOOM's ALiBi bias ``[B · heads, 1, T]``: ``heads`` per row); each
     row's entries are gathered there. Elsewhere a leading dimension of size ``batch_size`` is the batch; tensors whose
     first dimension is not (size-1 broadcast masks or rotary tables, scalars) are returned unchanged; tuples, lists and
-    dicts are mapped.
+    dicts are mapped. A ``UserDict`` the blocks share and fill as they run (Gemma-3n's keys and values shared between
+    blocks) becomes a new one of its rows, the forward's left as it is; ``shared`` (the forward's ``id`` → its new
+    one) gives every block of one re-run the same new one, as the forward gives every block its own.
     """
     if isinstance(value, torch.Tensor):
         if axes and path in axes:
@@ -391,11 +545,18 @@ def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
             return value.index_select(0, index.to(value.device))
         return value
     if isinstance(value, tuple):
-        return tuple(_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value))
+        return tuple(_rows_of(v, index, batch_size, axes, (*path, i), shared) for i, v in enumerate(value))
     if isinstance(value, list):
-        return [_rows_of(v, index, batch_size, axes, (*path, i)) for i, v in enumerate(value)]
+        return [_rows_of(v, index, batch_size, axes, (*path, i), shared) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _rows_of(v, index, batch_size, axes, (*path, k)) for k, v in value.items()}
+        return {k: _rows_of(v, index, batch_size, axes, (*path, k), shared) for k, v in value.items()}
+    if isinstance(value, UserDict):
+        if shared is not None and id(value) in shared:
+            return shared[id(value)]
+        rows = type(value)({k: _rows_of(v, index, batch_size, axes, (*path, k), shared) for k, v in value.items()})
+        if shared is not None:
+            shared[id(value)] = rows
+        return rows
     return value
 
 
@@ -544,7 +705,7 @@ class FocalDepthDecoder:
         self.source_layers = tuple(range(start, stop))
         self.top_k = top_k
         self.chunk_positions = chunk_positions
-        self.all_blocks: list[nn.Module] = list(_get_path(model, spec.blocks))
+        self.all_blocks: list[nn.Module] = blocks_of(model, spec)
         self.blocks: list[nn.Module] = self.all_blocks[num_layers - depth :] if depth else []
         self.chunk_tokens = chunk_tokens
         types = getattr(model.config, "layer_types", None)
@@ -604,11 +765,10 @@ class FocalDepthDecoder:
             raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
         self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs)
         row = torch.tensor([1])
-        states = taken[0].index_select(0, row.to(taken[0].device))
+        states = self.readout.batch_first(taken[0])
         try:
-            for block, kwargs in zip(self.blocks, inputs.block_kwargs, strict=True):
-                result = block(states, **_rows_of(kwargs, row, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, (tuple, list)) else result
+            states = self._rerun(states.index_select(0, row.to(states.device)), inputs.block_kwargs, row,
+                                 inputs.batch_size)
         except Exception as error:  # the arguments do not re-run on a subset of the rows
             raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
                                         f"{(str(error).splitlines() or [''])[0][:160]}") from None
@@ -669,7 +829,7 @@ class FocalDepthDecoder:
                 if index >= first_rerun:
                     inputs.block_kwargs[index - first_rerun] = kept
                 if first_source <= index < stop_source:
-                    self._add_source(inputs, index - first_source, hidden.detach())
+                    self._add_source(inputs, index - first_source, self.readout.batch_first(hidden.detach()))
 
             return record
 
@@ -683,11 +843,12 @@ class FocalDepthDecoder:
         try:
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave, always_call=True))
-            if self.readout.has_final_norm:
-                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))  # the streams, where merged
-            else:  # no final norm: the last block's output
+            if self.readout.lens_input is not None:  # the final norm, or the module that merges the streams
+                handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))
+            else:  # no final norm, or a merge in the forward's own code: the last block's output
                 handles.append(self.readout.last_block.register_forward_hook(
-                    lambda module, _args, output: norm_hook(module, (output[0] if isinstance(output, (tuple, list)) else output,))))
+                    lambda module, _args, output: norm_hook(module, (self.readout.batch_first(
+                        output[0] if isinstance(output, (tuple, list)) else output),))))
             for index, block in enumerate(self.all_blocks):
                 handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
@@ -726,6 +887,18 @@ class FocalDepthDecoder:
         for done in [s for s in inputs.sources if s not in waiting]:
             del inputs.sources[done]
 
+    def _rerun(self, states: torch.Tensor, kwargs_of: Sequence[dict[str, Any]], rows: torch.Tensor,
+               batch_size: int) -> torch.Tensor:
+        """The last m blocks on ``states [n, T, ...]`` (batch first: :meth:`LensReadout.batch_first`), rows ``rows`` of
+        the forward's batch of ``batch_size``, each with those rows of the arguments ``kwargs_of`` it got; batch
+        first."""
+        states = self.readout.block_layout(states)
+        shared: dict[int, Any] = {}  # what the blocks share and fill as they run: one new one for this re-run
+        for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
+            result = block(states, **_rows_of(kwargs, rows, batch_size, self.batch_axes, shared=shared))
+            states = result[0] if isinstance(result, (tuple, list)) else result
+        return self.readout.batch_first(states)
+
     def _per_chunk(self, length: int) -> int:
         return max(1, self.chunk_tokens // max(length, 1))
 
@@ -737,11 +910,10 @@ class FocalDepthDecoder:
         with torch.no_grad(), torch.autocast(device_type=inputs.device_type,
                                              dtype=inputs.autocast_dtype or torch.float32,
                                              enabled=inputs.autocast_dtype is not None):
-            for block, kwargs in zip(self.blocks, kwargs_of, strict=True):
-                result = block(states, **_rows_of(kwargs, rows, inputs.batch_size, self.batch_axes))
-                states = result[0] if isinstance(result, (tuple, list)) else result
+            states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
         windows = [inputs.windows[row] for _, row in chunk]
-        picked = torch.cat([states[k, start:stop] for k, (start, stop) in enumerate(windows)])
+        first = self.readout.prepended  # the model's own positions before the sequence's (CPM-Ant's prompt)
+        picked = torch.cat([states[k, first + start : first + stop] for k, (start, stop) in enumerate(windows)])
         masses = self._masses(picked, normalized=False).cpu()
         offset = 0
         for pair, (start, stop) in zip(chunk, windows, strict=True):
@@ -784,6 +956,7 @@ class FocalDepthDecoder:
                 or not all(inputs.block_kwargs) or len(inputs.sources) + len(inputs.masses) == 0):
             raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
         batch, length = inputs.final_norm_input.shape[:2]
+        length -= self.readout.prepended  # the sequence's positions (the blocks' less the model's own before them)
         kept = next((h for h in hidden_states if h is not None), None)
         if inputs.batch_size != batch or (kept is not None and kept.shape[:2] != (batch, length)):
             raise RuntimeError(
@@ -804,7 +977,7 @@ class FocalDepthDecoder:
                 windows[row] = (min(lo, start), max(hi, stop))
             self.read_at(inputs, windows)
             inputs.pending = [(source, row) for source in sorted(inputs.sources) for row in inputs.windows]
-        per_chunk = self._per_chunk(length)
+        per_chunk = self._per_chunk(length + self.readout.prepended)  # the re-run sequences: the blocks' length
         while inputs.pending:
             self._decode_chunk(inputs, inputs.pending[:per_chunk], inputs.block_kwargs)
             del inputs.pending[:per_chunk]
