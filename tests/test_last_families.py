@@ -278,7 +278,7 @@ def test_gemma3n_omega_through_every_block_reads_the_keys_its_rerun_stored(tmp_p
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(50.0)
     lm = ProbeHFLM(pretrained=model, tokenizer=folder, device="cpu", batch_size=3, probes="omega", probe_omega_depth=3)
-    assert len(lm.focal_decoder.blocks) == 3
+    assert len(lm.held["focal_depth"].blocks) == 3
     assert_omega_matches_the_reference(lm, lm.loglikelihood(ll_instances()))
 
 
