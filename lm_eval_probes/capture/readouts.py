@@ -42,9 +42,7 @@ from lm_eval_probes.stack_api import learn_hidden_states_selection, read_states_
 from lm_eval_probes.probes import RowBlocks, squared_row_norms, top_k_mass
 
 __all__ = ["ARCHITECTURES", "ArchitectureSpec", "BlockInputs", "FocalDepthDecoder", "LensReadout",
-           "UnsupportedModelError", "architecture_of", "block_inputs_of", "check_lens"]
-
-_get_path = get_path
+           "UnsupportedModelError", "architecture_of", "check_lens"]
 
 
 class LensReadout:
@@ -65,7 +63,7 @@ class LensReadout:
         self.passes: tuple[int, ...] = tuple(range(self.num_blocks))
         """The block of each pass, in the order the forward runs them (found by :func:`check_lens`): block k more than
         once in a looped model (Dory), whose ``hidden_states`` then hold one state per pass."""
-        self.final_norm = _get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
+        self.final_norm = get_path(model, spec.final_norm) if spec.final_norm else nn.Identity()
         """The final norm (an identity where the model has none: the head reads the last block's output)."""
         self.has_final_norm = bool(spec.final_norm)
         self.last_block = blocks_of(model, spec)[-1]
@@ -999,13 +997,3 @@ class FocalDepthDecoder:
             for lo in range(0, hidden.shape[0], self.chunk_positions)
         ]
         return torch.cat(parts) if parts else torch.empty(0, device=self.readout.device)
-
-
-@contextmanager
-def block_inputs_of(decoder: FocalDepthDecoder | None) -> Iterator[BlockInputs | None]:
-    """``decoder.capture()``, or ``None`` without a decoder."""
-    if decoder is None:
-        yield None
-        return
-    with decoder.capture() as inputs:
-        yield inputs
