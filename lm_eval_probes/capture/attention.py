@@ -20,7 +20,8 @@ weight at a time), and ψ's Jacobian D_t = ∂q_t/∂u_t is computed by forward-
 over the layer's own code, a chunk of positions at a time: the chunk's arguments are repeated once per column of u a
 head reads (along their position axes, found at load by comparing the layer's arguments in forwards of two lengths
 and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
-those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
+those columns. Columns that move disjoint entries of the queries share a copy (:class:`_Coloring`, found at load: a
+rotary-only query map needs two copies per position where every column alone took ``n``). Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
 product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
 D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads. Where no submodule maps
 the layer's input alone to its queries, or the re-run so split does not reproduce them (JetMoE: a mixture of attention
@@ -371,6 +372,74 @@ class AttentionBatch:
             checks.clear()
 
 
+@dataclass(frozen=True)
+class _Coloring:
+    """Colours of the columns of u the heads read, for D_t = ∂q_t/∂u_t by forward mode (Curtis, Powell and Reid's
+    colouring of a sparse Jacobian, 1974): the columns of one colour move disjoint entries of every head's queries
+    (:attr:`pattern`), so one tangent on all of them at once gives each one's entries of D, read back through the
+    pattern. A rotary-only query map moves entry i from columns i and its rotation partner: two colours where every
+    column alone took a product; a per-head query norm moves every entry from every column: as many colours as columns
+    (each column alone, as without colours). Found once per layer at load (:meth:`of`), from every column alone on the
+    load's row, and kept only where the colours give those same columns' D there.
+
+    Attributes:
+        columns: ``[H or 1, n]`` the columns of u each head reads, as the layer's :attr:`FirstAttentionCapture._columns`
+            (the colouring is for those).
+        colors: ``[n]`` int64, each column's colour; ``None``: each column its own (``count`` = n).
+        hidden: ``[H, n, p]`` bool, True where column j does not move head h's query entry i (``None``: none hidden).
+        count: K, the number of colours.
+    """
+
+    columns: torch.Tensor
+    colors: torch.Tensor | None
+    hidden: torch.Tensor | None
+    count: int
+
+    @classmethod
+    def dense(cls, columns: torch.Tensor) -> _Coloring:
+        """Every column its own colour."""
+        return cls(columns, None, None, columns.shape[1])
+
+    @classmethod
+    def of(cls, dense: list[torch.Tensor], columns: torch.Tensor,
+           recompute: Callable[[_Coloring], list[torch.Tensor]]) -> _Coloring:
+        """Greedy colours from D over a row (``dense``: its chunks ``[H, c, p, n]``, every column alone): a column takes
+        the first colour none of whose columns moves an entry it moves. Kept when ``recompute`` with them gives the
+        same D within 1e-12 of its largest entry (else every column its own)."""
+        moved = torch.stack([(part != 0).any(1) for part in dense]).any(0).transpose(-1, -2).cpu()  # [H, n, p]
+        rows = moved.transpose(0, 1).flatten(1)  # [n, H·p]: the entries each column moves
+        taken: list[torch.Tensor] = []
+        colors: list[int] = []
+        for column in rows:
+            color = next((c for c, used in enumerate(taken) if not bool((used & column).any())), len(taken))
+            if color == len(taken):
+                taken.append(column.clone())
+            else:
+                taken[color] |= column
+            colors.append(color)
+        if len(taken) == rows.shape[0]:
+            return cls.dense(columns)
+        device = dense[0].device
+        colored = cls(columns, torch.tensor(colors, device=device), ~moved.to(device), len(taken))
+        for want, got in zip(dense, recompute(colored), strict=True):
+            if not bool((got - want).abs().max() <= 1e-12 * want.abs().max()):
+                return cls.dense(columns)
+        return colored
+
+    def tangents(self, u: torch.Tensor) -> torch.Tensor:
+        """``[K, m]`` (u's dtype): colour c's tangent at one position, 1 on its columns of every head."""
+        table = u.new_zeros(self.count, u.shape[-1])
+        colors = torch.arange(self.count, device=u.device) if self.colors is None else self.colors
+        table[colors.expand(self.columns.shape), self.columns.to(u.device)] = 1.0
+        return table
+
+    def columns_of(self, by_color: torch.Tensor) -> torch.Tensor:
+        """``[H, c, n, p]`` each column's entries of Dᵀ from the colours' ``[H, c, K, p]``."""
+        if self.colors is None:
+            return by_color
+        return by_color.index_select(2, self.colors).masked_fill_(self.hidden[:, None], 0.0)
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
     return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
@@ -387,6 +456,9 @@ class FirstAttentionCapture:
     """
 
     CHECK_LENGTH = 6
+    _coloring: _Coloring | None = None
+    """The colours of the query map's input columns (:class:`_Coloring`), found at the first row re-run for the current
+    :attr:`_columns`."""
 
     def __init__(self, model: nn.Module) -> None:
         model_type = getattr(model.config, "model_type", None)
@@ -770,6 +842,7 @@ class FirstAttentionCapture:
         heads, _, dim = queries.shape
         copies = columns.shape[1]
         chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
+        wide, most = chunk, group  # the colours' search below runs at the row's own sizes
         if check_chunk is not None:
             chunk, group = check_chunk, 1
 
@@ -780,28 +853,31 @@ class FirstAttentionCapture:
         read = self._read
 
         checks = [] if checks is None else checks  # per chunk: its re-run's queries differ from the whole row's
+        tables: dict[int, torch.Tensor] = {}  # per colouring: its tangents, made once per row
 
-        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
-            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
-            each copy with a tangent on its column (see the module docstring); the projections no query reads (keys,
-            values) carry none."""
+        def jacobian(lo: int, hi: int, coloring: _Coloring, group: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` colours, each copy with
+            a tangent on its colour's columns of every head (see the module docstring and :class:`_Coloring`); the
+            projections no query reads (keys, values) carry none."""
             span = hi - lo
-            out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, filled a column (here: a row) of D per copy
+            colors = coloring.count
             if self._reach:
+                out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, a row per column
                 return local_jacobian(lo, hi, out)
+            by_color = queries.new_empty(heads, span, colors, dim, dtype=work)  # a row per colour
+            if id(coloring) not in tables:
+                tables[id(coloring)] = coloring.tangents(u)
+            table = tables[id(coloring)]  # [K, m]: a colour's tangent at one position
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
-            for first in range(0, copies, group):
-                last = min(copies, first + group)
+            for first in range(0, colors, group):
+                last = min(colors, first + group)
                 if last - first not in repeated:
                     positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
                     repeated[last - first] = (hollow(self._cut(tree, rows=1, length=length, positions=positions),
                                                      positions.shape[0]), u[:, positions])
                 part, gathered = repeated[last - first]
                 inputs = gathered.split(widths, -1)
-                tangent = torch.zeros_like(gathered)
-                at = torch.arange((last - first) * span, device=u.device)  # copy c's rows: its column of every head
-                tangent[0, at[None, :], columns[:, first + at // span]] = 1.0
-                tangents = tangent.split(widths, -1)
+                tangents = table[first:last].repeat_interleave(span, 0)[None].split(widths, -1)  # copy c: colour c
 
                 def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
                     given = iter(dual)
@@ -811,12 +887,12 @@ class FirstAttentionCapture:
                 with torch.no_grad():
                     primal, derivative = torch.func.jvp(
                         of_read, tuple(v for v, r in zip(inputs, read) if r), tuple(t for t, r in zip(tangents, read) if r))
-                del tangent, tangents
+                del tangents
                 if first == 0:  # every product's primal is the same; checked by verify(), once per batch
                     want = queries[:, lo:hi]
                     checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
-                out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
-            return out.transpose(-2, -1)
+                by_color[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return coloring.columns_of(by_color).transpose(-2, -1)
 
         def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
@@ -845,6 +921,22 @@ class FirstAttentionCapture:
                                       1e-9 * want.abs().max().clamp_min(1e-30))
                     out[:, targets - lo, copy] = derivative[0][:, targets].to(work)
             return out.transpose(-2, -1)
+
+        coloring = self._coloring if self._coloring is not None and self._coloring.columns is columns else None
+        if coloring is None:  # once per layer (at load): D's pattern from every column alone, then the colours
+            coloring = _Coloring.dense(columns)
+            if not self._reach:
+                def whole_row(given: _Coloring) -> list[torch.Tensor]:
+                    return [jacobian(lo, min(length, lo + wide), given, max(1, min(most, given.count)))
+                            for lo in range(0, length, wide)]
+
+                coloring = _Coloring.of(whole_row(coloring), columns, whole_row)
+            self._coloring = coloring
+
+        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t on each head's columns: :func:`jacobian` with the layer's
+            colours."""
+            return jacobian(lo, hi, coloring, max(1, min(group, coloring.count)))
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),

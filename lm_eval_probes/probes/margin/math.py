@@ -417,7 +417,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
-                  work: torch.dtype = torch.float64) -> Tensor:
+                  work: torch.dtype = torch.float64, start: int = 0) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time, a group of heads at a time.
 
@@ -448,15 +448,21 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
             none (the window alone).
         work: float64 or float32 (:func:`~lm_eval_probes.probes.margin.probe.margin_dtype`).
+        start: the first position whose margin is computed (0 ≤ start ≤ T; the margin at t reads positions ≤ t only,
+            so a caller that has those of [0, start) from a sequence with the same first ``start`` tokens asks for the
+            rest).
 
     Returns:
-        ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
+        ``[T − start]`` margins of positions [start, T) in the inputs' dtype; ``nan`` where a position has no prefix or
+        is padding.
     """
     if heads not in ("mean", "min"):
         raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
     if work not in (torch.float32, torch.float64):
         raise ValueError(f"work must be torch.float32 or torch.float64, got {work}")
     num_heads, length, dim = queries.shape
+    if not 0 <= start <= length:
+        raise ValueError(f"start must be in [0, {length}], got {start}")
     if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
         raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[0]
@@ -469,7 +475,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     width = u_all.shape[-1]
     sinks = None if sinks is None else sinks.to(work)
     parts = []
-    for lo in range(0, length, chunk):
+    for lo in range(start, length, chunk):
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         jacobian = query_jacobian(lo, hi)
@@ -497,7 +503,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         margins = torch.cat(per_group)
         parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
     out = torch.cat(parts).to(queries.dtype) if parts else queries.new_empty(0)
-    return out if valid is None else out.masked_fill(~valid.bool(), math.nan)
+    return out if valid is None else out.masked_fill(~valid[start:].bool(), math.nan)
 
 
 def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,

@@ -104,30 +104,70 @@ class MarginPositions:
     from the wrappers' first-attention capture (:attr:`first_attention`)."""
 
     reads_lens = False
+    RECENT = 16
+    """The latest rows whose margins are kept for the rows after them (:meth:`values`)."""
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
         self.options = options
         self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
+        self._recent: list[tuple[tuple[int, ...], Any]] = []  # (token ids, margins) of the latest rows, newest last
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.math.layer_margins`
         of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time; the batch's
-        values leave the device once)."""
+        values leave the device once).
+
+        The margin at position t reads the layer's inputs at positions ≤ t only, which a causal model computes from the
+        first t + 1 tokens alone: a row that begins with the same tokens as one of the :data:`RECENT` rows before it
+        (the options of a multiple-choice document share its context) takes that row's margins of those positions and
+        computes the rest (:func:`~lm_eval_probes.probes.margin.math.layer_margins` from ``start``)."""
         import torch
 
         from lm_eval_probes.probes.margin.math import layer_margins, margin_dtype
 
         work = margin_dtype(self.options.precision, batch.ids.device)
-        rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
-                              softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work)
-                if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows(work)]
+        ids = batch.ids.cpu()  # the row's tokens, to find a row that began with the same ones
+        valid = None if batch.valid is None else batch.valid.cpu()
+        rows = []
+        for index, row in enumerate(batch.rows(work)):
+            if row.keys.shape[-2] != row.queries.shape[-2]:
+                rows.append(_undefined(row))
+                continue
+            tokens = _leading_tokens(ids[index], None if valid is None else valid[index])
+            start, earlier = self._shared(tokens)
+            margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
+                                    softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
+                                    heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start)
+            if start:
+                margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
+            if tokens:
+                self._recent = [*self._recent[1 - self.RECENT:], (tokens, margins[:len(tokens)])]
+            rows.append(margins)
         batch.verify()
         return torch.stack(rows).cpu() if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+
+    def _shared(self, tokens: tuple[int, ...]) -> tuple[int, Any]:
+        """The most leading ``tokens`` a recent row shares, and that row's margins (``(0, None)``: none)."""
+        best, margins = 0, None
+        for seen, kept in self._recent:
+            same = next((i for i, (a, b) in enumerate(zip(tokens, seen)) if a != b), min(len(tokens), len(seen)))
+            if same > best:
+                best, margins = same, kept
+        return best, margins
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
         return MarginSummary.of(margins, token_ids, self.options.support).record_fields(decode)
+
+
+def _leading_tokens(ids: Any, valid: Any) -> tuple[int, ...]:
+    """A row's tokens when its real positions lead it (no padding, or padding only after them: the inputs of a
+    ``loglikelihood`` batch); ``()`` otherwise (a left-padded ``generate`` row: its positions are not those of another
+    row with the same tokens)."""
+    if valid is None:
+        return tuple(ids.tolist())
+    real = int(valid.sum())
+    return tuple(ids[:real].tolist()) if bool(valid[:real].all()) else ()
 
 
 def _undefined(row: Any) -> Any:
@@ -156,7 +196,8 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     layer's own query code a block of positions at a time: about 2²³ values each) or the margins: each head's inputs
     and keys (2·T·H·p) and one chunk of c positions (:func:`~lm_eval_probes.api.jacobian_chunks`) — its query-map
     Jacobians (H·c·p·n, n = p columns per head) and either one forward-mode product (float64, g·c·(2m + 8·H·p)
-    values) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
+    values; fewer where the query map's columns share products, :class:`~lm_eval_probes.capture.attention._Coloring`:
+    then this bounds it from above) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
     :func:`~lm_eval_probes.probes.margin.math.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
     inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
     values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
