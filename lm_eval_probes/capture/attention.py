@@ -59,7 +59,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, FirstAttention, jacobian_chunks
+from lm_eval_probes.api import (PRODUCT_ELEMENTS, PRODUCT_ELEMENTS_TENSOR_CORES, PRODUCT_POSITIONS, FirstAttention,
+                                jacobian_chunks)
 from lm_eval_probes.capture.own_attention import OwnAttention, first_own_attention
 from lm_eval_probes.capture.readouts import UnsupportedModelError
 from lm_eval_probes.records import trace_values
@@ -372,7 +373,7 @@ class AttentionBatch:
             checks.clear()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: a row's tangents and products are kept per colouring
 class _Coloring:
     """Colours of the columns of u the heads read, for D_t = ∂q_t/∂u_t by forward mode (Curtis, Powell and Reid's
     colouring of a sparse Jacobian, 1974): the columns of one colour move disjoint entries of every head's queries
@@ -819,7 +820,8 @@ class FirstAttentionCapture:
         """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
         length = segment.ids.shape[1]
         tree, hollow, u, widths = self._prepared(segment, row, work)
-        step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
+        budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
+        step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
         if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
             step = length  # indexer folds its selection into the mask its attention is handed; a query reads its past
         calls = []
@@ -853,21 +855,37 @@ class FirstAttentionCapture:
         read = self._read
 
         checks = [] if checks is None else checks  # per chunk: its re-run's queries differ from the whole row's
-        tables: dict[int, torch.Tensor] = {}  # per colouring: its tangents, made once per row
+        tables: dict[_Coloring, torch.Tensor] = {}  # per colouring: its tangents, made once per row
+
+        at_once: dict[_Coloring, tuple[int, torch.Tensor]] = {}  # per colouring: the rest of the row's colours, from where
 
         def jacobian(lo: int, hi: int, coloring: _Coloring, group: int) -> torch.Tensor:
-            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` colours, each copy with
-            a tangent on its colour's columns of every head (see the module docstring and :class:`_Coloring`); the
-            projections no query reads (keys, values) carry none."""
+            """``[H, hi − lo, p, n]``: :func:`colored` read back per column (:meth:`_Coloring.columns_of`). Where one
+            product of every colour over the rest of the row from ``lo`` fits what a product may hold (``most`` copies
+            of ``wide`` positions: few colours), that product is made at the first call and the later chunks read
+            it."""
+            if self._reach:
+                out = queries.new_empty(heads, hi - lo, copies, dim, dtype=work)  # Dᵀ, a row per column
+                return local_jacobian(lo, hi, out)
+            whole = at_once.get(coloring)
+            if whole is None and check_chunk is None and coloring.count * (length - lo) <= most * wide:
+                whole = at_once[coloring] = (lo, colored(lo, length, coloring, coloring.count))
+            if whole is not None and whole[0] <= lo:
+                by_color = whole[1][:, lo - whole[0]:hi - whole[0]]
+            else:
+                by_color = colored(lo, hi, coloring, group)
+            return coloring.columns_of(by_color).transpose(-2, -1)
+
+        def colored(lo: int, hi: int, coloring: _Coloring, group: int) -> torch.Tensor:
+            """``[H, hi − lo, K, p]`` the colours' Dᵀ: per product, the chunk's arguments repeated for ``group`` colours,
+            each copy with a tangent on its colour's columns of every head (see the module docstring and
+            :class:`_Coloring`); the projections no query reads (keys, values) carry none."""
             span = hi - lo
             colors = coloring.count
-            if self._reach:
-                out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, a row per column
-                return local_jacobian(lo, hi, out)
             by_color = queries.new_empty(heads, span, colors, dim, dtype=work)  # a row per colour
-            if id(coloring) not in tables:
-                tables[id(coloring)] = coloring.tangents(u)
-            table = tables[id(coloring)]  # [K, m]: a colour's tangent at one position
+            if coloring not in tables:
+                tables[coloring] = coloring.tangents(u)
+            table = tables[coloring]  # [K, m]: a colour's tangent at one position
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
             for first in range(0, colors, group):
                 last = min(colors, first + group)
@@ -892,7 +910,7 @@ class FirstAttentionCapture:
                     want = queries[:, lo:hi]
                     checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
                 by_color[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
-            return coloring.columns_of(by_color).transpose(-2, -1)
+            return by_color
 
         def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal

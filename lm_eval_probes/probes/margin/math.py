@@ -479,7 +479,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         jacobian = query_jacobian(lo, hi)
-        step = max(1, budget // max(1, (hi - lo) * width * max(dim, hi)))  # heads per group
+        step = max(1, budget // max(1, (hi - lo) * max(width * dim, 3 * hi)))  # heads per group: C_t, or the weights
         per_group = []
         for first in range(0, num_heads, step):
             last = min(num_heads, first + step)
@@ -500,9 +500,9 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
         del jacobian
-        margins = torch.cat(per_group)
+        margins = per_group[0] if len(per_group) == 1 else torch.cat(per_group)
         parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
-    out = torch.cat(parts).to(queries.dtype) if parts else queries.new_empty(0)
+    out = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(queries.dtype) if parts else queries.new_empty(0)
     return out if valid is None else out.masked_fill(~valid[start:].bool(), math.nan)
 
 
@@ -518,7 +518,8 @@ def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobia
     heads, rows, span = alpha.shape
     width = u.shape[-1]
     block = max(1, budget // max(1, heads * rows * width))
-    mean_u = product(alpha, u)  # ū_t, [h, c, n]
+    # ū_t, [h, c, n]; inputs shared by every head: one 2-D product (no copy of u per head)
+    mean_u = product(alpha, u) if u.shape[0] > 1 else product(alpha.flatten(0, 1), u[0]).unflatten(0, (heads, rows))
     centre = keys.mean(1, keepdim=True)  # κ, [h, 1, p]
     centred = keys - centre
     u_t = u.transpose(1, 2)  # [h or 1, n, S]

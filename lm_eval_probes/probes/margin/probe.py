@@ -76,20 +76,24 @@ class MarginSummary:
 
     @classmethod
     def of(cls, margins: Any, token_ids: Any, k: int) -> MarginSummary:
-        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none)."""
+        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none).
+
+        Read as lists (one transfer each, no read of a single value: a sync on a device); the support tokens
+        (:func:`~lm_eval_probes.probes.margin.math.support_tokens`: the k smallest, ties by position) and the minimum
+        are taken from them on the host, the mean by torch from the defined values in order."""
         import torch
 
-        from lm_eval_probes.probes.margin.math import support_tokens
-
-        defined = margins[~torch.isnan(margins)]
-        support = support_tokens(margins, k)
-        ids = torch.as_tensor(token_ids)
-        return cls(  # read as lists: one transfer each, no read of a single value (a sync on a device)
-            mean=defined.mean().tolist() if defined.numel() else math.nan,
-            minimum=defined.min().tolist() if defined.numel() else math.nan,
-            positions=tuple(support.tolist()),
-            token_ids=tuple(ids[support.to(ids.device)].tolist()),
-            values=tuple(margins[support].tolist()),
+        values = margins.tolist()
+        defined = [(value, position) for position, value in enumerate(values) if not math.isnan(value)]
+        support = [position for _, position in sorted(defined)[:k]]
+        ids = torch.as_tensor(token_ids).tolist()
+        return cls(
+            mean=torch.tensor([value for value, _ in defined], dtype=margins.dtype).mean().tolist() if defined
+            else math.nan,
+            minimum=min(defined)[0] if defined else math.nan,
+            positions=tuple(support),
+            token_ids=tuple(ids[position] for position in support),
+            values=tuple(values[position] for position in support),
         )
 
     def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -214,7 +218,7 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     held = 8 * t * (m + h * p + kv * p)
     rerun = 8 * (t * d + 3 * (1 << 23))
     product = 8 * group * chunk * (2 * m + 8 * h * p)
-    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * p * max(p, t))))
+    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * max(p * p, 3 * t))))
     margins = size * heads * (3 * chunk * t + chunk * p * p) + (size if size == 4 else 0) * heads * chunk * p * p \
         + 8 * heads * chunk * p * p
     jacobians = size * (h * chunk * p * p + 2 * t * h * p)
