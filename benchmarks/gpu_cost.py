@@ -9,7 +9,8 @@ A GPU runs bfloat16 products on tensor cores ~15× faster than float32 and float
 stalls at every ``.item()``; a CPU shows none of this in its wall time, so this script counts instead. One process
 builds the model (``benchmarks/shapes.py``: random weights, bfloat16, SmolLM2's tokenizer for real text lengths) and,
 for plain ``hf`` and each probe setting of ``hf-probes``, multiple choice (``probes_synth_logic``) and generation
-(``probes_synth_arith_gen``, ``--max_gen_toks`` new tokens), warms a fresh wrapper on one document and then runs
+(``probes_synth_arith_gen``, ``--max_gen_toks`` new tokens), warms a fresh wrapper on one document (the one after
+those counted: the margins reuse the values of a row seen before) and then runs
 ``--documents`` documents under a :class:`CostCounter` (a ``TorchDispatchMode``) that tallies
 
 * every aten op that reaches the dispatcher (≈ one kernel launch each on a GPU),
