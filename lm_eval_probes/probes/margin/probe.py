@@ -114,7 +114,7 @@ class MarginPositions:
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
         self.options = options
         self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
-        self._recent: list[tuple[tuple[int, ...], Any]] = []  # (token ids, margins) of the latest rows, newest last
+        self._recent: list[tuple[tuple[int, ...], Any, int, int]] = []  # (ids, margins, chunk, length) of the latest rows
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.math.layer_margins`
@@ -124,7 +124,10 @@ class MarginPositions:
         The margin at position t reads the layer's inputs at positions ≤ t only, which a causal model computes from the
         first t + 1 tokens alone: a row that begins with the same tokens as one of the :data:`RECENT` rows before it
         (the options of a multiple-choice document share its context) takes that row's margins of those positions and
-        computes the rest (:func:`~lm_eval_probes.probes.margin.math.layer_margins` from ``start``)."""
+        computes the rest (:func:`~lm_eval_probes.probes.margin.math.layer_margins` from ``start``): from the first
+        chunk of positions that holds a token it does not share (none: a row of the same tokens and length), so that
+        every chunk is the one a row computed alone would compute (the values do not depend on which rows came
+        before)."""
         import torch
 
         from lm_eval_probes.probes.margin.math import layer_margins, margin_dtype
@@ -138,23 +141,30 @@ class MarginPositions:
                 rows.append(_undefined(row))
                 continue
             tokens = _leading_tokens(ids[index], None if valid is None else valid[index])
-            start, earlier = self._shared(tokens)
+            length = row.queries.shape[-2]
+            start, earlier = self._shared(tokens, row.chunk, length)
             margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
                                     softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
                                     heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start)
             if start:
                 margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
             if tokens:
-                self._recent = [*self._recent[1 - self.RECENT:], (tokens, margins[:len(tokens)])]
+                self._recent = [*self._recent[1 - self.RECENT:], (tokens, margins[:len(tokens)], row.chunk, length)]
             rows.append(margins)
         batch.verify()
         return torch.stack(rows).cpu() if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
 
-    def _shared(self, tokens: tuple[int, ...]) -> tuple[int, Any]:
-        """The most leading ``tokens`` a recent row shares, and that row's margins (``(0, None)``: none)."""
+    def _shared(self, tokens: tuple[int, ...], chunk: int, length: int) -> tuple[int, Any]:
+        """Where a row of ``tokens`` (``length`` positions, padding included, in chunks of ``chunk``) starts to differ
+        from a recent row of the same chunks, a chunk's first position (the row's length where one of the same tokens
+        and length was seen), and that row's margins (``(0, None)``: none)."""
         best, margins = 0, None
-        for seen, kept in self._recent:
+        for seen, kept, its_chunk, its_length in self._recent:
+            if its_chunk != chunk or not tokens:
+                continue
             same = next((i for i, (a, b) in enumerate(zip(tokens, seen)) if a != b), min(len(tokens), len(seen)))
+            if not (same == len(tokens) == len(seen) and its_length == length):
+                same -= same % chunk  # the chunk of its first other token is computed again, whole
             if same > best:
                 best, margins = same, kept
         return best, margins
