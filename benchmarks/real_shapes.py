@@ -116,8 +116,9 @@ class LongestForward:
 _TASKS: dict[tuple[str, int], Any] = {}
 
 
-def evaluate(lm: Any, task: str, limit: int, args: argparse.Namespace) -> None:
-    """``lm_eval.evaluator.evaluate`` on ``task``'s first ``limit`` documents. The task is built once per process
+def evaluate(lm: Any, task: str, limit: int, args: argparse.Namespace, *, skip: int = 0) -> None:
+    """``lm_eval.evaluator.evaluate`` on ``task``'s first ``limit`` documents (with ``skip``: the ``limit`` after the
+    first ``skip``, e.g. a warm-up on other documents than those measured). The task is built once per process
     (the synthetic tasks generate their documents when built: ~10 s here) and lm_eval's own task folder is not
     indexed (``include_defaults=False``: ~2 min of CPU); what ``simple_evaluate`` adds (the environment report,
     a few more seconds) is left out. ``max_gen_toks`` as ``simple_evaluate``'s ``gen_kwargs`` sets it."""
@@ -136,8 +137,9 @@ def evaluate(lm: Any, task: str, limit: int, args: argparse.Namespace) -> None:
                 task_obj.set_config(key="num_fewshot", value=0)
             task_obj.set_fewshot_seed(seed=1234)
         _TASKS[key] = loaded
-    lm_eval.evaluator.evaluate(lm=lm, task_dict=_TASKS[key], limit=limit, bootstrap_iters=0, log_samples=False,
-                               verbosity="ERROR")
+    samples = {name: list(range(skip, skip + limit)) for name in _TASKS[key]["tasks"]} if skip else None
+    lm_eval.evaluator.evaluate(lm=lm, task_dict=_TASKS[key], limit=None if skip else limit, samples=samples,
+                               bootstrap_iters=0, log_samples=False, verbosity="ERROR")
 
 
 def long_requests(lm: Any, tokens: int) -> list[Any]:

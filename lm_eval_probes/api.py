@@ -609,7 +609,8 @@ class FirstAttention:
 
 JACOBIAN_ELEMENTS = 1 << 24
 """The most float64 values of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (128 MiB):
-it sets the chunk c of positions (:func:`jacobian_chunks`)."""
+it sets the chunk c of positions (:func:`jacobian_chunks`); where the Jacobians are float32 (the margins on tensor
+cores) the same 128 MiB hold twice as many."""
 
 PRODUCT_ELEMENTS = 1 << 23
 """About the most float64 values one forward-mode product of the first attention layer's query map moves (64 MiB):
@@ -631,11 +632,13 @@ other before the attention call (DeepSeek-V3.2's indexer) costs their square."""
 def jacobian_chunks(tokens: int, heads: int, head_dim: int, columns: int, inputs: int, *,
                     tensor_cores: bool = False) -> tuple[int, int]:
     """``(c, g)``: the positions of one chunk of :class:`FirstAttention`'s query-map Jacobians ``[H, c, p, n]`` (at
-    most 256, and :data:`JACOBIAN_ELEMENTS` values) and the columns one forward-mode product covers (about
+    most 256, and :data:`JACOBIAN_ELEMENTS` values, twice as many float32 ones with ``tensor_cores``: 128 MiB either
+    way) and the columns one forward-mode product covers (about
     :data:`PRODUCT_ELEMENTS` values moved, :data:`PRODUCT_ELEMENTS_TENSOR_CORES` with ``tensor_cores``, on at most
     :data:`PRODUCT_POSITIONS` positions), for a sequence of ``tokens``, ``heads`` query heads of width ``head_dim``,
     n = ``columns`` read per head and m = ``inputs`` input-projection outputs."""
-    chunk = max(1, min(tokens, 256, JACOBIAN_ELEMENTS // max(1, heads * head_dim * columns)))
+    elements = 2 * JACOBIAN_ELEMENTS if tensor_cores else JACOBIAN_ELEMENTS  # float32 or float64: 128 MiB
+    chunk = max(1, min(tokens, 256, elements // max(1, heads * head_dim * columns)))
     budget = PRODUCT_ELEMENTS_TENSOR_CORES if tensor_cores else PRODUCT_ELEMENTS
     group = max(1, min(columns, PRODUCT_POSITIONS // chunk,
                        budget // max(1, chunk * (2 * inputs + 8 * heads * head_dim))))

@@ -646,3 +646,69 @@ def test_a_position_with_one_key_in_its_prefix_has_margin_zero_exactly_in_float3
     model, ids = family_model("qwen3"), list(range(3, 15))
     margins, _ = captured_margins(model, ids, precision="float32")
     assert margins[0, 1].item() == 0.0 and torch.isnan(margins[0, 0])
+
+
+@pytest.mark.parametrize("family, colors", [("mixtral", 2), ("gptj", 2), ("gpt_neox", 2), ("gpt2", 1), ("opt", 1),
+                                            ("qwen3", 8), ("olmo2", None), ("deepseek_v3", None)])
+def test_columns_that_move_disjoint_query_entries_share_one_product(family, colors):
+    """The query map's input columns are coloured at load (a rotary-only map moves entry i from column i and its
+    rotation partner: two colours; no rotation: one; a per-head query norm moves every entry from every column: each
+    column alone, ``None``: as many colours as columns), and D_t from the colours equals D_t with every column alone
+    (float64, on a longer row than the load's)."""
+    from lm_eval_probes.capture.attention import _Coloring
+
+    model, ids = family_model(family), list(range(3, 30))
+    capture = FirstAttentionCapture(model)
+    coloring = capture._coloring
+    assert coloring is not None and coloring.columns is capture._columns
+    assert coloring.count == (capture._columns.shape[1] if colors is None else colors)
+    with capture.capture() as inputs, torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    row = next(capture.batch(inputs.latest()).rows())
+    colored = row.query_jacobian(0, len(ids))
+    capture._coloring = _Coloring.dense(capture._columns)
+    alone = next(capture.batch(inputs.latest()).rows()).query_jacobian(0, len(ids))
+    assert colored.shape == alone.shape and alone.abs().max() > 0
+    torch.testing.assert_close(colored, alone, rtol=0, atol=1e-12 * float(alone.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3"])
+def test_a_row_that_begins_like_an_earlier_one_computes_only_the_positions_after_them(family, monkeypatch):
+    """The options of a multiple-choice document share its context: the margins' probe takes the earlier row's margins
+    of the shared leading tokens (the margin at t reads positions ≤ t only) and asks the capture for the Jacobians from
+    the chunk of the first token it does not share (chunks of 5 positions here); the row's margins equal those computed
+    on their own exactly (the same chunks: the values do not depend on the rows before)."""
+    from lm_eval_probes.capture import attention
+
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args, **_kwargs: (5, 3))
+    model = family_model(family)
+    context, first, second = list(range(3, 20)), [40, 41, 42], [50, 51]
+    capture = FirstAttentionCapture(model)
+
+    def margins_of(probe, ids):
+        asked = []
+        with capture.capture() as inputs, torch.no_grad():
+            model(torch.tensor([ids]), use_cache=False)
+        batch = capture.batch(inputs.latest())
+        rerun = batch.row
+
+        def recorded(index, work):
+            row = rerun(index, work)
+            jacobian = row.query_jacobian
+            row.query_jacobian = lambda lo, hi: asked.append(lo) or jacobian(lo, hi)
+            return row
+
+        batch.row = recorded
+        return probe.first_attention.values(batch)[0], asked
+
+    probe = margin_probe()
+    _, asked = margins_of(probe, context + first)
+    assert asked[0] == 0
+    shared, asked = margins_of(probe, context + second)
+    assert asked and min(asked) == len(context) - len(context) % 5
+    alone, asked = margins_of(margin_probe(), context + second)
+    assert asked[0] == 0
+    torch.testing.assert_close(shared, alone, rtol=0, atol=0, equal_nan=True)
+    again, asked = margins_of(probe, context + second)  # the same tokens again: nothing to compute
+    assert not asked and torch.equal(again.isnan(), shared.isnan())
+    torch.testing.assert_close(again, shared, rtol=0, atol=0, equal_nan=True)

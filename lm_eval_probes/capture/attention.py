@@ -16,7 +16,8 @@ weight at a time), and ψ's Jacobian D_t = ∂q_t/∂u_t is computed by forward-
 over the layer's own code, a chunk of positions at a time: the chunk's arguments are repeated once per column of u a
 head reads (along their position axes, found at load by comparing the layer's arguments in forwards of two lengths
 and two batch sizes), each copy with a tangent on one column of every head, so one product gives every head's D on
-those columns. Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
+those columns. Columns that move disjoint entries of the queries share a copy (:class:`_Coloring`, found at load: a
+rotary-only query map needs two copies per position where every column alone took ``n``). Which columns of u each query head reads is found at load by reverse mode (one vector-Jacobian
 product per head); where the heads read disjoint blocks of equal width n (every family but full-width query norms),
 D is ``[p, n]`` per head and position; otherwise ``[p, m]`` over all m columns any head reads. Where no submodule maps
 the layer's input alone to its queries, or the re-run so split does not reproduce them (JetMoE: a mixture of attention
@@ -53,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_POSITIONS, jacobian_chunks
+from lm_eval_probes.api import PRODUCT_ELEMENTS, PRODUCT_ELEMENTS_TENSOR_CORES, PRODUCT_POSITIONS, jacobian_chunks
 from lm_eval_probes.capture.attention_calls import (AttentionCall, attention_calls_recorded, first_softmax_attention,
                                                     stopped, token_ids)
 from lm_eval_probes.capture.own_attention import OwnAttention, first_own_attention
@@ -291,6 +292,74 @@ class AttentionBatch:
             checks.clear()
 
 
+@dataclass(frozen=True, eq=False)  # hashed by identity: a row's tangents and products are kept per colouring
+class _Coloring:
+    """Colours of the columns of u the heads read, for D_t = ∂q_t/∂u_t by forward mode (Curtis, Powell and Reid's
+    colouring of a sparse Jacobian, 1974): the columns of one colour move disjoint entries of every head's queries
+    (:attr:`pattern`), so one tangent on all of them at once gives each one's entries of D, read back through the
+    pattern. A rotary-only query map moves entry i from columns i and its rotation partner: two colours where every
+    column alone took a product; a per-head query norm moves every entry from every column: as many colours as columns
+    (each column alone, as without colours). Found once per layer at load (:meth:`of`), from every column alone on the
+    load's row, and kept only where the colours give those same columns' D there.
+
+    Attributes:
+        columns: ``[H or 1, n]`` the columns of u each head reads, as the layer's :attr:`FirstAttentionCapture._columns`
+            (the colouring is for those).
+        colors: ``[n]`` int64, each column's colour; ``None``: each column its own (``count`` = n).
+        hidden: ``[H, n, p]`` bool, True where column j does not move head h's query entry i (``None``: none hidden).
+        count: K, the number of colours.
+    """
+
+    columns: torch.Tensor
+    colors: torch.Tensor | None
+    hidden: torch.Tensor | None
+    count: int
+
+    @classmethod
+    def dense(cls, columns: torch.Tensor) -> _Coloring:
+        """Every column its own colour."""
+        return cls(columns, None, None, columns.shape[1])
+
+    @classmethod
+    def of(cls, dense: list[torch.Tensor], columns: torch.Tensor,
+           recompute: Callable[[_Coloring], list[torch.Tensor]]) -> _Coloring:
+        """Greedy colours from D over a row (``dense``: its chunks ``[H, c, p, n]``, every column alone): a column takes
+        the first colour none of whose columns moves an entry it moves. Kept when ``recompute`` with them gives the
+        same D within 1e-12 of its largest entry (else every column its own)."""
+        moved = torch.stack([(part != 0).any(1) for part in dense]).any(0).transpose(-1, -2).cpu()  # [H, n, p]
+        rows = moved.transpose(0, 1).flatten(1)  # [n, H·p]: the entries each column moves
+        taken: list[torch.Tensor] = []
+        colors: list[int] = []
+        for column in rows:
+            color = next((c for c, used in enumerate(taken) if not bool((used & column).any())), len(taken))
+            if color == len(taken):
+                taken.append(column.clone())
+            else:
+                taken[color] |= column
+            colors.append(color)
+        if len(taken) == rows.shape[0]:
+            return cls.dense(columns)
+        device = dense[0].device
+        colored = cls(columns, torch.tensor(colors, device=device), ~moved.to(device), len(taken))
+        for want, got in zip(dense, recompute(colored), strict=True):
+            if not bool((got - want).abs().max() <= 1e-12 * want.abs().max()):
+                return cls.dense(columns)
+        return colored
+
+    def tangents(self, u: torch.Tensor) -> torch.Tensor:
+        """``[K, m]`` (u's dtype): colour c's tangent at one position, 1 on its columns of every head."""
+        table = u.new_zeros(self.count, u.shape[-1])
+        colors = torch.arange(self.count, device=u.device) if self.colors is None else self.colors
+        table[colors.expand(self.columns.shape), self.columns.to(u.device)] = 1.0
+        return table
+
+    def columns_of(self, by_color: torch.Tensor) -> torch.Tensor:
+        """``[H, c, n, p]`` each column's entries of Dᵀ from the colours' ``[H, c, K, p]``."""
+        if self.colors is None:
+            return by_color
+        return by_color.index_select(2, self.colors).masked_fill_(self.hidden[:, None], 0.0)
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
     return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
@@ -307,6 +376,9 @@ class FirstAttentionCapture:
     """
 
     CHECK_LENGTH = 6
+    _coloring: _Coloring | None = None
+    """The colours of the query map's input columns (:class:`_Coloring`), found at the first row re-run for the current
+    :attr:`_columns`."""
 
     def __init__(self, model: nn.Module) -> None:
         model_type = getattr(model.config, "model_type", None)
@@ -667,7 +739,8 @@ class FirstAttentionCapture:
         """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
         length = segment.ids.shape[1]
         tree, hollow, u, widths = self._prepared(segment, row, work)
-        step = max(1, min(PRODUCT_POSITIONS, PRODUCT_ELEMENTS // (10 * u.shape[-1])))  # its query code within ~64 MiB
+        budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
+        step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
         if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
             step = length  # indexer folds its selection into the mask its attention is handed; a query reads its past
         calls = []
@@ -690,6 +763,7 @@ class FirstAttentionCapture:
         heads, _, dim = queries.shape
         copies = columns.shape[1]
         chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
+        wide, most = chunk, group  # the colours' search below runs at the row's own sizes
         if check_chunk is not None:
             chunk, group = check_chunk, 1
 
@@ -700,28 +774,47 @@ class FirstAttentionCapture:
         read = self._read
 
         checks = [] if checks is None else checks  # per chunk: its re-run's queries differ from the whole row's
+        tables: dict[_Coloring, torch.Tensor] = {}  # per colouring: its tangents, made once per row
 
-        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
-            """``[H, hi − lo, p, n]``: per product, the chunk's arguments repeated for ``group`` columns of every head,
-            each copy with a tangent on its column (see the module docstring); the projections no query reads (keys,
-            values) carry none."""
-            span = hi - lo
-            out = queries.new_empty(heads, span, copies, dim, dtype=work)  # Dᵀ, filled a column (here: a row) of D per copy
+        at_once: dict[_Coloring, tuple[int, torch.Tensor]] = {}  # per colouring: the rest of the row's colours, from where
+
+        def jacobian(lo: int, hi: int, coloring: _Coloring, group: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]``: :func:`colored` read back per column (:meth:`_Coloring.columns_of`). Where one
+            product of every colour over the rest of the row from ``lo`` fits what a product may hold (``most`` copies
+            of ``wide`` positions: few colours), that product is made at the first call and the later chunks read
+            it."""
             if self._reach:
+                out = queries.new_empty(heads, hi - lo, copies, dim, dtype=work)  # Dᵀ, a row per column
                 return local_jacobian(lo, hi, out)
+            whole = at_once.get(coloring)
+            if whole is None and check_chunk is None and coloring.count * (length - lo) <= most * wide:
+                whole = at_once[coloring] = (lo, colored(lo, length, coloring, coloring.count))
+            if whole is not None and whole[0] <= lo:
+                by_color = whole[1][:, lo - whole[0]:hi - whole[0]]
+            else:
+                by_color = colored(lo, hi, coloring, group)
+            return coloring.columns_of(by_color).transpose(-2, -1)
+
+        def colored(lo: int, hi: int, coloring: _Coloring, group: int) -> torch.Tensor:
+            """``[H, hi − lo, K, p]`` the colours' Dᵀ: per product, the chunk's arguments repeated for ``group`` colours,
+            each copy with a tangent on its colour's columns of every head (see the module docstring and
+            :class:`_Coloring`); the projections no query reads (keys, values) carry none."""
+            span = hi - lo
+            colors = coloring.count
+            by_color = queries.new_empty(heads, span, colors, dim, dtype=work)  # a row per colour
+            if coloring not in tables:
+                tables[coloring] = coloring.tangents(u)
+            table = tables[coloring]  # [K, m]: a colour's tangent at one position
             repeated: dict[int, tuple[Any, torch.Tensor]] = {}  # per number of copies: the arguments and u, cut once
-            for first in range(0, copies, group):
-                last = min(copies, first + group)
+            for first in range(0, colors, group):
+                last = min(colors, first + group)
                 if last - first not in repeated:
                     positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
                     repeated[last - first] = (hollow(self._cut(tree, rows=1, length=length, positions=positions),
                                                      positions.shape[0]), u[:, positions])
                 part, gathered = repeated[last - first]
                 inputs = gathered.split(widths, -1)
-                tangent = torch.zeros_like(gathered)
-                at = torch.arange((last - first) * span, device=u.device)  # copy c's rows: its column of every head
-                tangent[0, at[None, :], columns[:, first + at // span]] = 1.0
-                tangents = tangent.split(widths, -1)
+                tangents = table[first:last].repeat_interleave(span, 0)[None].split(widths, -1)  # copy c: colour c
 
                 def of_read(*dual: torch.Tensor, inputs: Sequence[torch.Tensor] = inputs) -> torch.Tensor:
                     given = iter(dual)
@@ -731,12 +824,12 @@ class FirstAttentionCapture:
                 with torch.no_grad():
                     primal, derivative = torch.func.jvp(
                         of_read, tuple(v for v, r in zip(inputs, read) if r), tuple(t for t, r in zip(tangents, read) if r))
-                del tangent, tangents
+                del tangents
                 if first == 0:  # every product's primal is the same; checked by verify(), once per batch
                     want = queries[:, lo:hi]
                     checks.append((primal[0, :, :span] - want).abs().max() > 1e-9 * want.abs().max().clamp_min(1e-30))
-                out[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
-            return out.transpose(-2, -1)
+                by_color[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
+            return by_color
 
         def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
@@ -765,6 +858,22 @@ class FirstAttentionCapture:
                                       1e-9 * want.abs().max().clamp_min(1e-30))
                     out[:, targets - lo, copy] = derivative[0][:, targets].to(work)
             return out.transpose(-2, -1)
+
+        coloring = self._coloring if self._coloring is not None and self._coloring.columns is columns else None
+        if coloring is None:  # once per layer (at load): D's pattern from every column alone, then the colours
+            coloring = _Coloring.dense(columns)
+            if not self._reach:
+                def whole_row(given: _Coloring) -> list[torch.Tensor]:
+                    return [jacobian(lo, min(length, lo + wide), given, max(1, min(most, given.count)))
+                            for lo in range(0, length, wide)]
+
+                coloring = _Coloring.of(whole_row(coloring), columns, whole_row)
+            self._coloring = coloring
+
+        def query_jacobian(lo: int, hi: int) -> torch.Tensor:
+            """``[H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t on each head's columns: :func:`jacobian` with the layer's
+            colours."""
+            return jacobian(lo, hi, coloring, max(1, min(group, coloring.count)))
 
         return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),

@@ -103,7 +103,8 @@ class _Belief:
         """The belief of softmax(``logits``); its probabilities are written into ``probs_out`` when given (``logits``
         is not modified)."""
         top = logits.amax(dim, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row of −inf stays −inf, not nan
+        top = top.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a row of −inf stays −inf, not nan (0 for any
+        # maximum that is not finite: one pass)
         probs = torch.sub(logits, top, out=probs_out).exp_()
         total = _accurate_sum(probs, dim).unsqueeze(dim)
         probs.div_(total.to(probs.dtype))

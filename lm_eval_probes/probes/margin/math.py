@@ -417,7 +417,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
-                  work: torch.dtype = torch.float64) -> Tensor:
+                  work: torch.dtype = torch.float64, start: int = 0) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time, a group of heads at a time.
 
@@ -448,15 +448,21 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
             none (the window alone).
         work: float64 or float32 (:func:`~lm_eval_probes.probes.margin.probe.margin_dtype`).
+        start: the first position whose margin is computed (0 ≤ start ≤ T; the margin at t reads positions ≤ t only,
+            so a caller that has those of [0, start) from a sequence with the same first ``start`` tokens asks for the
+            rest).
 
     Returns:
-        ``[T]`` margins in the inputs' dtype; ``nan`` where a position has no prefix or is padding.
+        ``[T − start]`` margins of positions [start, T) in the inputs' dtype; ``nan`` where a position has no prefix or
+        is padding.
     """
     if heads not in ("mean", "min"):
         raise ValueError(f"heads must be 'mean' or 'min', got {heads!r}")
     if work not in (torch.float32, torch.float64):
         raise ValueError(f"work must be torch.float32 or torch.float64, got {work}")
     num_heads, length, dim = queries.shape
+    if not 0 <= start <= length:
+        raise ValueError(f"start must be in [0, {length}], got {start}")
     if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
         raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
     groups = num_heads // keys.shape[0]
@@ -469,11 +475,11 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     width = u_all.shape[-1]
     sinks = None if sinks is None else sinks.to(work)
     parts = []
-    for lo in range(0, length, chunk):
+    for lo in range(start, length, chunk):
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         jacobian = query_jacobian(lo, hi)
-        step = max(1, budget // max(1, (hi - lo) * width * max(dim, hi)))  # heads per group
+        step = max(1, budget // max(1, (hi - lo) * max(width * dim, 3 * hi)))  # heads per group: C_t, or the weights
         per_group = []
         for first in range(0, num_heads, step):
             last = min(num_heads, first + step)
@@ -494,10 +500,10 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
         del jacobian
-        margins = torch.cat(per_group)
+        margins = per_group[0] if len(per_group) == 1 else torch.cat(per_group)
         parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
-    out = torch.cat(parts).to(queries.dtype) if parts else queries.new_empty(0)
-    return out if valid is None else out.masked_fill(~valid.bool(), math.nan)
+    out = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(queries.dtype) if parts else queries.new_empty(0)
+    return out if valid is None else out.masked_fill(~valid[start:].bool(), math.nan)
 
 
 def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,
@@ -512,7 +518,8 @@ def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobia
     heads, rows, span = alpha.shape
     width = u.shape[-1]
     block = max(1, budget // max(1, heads * rows * width))
-    mean_u = product(alpha, u)  # ū_t, [h, c, n]
+    # ū_t, [h, c, n]; inputs shared by every head: one 2-D product (no copy of u per head)
+    mean_u = product(alpha, u) if u.shape[0] > 1 else product(alpha.flatten(0, 1), u[0]).unflatten(0, (heads, rows))
     centre = keys.mean(1, keepdim=True)  # κ, [h, 1, p]
     centred = keys - centre
     u_t = u.transpose(1, 2)  # [h or 1, n, S]

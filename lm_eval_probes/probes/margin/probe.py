@@ -76,20 +76,24 @@ class MarginSummary:
 
     @classmethod
     def of(cls, margins: Any, token_ids: Any, k: int) -> MarginSummary:
-        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none)."""
+        """``[n]`` margins (``nan`` = none) and ``[n]`` ids of one sequence (nan mean and minimum when none).
+
+        Read as lists (one transfer each, no read of a single value: a sync on a device); the support tokens
+        (:func:`~lm_eval_probes.probes.margin.math.support_tokens`: the k smallest, ties by position) and the minimum
+        are taken from them on the host, the mean by torch from the defined values in order."""
         import torch
 
-        from lm_eval_probes.probes.margin.math import support_tokens
-
-        defined = margins[~torch.isnan(margins)]
-        support = support_tokens(margins, k)
-        ids = torch.as_tensor(token_ids)
-        return cls(  # read as lists: one transfer each, no read of a single value (a sync on a device)
-            mean=defined.mean().tolist() if defined.numel() else math.nan,
-            minimum=defined.min().tolist() if defined.numel() else math.nan,
-            positions=tuple(support.tolist()),
-            token_ids=tuple(ids[support.to(ids.device)].tolist()),
-            values=tuple(margins[support].tolist()),
+        values = margins.tolist()
+        defined = [(value, position) for position, value in enumerate(values) if not math.isnan(value)]
+        support = [position for _, position in sorted(defined)[:k]]
+        ids = torch.as_tensor(token_ids).tolist()
+        return cls(
+            mean=torch.tensor([value for value, _ in defined], dtype=margins.dtype).mean().tolist() if defined
+            else math.nan,
+            minimum=min(defined)[0] if defined else math.nan,
+            positions=tuple(support),
+            token_ids=tuple(ids[position] for position in support),
+            values=tuple(values[position] for position in support),
         )
 
     def record_fields(self, decode: Callable[[int], str]) -> dict[str, Any]:
@@ -104,30 +108,80 @@ class MarginPositions:
     from the wrappers' first-attention capture (:attr:`first_attention`)."""
 
     reads_lens = False
+    RECENT = 16
+    """The latest rows whose margins are kept for the rows after them (:meth:`values`)."""
 
     def __init__(self, options: MarginOptions, num_layers: int) -> None:
         self.options = options
         self.first_attention = FirstAttention(values=self.values, fields=self.fields, trace="margin")
+        self._recent: list[tuple[tuple[int, ...], Any, int, int]] = []  # (ids, margins, chunk, length) of the latest rows
 
     def values(self, batch: Any) -> Any:
         """``[B, T]`` float64 margins of a captured batch, on the CPU (:func:`~lm_eval_probes.probes.margin.math.layer_margins`
         of each row; one row's re-run and one chunk of positions' query-map Jacobians held at a time; the batch's
-        values leave the device once)."""
+        values leave the device once).
+
+        The margin at position t reads the layer's inputs at positions ≤ t only, which a causal model computes from the
+        first t + 1 tokens alone: a row that begins with the same tokens as one of the :data:`RECENT` rows before it
+        (the options of a multiple-choice document share its context) takes that row's margins of those positions and
+        computes the rest (:func:`~lm_eval_probes.probes.margin.math.layer_margins` from ``start``): from the first
+        chunk of positions that holds a token it does not share (none: a row of the same tokens and length), so that
+        every chunk is the one a row computed alone would compute (the values do not depend on which rows came
+        before)."""
         import torch
 
         from lm_eval_probes.probes.margin.math import layer_margins, margin_dtype
 
         work = margin_dtype(self.options.precision, batch.ids.device)
-        rows = [layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
-                              softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                              heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work)
-                if row.keys.shape[-2] == row.queries.shape[-2] else _undefined(row) for row in batch.rows(work)]
+        ids = batch.ids.cpu()  # the row's tokens, to find a row that began with the same ones
+        valid = None if batch.valid is None else batch.valid.cpu()
+        rows = []
+        for index, row in enumerate(batch.rows(work)):
+            if row.keys.shape[-2] != row.queries.shape[-2]:
+                rows.append(_undefined(row))
+                continue
+            tokens = _leading_tokens(ids[index], None if valid is None else valid[index])
+            length = row.queries.shape[-2]
+            start, earlier = self._shared(tokens, row.chunk, length)
+            margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
+                                    softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
+                                    heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start)
+            if start:
+                margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
+            if tokens:
+                self._recent = [*self._recent[1 - self.RECENT:], (tokens, margins[:len(tokens)], row.chunk, length)]
+            rows.append(margins)
         batch.verify()
         return torch.stack(rows).cpu() if rows else torch.empty(0, batch.ids.shape[1], dtype=torch.float64)
+
+    def _shared(self, tokens: tuple[int, ...], chunk: int, length: int) -> tuple[int, Any]:
+        """Where a row of ``tokens`` (``length`` positions, padding included, in chunks of ``chunk``) starts to differ
+        from a recent row of the same chunks, a chunk's first position (the row's length where one of the same tokens
+        and length was seen), and that row's margins (``(0, None)``: none)."""
+        best, margins = 0, None
+        for seen, kept, its_chunk, its_length in self._recent:
+            if its_chunk != chunk or not tokens:
+                continue
+            same = next((i for i, (a, b) in enumerate(zip(tokens, seen)) if a != b), min(len(tokens), len(seen)))
+            if not (same == len(tokens) == len(seen) and its_length == length):
+                same -= same % chunk  # the chunk of its first other token is computed again, whole
+            if same > best:
+                best, margins = same, kept
+        return best, margins
 
     def fields(self, margins: Any, token_ids: Any, decode: Callable[[int], str]) -> dict[str, Any]:
         """A response's record fields from the margins of the positions the model saw."""
         return MarginSummary.of(margins, token_ids, self.options.support).record_fields(decode)
+
+
+def _leading_tokens(ids: Any, valid: Any) -> tuple[int, ...]:
+    """A row's tokens when its real positions lead it (no padding, or padding only after them: the inputs of a
+    ``loglikelihood`` batch); ``()`` otherwise (a left-padded ``generate`` row: its positions are not those of another
+    row with the same tokens)."""
+    if valid is None:
+        return tuple(ids.tolist())
+    real = int(valid.sum())
+    return tuple(ids[:real].tolist()) if bool(valid[:real].all()) else ()
 
 
 def _undefined(row: Any) -> Any:
@@ -156,7 +210,8 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     layer's own query code a block of positions at a time: about 2²³ values each) or the margins: each head's inputs
     and keys (2·T·H·p) and one chunk of c positions (:func:`~lm_eval_probes.api.jacobian_chunks`) — its query-map
     Jacobians (H·c·p·n, n = p columns per head) and either one forward-mode product (float64, g·c·(2m + 8·H·p)
-    values) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
+    values; fewer where the query map's columns share products, :class:`~lm_eval_probes.capture.attention._Coloring`:
+    then this bounds it from above) or one group of h heads' margins (h·c·n·p at most 2²³, 2²⁵ in float32:
     :func:`~lm_eval_probes.probes.margin.math.layer_margins`): their weights over the prefix (3·h·c·T: logits, softmax, the soft cap's), C_t (h·c·n·p; a block of weighted
     inputs is freed before it peaks) and D_t C_t (h·c·p², taken to float64 for the log-determinants). The margins'
     values are 8 bytes each in float64 and 4 in float32 (``precision`` float32, or ``auto`` on a device with tensor
@@ -173,7 +228,7 @@ def margin_memory(options: MarginOptions, shapes: Shapes) -> float:
     held = 8 * t * (m + h * p + kv * p)
     rerun = 8 * (t * d + 3 * (1 << 23))
     product = 8 * group * chunk * (2 * m + 8 * h * p)
-    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * p * max(p, t))))
+    heads = min(h, max(1, (WORK_ELEMENTS_FLOAT32 if wide else WORK_ELEMENTS) // (chunk * max(p * p, 3 * t))))
     margins = size * heads * (3 * chunk * t + chunk * p * p) + (size if size == 4 else 0) * heads * chunk * p * p \
         + 8 * heads * chunk * p * p
     jacobians = size * (h * chunk * p * p + 2 * t * h * p)

@@ -283,8 +283,10 @@ def squared_row_norms(weight: Tensor) -> Tensor:
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """Σ_i a_i b_i along the last axis of two ``[N, V]`` tensors, without an ``[N, V]`` product tensor."""
-    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).reshape(a.shape[:-1])
+    """Σ_i a_i b_i along the last axis of two ``[..., V]`` tensors, without an ``[..., V]`` product tensor: one
+    batched product (the kernel ``@`` would reach through five more views)."""
+    vocab = a.shape[-1]
+    return torch.bmm(a.reshape(-1, 1, vocab), b.reshape(-1, vocab, 1)).view(a.shape[:-1])
 
 
 def _tcb_of_probabilities(
@@ -467,7 +469,7 @@ def _baselines_of(log_o: Tensor, o: Tensor, margin: Tensor, out_dtype: torch.dty
     entropy = -_row_dot(o, log_o)
     if bool(torch.isnan(entropy).any()):  # a -inf logit: 0·log 0 = 0 (not 0·(−inf) = nan)
         entropy = -torch.where(o > 0, o * log_o, torch.zeros((), dtype=o.dtype)).sum(-1)
-    ipr = 1.0 / _row_dot(o, o)
+    ipr = torch.reciprocal(_row_dot(o, o))
     return PredictionBaselines(
         entropy=entropy.to(out_dtype),
         logit_margin=margin.to(out_dtype),
