@@ -97,7 +97,7 @@ def _mapped(value: Any, leaf: Callable[[Path, torch.Tensor], Any], path: Path = 
 
 
 @dataclass(frozen=True)
-class _Axes:
+class _ArgumentAxes:
     """Which axes of one argument follow the positions and which the batch rows."""
 
     positions: tuple[int, ...]
@@ -112,7 +112,10 @@ def _changed(one: dict[Path, torch.Tensor], other: dict[Path, torch.Tensor], pat
 
 
 @dataclass
-class _Segment:
+class _LayerCall:
+    """One captured call of the layer: the model's token ids ``[B, T]`` and attention mask of that forward, and the
+    layer's own arguments."""
+
     ids: torch.Tensor | None
     mask: torch.Tensor | None
     args: tuple[Any, ...] | None = None
@@ -121,15 +124,15 @@ class _Segment:
 
 @dataclass
 class CapturedInputs:
-    """The layer's arguments of each forward of the model inside :meth:`FirstAttentionCapture.capture`: one segment per
+    """The layer's arguments of each forward of the model inside :meth:`FirstAttentionCapture.capture`: one layer_call per
     forward (without ``join``: only the latest)."""
 
-    segments: list[_Segment] = field(default_factory=list)
+    layer_calls: list[_LayerCall] = field(default_factory=list)
 
-    def latest(self) -> _Segment:
-        if not self.segments or self.segments[-1].args is None:
+    def latest(self) -> _LayerCall:
+        if not self.layer_calls or self.layer_calls[-1].args is None:
             raise RuntimeError("no first-attention inputs were captured: run the forward inside capture()")
-        return self.segments[-1]
+        return self.layer_calls[-1]
 
 
 def _joined(values: list[Any], lengths: list[int]) -> tuple[bool, Any]:
@@ -171,31 +174,31 @@ def _over_all_keys(values: list[torch.Tensor], lengths: list[int]) -> tuple[bool
     return False, None
 
 
-def _joined_segment(segments: list[_Segment]) -> _Segment | None:
+def _joined_call(layer_calls: list[_LayerCall]) -> _LayerCall | None:
     """The layer's arguments of several calls (one ``generate``) as those of one call over all their positions, or
     ``None`` when an argument cannot be joined (:func:`_joined`)."""
-    lengths = [segment.ids.shape[1] for segment in segments]
-    if len(segments) == 1:
-        return segments[0]
-    if any(len(segment.args) != len(segments[0].args) or segment.kwargs.keys() != segments[0].kwargs.keys()
-           for segment in segments):
+    lengths = [layer_call.ids.shape[1] for layer_call in layer_calls]
+    if len(layer_calls) == 1:
+        return layer_calls[0]
+    if any(len(layer_call.args) != len(layer_calls[0].args) or layer_call.kwargs.keys() != layer_calls[0].kwargs.keys()
+           for layer_call in layer_calls):
         return None
     args = []
-    for values in zip(*(segment.args for segment in segments)):
+    for values in zip(*(layer_call.args for layer_call in layer_calls)):
         ok, value = _joined(list(values), lengths)
         if not ok:
             return None
         args.append(value)
     kwargs = {}
-    for name in segments[0].kwargs:
+    for name in layer_calls[0].kwargs:
         if name == "attention_mask":
             kwargs[name] = None
             continue
-        ok, value = _joined([segment.kwargs[name] for segment in segments], lengths)
+        ok, value = _joined([layer_call.kwargs[name] for layer_call in layer_calls], lengths)
         if not ok:
             return None
         kwargs[name] = value
-    return _Segment(torch.cat([segment.ids for segment in segments], 1), segments[-1].mask, tuple(args), kwargs)
+    return _LayerCall(torch.cat([layer_call.ids for layer_call in layer_calls], 1), layer_calls[-1].mask, tuple(args), kwargs)
 
 
 @dataclass
@@ -422,11 +425,10 @@ class FirstAttentionCapture:
 
     def _discover(self) -> None:
         """The layer's arguments' axes, its input projections and the parameters its query code reads; the self-check."""
-        module = self.module
         short, long, wide = (self._arguments(rows, length) for rows, length in
                              ((1, self.CHECK_LENGTH - 1), (1, self.CHECK_LENGTH), (2, self.CHECK_LENGTH)))
-        shapes = [dict(_leaves((segment.args, segment.kwargs))) for segment in (short, long, wide)]
-        self._axes = {path: _Axes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
+        shapes = [dict(_leaves((layer_call.args, layer_call.kwargs))) for layer_call in (short, long, wide)]
+        self._axes = {path: _ArgumentAxes(_changed(shapes[0], shapes[1], path), _changed(shapes[1], shapes[2], path))
                       for path in shapes[1]}
         self._hidden: Path = ((1, "hidden_states") if "hidden_states" in long.kwargs else (0, 0))
         self.reads_mask = False
@@ -476,19 +478,19 @@ class FirstAttentionCapture:
                         for sub in self._called if sub not in inside
                         for name, value in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))}
 
-    def _reads_mask(self, segment: _Segment) -> bool:
+    def _reads_mask(self, layer_call: _LayerCall) -> bool:
         """Whether the layer's code before the attention call reads the attention mask (DeepSeek-V3.2's indexer): its
         re-run fails without it. Then the calls of one ``generate`` cannot be re-run as one (their masks do not join)."""
-        if not isinstance(segment.kwargs.get("attention_mask"), torch.Tensor):
+        if not isinstance(layer_call.kwargs.get("attention_mask"), torch.Tensor):
             return False
         try:
-            self._row(_Segment(segment.ids, segment.mask, segment.args, {**segment.kwargs, "attention_mask": None}), 0)
+            self._row(_LayerCall(layer_call.ids, layer_call.mask, layer_call.args, {**layer_call.kwargs, "attention_mask": None}), 0)
         except (RuntimeError, ValueError, TypeError, IndexError, AttributeError):
             return True
         return False
 
     @torch.no_grad()
-    def _arguments(self, rows: int, length: int) -> _Segment:
+    def _arguments(self, rows: int, length: int) -> _LayerCall:
         """The layer's arguments in a forward of ``rows × length`` tokens (stopped at its attention call)."""
         ids = token_ids(self.model, rows, length)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
@@ -500,10 +502,10 @@ class FirstAttentionCapture:
         return inputs.latest()
 
     @torch.no_grad()
-    def _find_projections(self, segment: _Segment) -> tuple[list[nn.Module], torch.Tensor]:
+    def _find_projections(self, layer_call: _LayerCall) -> tuple[list[nn.Module], torch.Tensor]:
         """The submodules that read the layer's input (in call order) and the layer's own queries, from a run of the
-        layer on ``segment``'s arguments; :attr:`_called`: the submodules that ran before the attention call."""
-        x = self._leaf((segment.args, segment.kwargs), self._hidden)
+        layer on ``layer_call``'s arguments; :attr:`_called`: the submodules that ran before the attention call."""
+        x = self._leaf((layer_call.args, layer_call.kwargs), self._hidden)
         projections: list[nn.Module] = []
         self._called: list[nn.Module] = [self.module]
         calls: list[AttentionCall] = []
@@ -521,45 +523,45 @@ class FirstAttentionCapture:
                    for hook in (sub.register_forward_pre_hook(entered), sub.register_forward_hook(seen, with_kwargs=True))]
         try:
             with self._recorded(calls.append):
-                stopped(lambda: self.module(*segment.args, **segment.kwargs))
+                stopped(lambda: self.module(*layer_call.args, **layer_call.kwargs))
         finally:
             for handle in handles:
                 handle.remove()
         return projections, self._one_call(calls).queries
 
-    def _check(self, segment: _Segment, own_queries: torch.Tensor) -> None:
+    def _check(self, layer_call: _LayerCall, own_queries: torch.Tensor) -> None:
         """The float64 re-run reproduces the layer's own queries, and its chunks repeated per column the whole row's."""
         try:
-            row = self._row(segment, 0, check_chunk=2)
+            row = self._row(layer_call, 0, check_chunk=2)
             want = own_queries[0].double()
             error = float((row.queries - want).abs().max()) / max(float(want.abs().max()), 1e-30)
             if not error <= _tolerance(own_queries.dtype):
                 raise UnsupportedModelError(f"its float64 re-run (input projections replaced by their outputs) is "
                                             f"{error:.1e} (relative) from its own queries")
             try:
-                self._check_chunks(segment, row)
+                self._check_chunks(layer_call, row)
             except RuntimeError:  # a query that reads positions before its own: found, or the first error
-                self._reach = self._reach_of(segment) or 0
+                self._reach = self._reach_of(layer_call) or 0
                 if not self._reach:
                     raise
-                self._check_chunks(segment, self._row(segment, 0), self.CHECK_LENGTH)  # its products read the prefix
+                self._check_chunks(layer_call, self._row(layer_call, 0), self.CHECK_LENGTH)  # its products read the prefix
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{why}") from None
 
-    def _check_chunks(self, segment: _Segment, row: AttentionRow, chunk: int = 2) -> None:
+    def _check_chunks(self, layer_call: _LayerCall, row: AttentionRow, chunk: int = 2) -> None:
         """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
         for lo in range(0, self.CHECK_LENGTH, chunk):
             row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
-        AttentionBatch(segment.ids, None, lambda _: row, [row.checks]).verify()
+        AttentionBatch(layer_call.ids, None, lambda _: row, [row.checks]).verify()
 
-    def _reach_of(self, segment: _Segment) -> int | None:
+    def _reach_of(self, layer_call: _LayerCall) -> int | None:
         """How many positions before its own each query reads, at most (a causal convolution over the queries' and
         keys' inputs: Zaya), from one forward-mode product per position of the load's row with a random tangent on its
         u: the queries it moves. ``None``: a query moves before the tangent's position, or the first position's moves
         the last (no window within the load's row)."""
-        tree, hollow, u, widths = self._prepared(segment, 0, torch.float64)
+        tree, with_placeholder_input, u, widths = self._prepared(layer_call, 0, torch.float64)
         length = u.shape[1]
         generator = torch.Generator(device="cpu").manual_seed(0)
         reach = 0
@@ -568,7 +570,7 @@ class FirstAttentionCapture:
             tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
             with torch.no_grad():
                 _, derivative = torch.func.jvp(
-                    lambda v: self._queries(hollow(tree, length), v.split(widths, -1), early=True).queries,
+                    lambda v: self._queries(with_placeholder_input(tree, length), v.split(widths, -1), early=True).queries,
                     (u,), (tangent,))
             moved = torch.nonzero(derivative[0].ne(0).any(-1).any(0)).flatten().tolist()  # positions of moved queries
             if moved and moved[0] < position:
@@ -588,19 +590,19 @@ class FirstAttentionCapture:
             ids = kwargs.get("input_ids", args[0] if args else None)
             mask = kwargs.get("attention_mask")
             if not join:
-                inputs.segments.clear()
-            inputs.segments.append(_Segment(None if ids is None else ids.detach(),
+                inputs.layer_calls.clear()
+            inputs.layer_calls.append(_LayerCall(None if ids is None else ids.detach(),
                                             mask.detach() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None))
 
         def layer_inputs(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not inputs.segments or inputs.segments[-1].args is not None:
+            if not inputs.layer_calls or inputs.layer_calls[-1].args is not None:
                 return  # a call outside the model's forward, or a second call within one
-            segment = inputs.segments[-1]
+            layer_call = inputs.layer_calls[-1]
             hidden = kwargs.get("hidden_states", args[0] if args else None)
-            if segment.ids is None or hidden is None or segment.ids.shape != hidden.shape[:2]:
+            if layer_call.ids is None or hidden is None or layer_call.ids.shape != hidden.shape[:2]:
                 raise ValueError("the first attention layer's capture needs input_ids matching its positions")
-            segment.args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            segment.kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            layer_call.args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            layer_call.kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
         handles = []
         try:
@@ -611,24 +613,24 @@ class FirstAttentionCapture:
             for handle in handles:
                 handle.remove()
 
-    def batch(self, segment: _Segment, *, joined_mask: bool = True) -> AttentionBatch:
+    def batch(self, layer_call: _LayerCall, *, joined_mask: bool = True) -> AttentionBatch:
         """One captured forward; its rows re-run when asked (see the module docstring)."""
-        length = segment.ids.shape[1]
-        mask = segment.mask
+        length = layer_call.ids.shape[1]
+        mask = layer_call.mask
         valid = mask[:, -length:].bool() if joined_mask and mask is not None and mask.shape[1] >= length else None
-        return AttentionBatch(segment.ids, valid, lambda row, work: self._row(segment, row, work=work))
+        return AttentionBatch(layer_call.ids, valid, lambda row, work: self._row(layer_call, row, work=work))
 
     def joined(self, inputs: CapturedInputs) -> AttentionBatch:
         """The calls of one ``generate`` (prefill, then one position per step) as one sequence. The query and key maps
         read each position alone, so the calls' arguments are joined along their positions and re-run once
-        (:func:`_joined_segment`); where they cannot be, each call is re-run alone and the rows are joined."""
-        segments = [segment for segment in inputs.segments if segment.args is not None]
-        if not segments:
+        (:func:`_joined_call`); where they cannot be, each call is re-run alone and the rows are joined."""
+        layer_calls = [layer_call for layer_call in inputs.layer_calls if layer_call.args is not None]
+        if not layer_calls:
             raise RuntimeError("no first-attention inputs were captured: run generate inside capture()")
-        one = _joined_segment(segments)
-        parts = [one] if one is not None else segments
+        one = _joined_call(layer_calls)
+        parts = [one] if one is not None else layer_calls
         ids = torch.cat([part.ids for part in parts], 1)
-        mask = inputs.segments[-1].mask
+        mask = inputs.layer_calls[-1].mask
         valid = None if mask is None or mask.shape[1] < ids.shape[1] else mask[:, -ids.shape[1]:].bool()
 
         def joined_row(row: int, work: torch.dtype) -> AttentionRow:
@@ -644,7 +646,7 @@ class FirstAttentionCapture:
             tree = tree[key]
         return tree
 
-    def _cut(self, tree: Any, *, rows: int, length: int, row: int | None = None,
+    def _sliced(self, tree: Any, *, rows: int, length: int, row: int | None = None,
              positions: torch.Tensor | None = None) -> Any:
         """The arguments of one row (``row``) and some positions (``positions``, with repeats) in float64: each tensor
         cut along the axes that follow the batch rows and the positions (found at load; an argument not seen then:
@@ -654,7 +656,7 @@ class FirstAttentionCapture:
         def cut(path: Path, value: torch.Tensor) -> torch.Tensor | None:
             axes = self._axes.get(path)
             if axes is None:
-                axes = _Axes(tuple(axis for axis, size in enumerate(value.shape) if size == length), ())
+                axes = _ArgumentAxes(tuple(axis for axis, size in enumerate(value.shape) if size == length), ())
             if row is not None:  # a first axis of the batch's size counts too (per-row positions, say)
                 first = (0,) if value.ndim and value.shape[0] == rows and 0 not in axes.positions else ()
                 for axis in sorted({*axes.rows, *first}):
@@ -711,12 +713,13 @@ class FirstAttentionCapture:
                 del module.forward
         return self._one_call(calls)
 
-    def _prepared(self, segment: _Segment, row: int, work: torch.dtype) -> tuple[Any, Callable[[Any, int], Any],
+    def _prepared(self, layer_call: _LayerCall, row: int, work: torch.dtype) -> tuple[Any, Callable[[Any, int], Any],
                                                                                torch.Tensor, list[int]]:
-        """One row's arguments in float64 with the layer's input hollowed, :func:`hollow`, u ``[1, T, m]`` and the
+        """One row's arguments in float64 with the layer's input replaced by a placeholder (the re-runs hand its input
+        projections' outputs u instead; :func:`with_placeholder_input` gives it the shape of a run's positions), u ``[1, T, m]`` and the
         widths of its parts (one per input projection)."""
-        rows, length = segment.ids.shape
-        tree = self._cut((segment.args, segment.kwargs), rows=rows, length=length, row=row)
+        rows, length = layer_call.ids.shape
+        tree = self._sliced((layer_call.args, layer_call.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
             outputs = [self._project(module, x, work) for module in self._projections] if self._projections else [x]
@@ -726,19 +729,19 @@ class FirstAttentionCapture:
         tree = _mapped(tree, lambda path, value: x.new_zeros(()) if path == self._hidden else value)
         del outputs, x
 
-        def hollow(tree: Any, positions: int) -> Any:
+        def with_placeholder_input(tree: Any, positions: int) -> Any:
             """``tree`` with the layer's input as a tensor of its shape that holds one value (only the shadowed
             projections read it: the load's self-check would see another reader)."""
             shape = (*x_shape[:-2], positions, x_shape[-1])
             return _mapped(tree, lambda path, value: value.expand(shape) if path == self._hidden else value)
 
-        return tree, hollow, u, widths
+        return tree, with_placeholder_input, u, widths
 
-    def _row(self, segment: _Segment, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
+    def _row(self, layer_call: _LayerCall, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
              checks: list[torch.Tensor] | None = None) -> AttentionRow:
-        """One row of ``segment`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
-        length = segment.ids.shape[1]
-        tree, hollow, u, widths = self._prepared(segment, row, work)
+        """One row of ``layer_call`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
+        length = layer_call.ids.shape[1]
+        tree, with_placeholder_input, u, widths = self._prepared(layer_call, row, work)
         budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
         step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
         if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
@@ -747,8 +750,8 @@ class FirstAttentionCapture:
         with torch.no_grad():
             for lo in range(0, length, step):
                 at = torch.arange(lo, min(length, lo + step), device=u.device)
-                cut = tree if step >= length else self._cut(tree, rows=1, length=length, positions=at)
-                calls.append(self._queries(hollow(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
+                cut = tree if step >= length else self._sliced(tree, rows=1, length=length, positions=at)
+                calls.append(self._queries(with_placeholder_input(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
         call = calls[0]
         mask = call.mask if len(calls) == 1 else self._leaf(tree, (1, "attention_mask")) if "attention_mask" in tree[1] \
             else None  # a run over a block of positions is handed that block's mask: the whole row's is the layer's
@@ -758,7 +761,7 @@ class FirstAttentionCapture:
         keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
         del calls
         if self._columns is None:
-            self._columns = self._supports(tree, hollow, u, widths, queries.shape[0])
+            self._columns = self._supports(tree, with_placeholder_input, u, widths, queries.shape[0])
         columns = self._columns
         heads, _, dim = queries.shape
         copies = columns.shape[1]
@@ -810,7 +813,7 @@ class FirstAttentionCapture:
                 last = min(colors, first + group)
                 if last - first not in repeated:
                     positions = torch.arange(lo, hi, device=u.device).repeat(last - first)
-                    repeated[last - first] = (hollow(self._cut(tree, rows=1, length=length, positions=positions),
+                    repeated[last - first] = (with_placeholder_input(self._sliced(tree, rows=1, length=length, positions=positions),
                                                      positions.shape[0]), u[:, positions])
                 part, gathered = repeated[last - first]
                 inputs = gathered.split(widths, -1)
@@ -835,7 +838,7 @@ class FirstAttentionCapture:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
             convolution): per product the prefix [0, hi) with a tangent on one column of every head at the chunk's
             positions ``K + 1`` apart (each query then sees its own position's tangent alone)."""
-            part = hollow(tree if hi == length else self._cut(tree, rows=1, length=length,
+            part = with_placeholder_input(tree if hi == length else self._sliced(tree, rows=1, length=length,
                                                               positions=torch.arange(hi, device=u.device)), hi)
             inputs = u[:, :hi].split(widths, -1)
 
@@ -881,14 +884,14 @@ class FirstAttentionCapture:
                             None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask,
                             checks=checks)
 
-    def _supports(self, tree: Any, hollow: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
+    def _supports(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:
         """The columns of u each query head reads, ``[H, n]`` (disjoint blocks of equal width, one per head) or
         ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
         cotangent (a column is read when its gradient is nonzero anywhere)."""
         length = u.shape[1]
         queries, pullback = torch.func.vjp(
-            lambda v: self._queries(hollow(tree, length), v.split(widths, -1), early=True).queries, u)
+            lambda v: self._queries(with_placeholder_input(tree, length), v.split(widths, -1), early=True).queries, u)
         generator = torch.Generator(device="cpu").manual_seed(0)
         cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
         supports = []

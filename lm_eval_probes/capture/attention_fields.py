@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lm_eval_probes.api import FirstAttention
-from lm_eval_probes.capture.attention import CapturedInputs, FirstAttentionCapture, _Segment
+from lm_eval_probes.capture.attention import CapturedInputs, FirstAttentionCapture, _LayerCall
 from lm_eval_probes.records import trace_values
 
 logger = logging.getLogger(__name__)
@@ -39,17 +39,17 @@ class AttentionRows:
         self.capture, self.inputs, self.request, self.locate, self.decode = capture, inputs, request, locate, decode
         self.traces = traces
         self.fields: dict[Any, dict[str, Any]] = {}
-        self._segment: _Segment | None = None
+        self._layer_call: _LayerCall | None = None
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def on_answer(self, attr: str, request_key: Any, _answer: Any) -> None:
         located = self.locate(request_key) if attr == "loglikelihood" else None
         if located is None:
             return
-        segment = self.inputs.latest()
-        if segment is not self._segment:  # the first answer of a new batch
-            self._segment = segment
-            self._batch = (self.request.values(self.capture.batch(segment)), segment.ids.cpu())
+        layer_call = self.inputs.latest()
+        if layer_call is not self._layer_call:  # the first answer of a new batch
+            self._layer_call = layer_call
+            self._batch = (self.request.values(self.capture.batch(layer_call)), layer_call.ids.cpu())
         values, ids = self._batch
         row, input_length, _ = located
         self.fields[request_key] = response_fields(self.request, values[row, :input_length], ids[row, :input_length],
@@ -97,7 +97,7 @@ def attention_spans(capture: FirstAttentionCapture, inputs: CapturedInputs, requ
         values = torch.full(ids.shape, float("nan"), dtype=torch.float64)
     else:
         values = request.values(batch)
-    mask = inputs.segments[-1].mask
+    mask = inputs.layer_calls[-1].mask
     first = [0] * values.shape[0] if mask is None else (mask[:, :prompt_len] == 0).sum(-1).tolist()
     if capture._reach and any(first):  # the joined re-run has no mask: the first real queries would read the padding
         _padded_unread(capture._name)
