@@ -81,6 +81,13 @@ def build_independently(model_type: str, folder: Path) -> str:
     config = transformers.AutoConfig.for_model(model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.eos_token_id,
                                                eos_token_id=tokenizer.eos_token_id, **CONFIGS[model_type])
+    return _saved(config, tokenizer, folder)
+
+
+def _saved(config, tokenizer, folder: Path) -> str:
+    """A tiny random model of ``config`` (seed 0, under 3 M parameters) saved into ``folder`` with ``tokenizer``."""
+    import transformers
+
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     assert sum(p.numel() for p in model.parameters()) < 3_000_000
@@ -293,13 +300,7 @@ def _cpmant(folder: Path) -> str:
     from tiny_models import build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = transformers.AutoConfig.for_model("cpmant", vocab_size=len(tokenizer), **CPMANT)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    assert sum(p.numel() for p in model.parameters()) < 3_000_000
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return _saved(transformers.AutoConfig.for_model("cpmant", vocab_size=len(tokenizer), **CPMANT), tokenizer, folder)
 
 
 def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
