@@ -327,6 +327,7 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
     result, samples = architectures.run(folder, 2, batch_size=1)
     rows = architectures.headline_rows(result)
     assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
+    assert "runs over 9 positions for 5 input tokens" in result["config"]["probes_skipped"]["margin"]  # not "no softmax"
     assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
     assert architectures.check_documents(folder, samples) <= 1e-5
 

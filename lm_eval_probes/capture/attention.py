@@ -391,13 +391,19 @@ class FirstAttentionCapture:
             raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
                                         f"layer failed: {type(error).__name__}: {error}") from None
         self._own: OwnAttention | None = None
+        seen: dict[str, Any] = {}  # a softmax attention over more positions than the input's
         if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
             try:
-                module = first_own_attention(model, token_ids(model, 1, 5))
+                module = first_own_attention(model, token_ids(model, 1, 5), seen)
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
                 raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
                                             f"softmax attention failed: {type(error).__name__}: {error}") from None
             self._own = None if module is None else OwnAttention(module, AttentionCall)
+        if module is None and seen.get("wider") is not None:
+            wider, positions = seen["wider"]
+            raise UnsupportedModelError(f"model_type {model_type!r}: its first softmax attention ({type(wider).__name__}) "
+                                        f"runs over {positions} positions for 5 input tokens (positions of its own before "
+                                        "the input, no input token's), where the margins read a softmax over the input's")
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
                                         "or computes a softmax over its positions itself (no softmax attention)")

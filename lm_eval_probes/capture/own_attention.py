@@ -94,6 +94,7 @@ class _FirstSoftmax(TorchFunctionMode):
         self.stack, self.length = stack, length
         self.products: dict[int, list[int]] = {}
         self.found: nn.Module | None = None
+        self.wider: tuple[nn.Module, int] | None = None  # the first such softmax over more positions than the input's
 
     def _layer(self) -> nn.Module | None:
         return next((module for module in reversed(self.stack) if _has_parameters(module)), None)
@@ -106,17 +107,22 @@ class _FirstSoftmax(TorchFunctionMode):
         elif func in _SOFTMAXES:
             z = _softmax_input(func, args, kwargs)
             layer = self._layer()
-            if z is not None and layer is not None and z.ndim >= 3 and tuple(z.shape[-2:]) == (self.length,) * 2 \
+            if z is not None and layer is not None and z.ndim >= 3 and z.shape[-1] == z.shape[-2] >= self.length \
                     and z.numel() in self.products.get(id(layer), ()):
-                self.found = layer
-                raise _Stop
+                if z.shape[-1] == self.length:
+                    self.found = layer
+                    raise _Stop
+                if self.wider is None:  # positions of its own before the input (CPM-Ant's prompt)
+                    self.wider = (layer, z.shape[-1])
         return out
 
 
 @torch.no_grad()
-def first_own_attention(model: nn.Module, ids: torch.Tensor) -> nn.Module | None:
+def first_own_attention(model: nn.Module, ids: torch.Tensor, seen: dict[str, Any] | None = None) -> nn.Module | None:
     """The first module of ``model`` that computes softmax attention itself (see the module docstring), in a forward
-    of ``ids`` ``[1, T]`` (a few tokens); ``None``: none does."""
+    of ``ids`` ``[1, T]`` (a few tokens); ``None``: none does (then ``seen["wider"]``, where given: ``(module, N)``, the
+    first module whose softmax attention runs over N > T positions — positions of its own before the input, which
+    no input token is — or ``None``)."""
     stack: list[nn.Module] = []
 
     def left(_module: nn.Module, _args: Any, _out: Any) -> None:
@@ -135,6 +141,8 @@ def first_own_attention(model: nn.Module, ids: torch.Tensor) -> nn.Module | None
     finally:
         for handle in handles:
             handle.remove()
+    if seen is not None:
+        seen["wider"] = None if mode.found is not None else mode.wider
     return mode.found
 
 
