@@ -6,32 +6,17 @@ implementation's name takes the branch of the model's own implementation."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from lm_eval_probes.capture.attention_calls import RECORDING, AttentionCall, _RecordedName, _Stop, attention_calls_recorded
 
-_ARCHITECTURES = "lm_eval_probes_bench_architectures"
-
-
 def built(model_type: str, attn_implementation: str, **fields):
     """The builder's small ``model_type`` (``benchmarks/architectures.py``, seed 0) with ``fields``."""
-    import transformers
+    from test_margin_capture import _eager_built
 
-    if _ARCHITECTURES not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            _ARCHITECTURES, Path(__file__).resolve().parents[1] / "benchmarks" / "architectures.py")
-        sys.modules[_ARCHITECTURES] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    config = sys.modules[_ARCHITECTURES].small_config(model_type)
-    for key, value in fields.items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+    return _eager_built(model_type, attn_implementation, **fields)
 
 
 def _configs(model: torch.nn.Module) -> dict[str, object]:

@@ -369,8 +369,9 @@ def test_own_attention_margins_of_a_padded_batch_equal_each_row_alone(family, le
         assert int(torch.isnan(batch[index]).sum()) == 1 + 12 - len(row)
 
 
-def _eager_built(model_type: str, **fields):
-    """The builder's small ``model_type`` (``benchmarks/architectures.py``) with eager attention and ``fields``."""
+def _eager_built(model_type: str, attn_implementation: str = "eager", **fields):
+    """The builder's small ``model_type`` (``benchmarks/architectures.py``, seed 0) with ``fields``, its attention
+    ``attn_implementation`` (eager unless asked)."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -386,7 +387,7 @@ def _eager_built(model_type: str, **fields):
     for key, value in fields.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
 
 
 def test_a_chunks_first_position_has_no_margin():

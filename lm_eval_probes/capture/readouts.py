@@ -262,28 +262,37 @@ def _stream_merge(model: nn.Module, readout: LensReadout, ids: torch.Tensor,
     states are not what the norm reads (several residual streams): one forward of ``ids`` with a hook on every module,
     and the module whose output is the final norm's input (its last call) and whose input has the blocks' shape ``block_shape``, with that input (the last
     block's output). ``None`` where no module gives it (a merge written in the model's forward itself)."""
-    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
     norm_inputs: list[torch.Tensor] = []
-
-    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
-            calls.append((module, args[0], output))
-
     reader = readout.final_norm if readout.has_final_norm else model.get_output_embeddings()  # no norm: the head
-    handles = [module.register_forward_hook(record) for module in model.modules()
-               if module is not model and module is not reader]
-    handles.append(reader.register_forward_pre_hook(lambda _module, args: norm_inputs.append(args[0])))
-    try:
-        model(input_ids=ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    calls = _module_calls(model, ids, skip=(reader,), hooks=[
+        reader.register_forward_pre_hook(lambda _module, args: norm_inputs.append(args[0]))])
     if not norm_inputs:
         return None
     target = norm_inputs[-1]  # the same tensor, or a whole view of it (the head's input sliced to every position)
     return next(((module, states.detach()) for module, states, output in reversed(calls)
                  if (output is target or (output.data_ptr() == target.data_ptr() and output.shape == target.shape))
                  and tuple(states.shape) == block_shape), None)
+
+
+def _module_calls(model: nn.Module, ids: torch.Tensor, *, skip: Sequence[nn.Module],
+                  hooks: Sequence[Any]) -> list[tuple[nn.Module, torch.Tensor, torch.Tensor]]:
+    """One forward of ``ids`` with a hook on every module (but ``model`` and ``skip``): each call's ``(module, first
+    input, output)`` where both are tensors, in the order they returned. ``hooks`` (handles the caller registered for
+    the same forward) are removed with them."""
+    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            calls.append((module, args[0], output))
+
+    handles = list(hooks) + [module.register_forward_hook(record) for module in model.modules()
+                             if module is not model and all(module is not other for other in skip)]
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
 
 
 def _views_of_one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -297,26 +306,15 @@ def _module_between(model: nn.Module, ids: torch.Tensor, source: nn.Module, read
     where several are (the last to return); ``None`` where none is. The final norm under another name (the module
     between the last block and the head: CPM-Ant's ``output_layernorm``), or a prediction head between the final norm
     and the unembedding (ModernBERT-decoder's ``lm_head``: dense, activation, norm)."""
-    calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
     sources: list[torch.Tensor] = []
     targets: list[torch.Tensor] = []
-
-    def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if isinstance(output, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
-            calls.append((module, args[0], output))
 
     def take_source(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
         sources.append(output[0] if isinstance(output, (tuple, list)) else output)
 
-    handles = [module.register_forward_hook(record) for module in model.modules()
-               if module is not model and module is not reader and module is not source]
-    handles.append(source.register_forward_hook(take_source))
-    handles.append(reader.register_forward_pre_hook(lambda _module, args: targets.append(args[0])))
-    try:
-        model(input_ids=ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    calls = _module_calls(model, ids, skip=(reader, source), hooks=[
+        source.register_forward_hook(take_source),
+        reader.register_forward_pre_hook(lambda _module, args: targets.append(args[0]))])
     if not sources or not targets or not isinstance(sources[-1], torch.Tensor):
         return None
     return next((module for module, states, output in reversed(calls)
