@@ -13,7 +13,9 @@ hook                                             called
 ``forwards(kind) -> context manager | None``     around forwards of ``kind``: ``"loglikelihood"`` (HFLM's batches
                                                  of a call), ``"generate"`` (one ``generate``'s calls),
                                                  ``"teacher_forced"`` (a generation's teacher-forced forward);
-                                                 what it yields is the capture's ``recorded`` (``None``: not hooked)
+                                                 what it yields is the capture's ``recorded`` (``None``: not hooked;
+                                                 nothing may happen before it is entered: :meth:`CallCaptures.reads`
+                                                 asks without entering)
 ``read_at(recorded, windows)``                   before each such forward: the rows' positions ``[start, stop)``
                                                  its answers will read
 ``position_values(recorded, states, spans)``     after it: per span ``(row, start, stop)``, values (positions on
