@@ -6,6 +6,7 @@ attention weights."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -130,6 +131,24 @@ def test_reader_equals_the_hand_computation(tiny_model_dir, arch):
     torch.testing.assert_close(margins[0], reference_margins(lm.model, ids), rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
+@contextlib.contextmanager
+def _softmax_at_input_precision():
+    """``torch.nn.functional.softmax`` in float64 where a layer's code asks for float32 on float64 logits (Gemma-3n,
+    Inkling: ``softmax(z, dtype=torch.float32)``): the float64 reference keeps its precision (in float32 the two
+    terms of ∂(α_ts / (1 − α_tt)) cancel only to float32's, a few 1e-4 of a margin at Gemma-3n's unit logit scale)."""
+    original = torch.nn.functional.softmax
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        wide = dtype is not None and input.dtype == torch.float64
+        return original(input, dim=dim, dtype=None if wide else dtype)
+
+    torch.nn.functional.softmax = softmax
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = original
+
+
 def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
     """The margins from the model's own first attention module (the first ``*Attention`` module), copied to float64
     with eager attention: per head, e_t(x_t) = x_t − Σ_{s<t} α_ts x_s with α the module's own attention
@@ -138,8 +157,8 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
     m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0 (``at``: at these positions only, nan elsewhere)."""
     module = next(sub for sub in model.modules() if type(sub).__name__.endswith("Attention"))
     seen = {}
-    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.update(args=args, kwargs=kwargs),
-                                              with_kwargs=True)
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.setdefault("call", (args, kwargs)),
+                                              with_kwargs=True)  # a looped model's first pass
     with torch.no_grad():
         model(torch.tensor([ids]), use_cache=False)
     handle.remove()
@@ -169,7 +188,7 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
             return {key: first(item, n) for key, item in value.items()}
         return tuple(first(item, n) for item in value) if isinstance(value, tuple) else value
 
-    all_args, all_kwargs = [wide(a) for a in seen["args"]], {k: wide(v) for k, v in seen["kwargs"].items()}
+    all_args, all_kwargs = [wide(a) for a in seen["call"][0]], {k: wide(v) for k, v in seen["call"][1].items()}
     if "output_attentions" in all_kwargs:  # GPT-1's attention returns its weights only when asked
         all_kwargs["output_attentions"] = True
     named = "hidden_states" in all_kwargs
@@ -184,10 +203,14 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
                 kwargs["hidden_states"] = rows
             else:
                 args[0] = rows
-            weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1]: the module's own probabilities
+            with _softmax_at_input_precision():
+                weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1]: the module's own probabilities
             return xt[None] - (weights[:, :t] / (1 - weights[:, t:t + 1])) @ x[:t]
 
-        jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
+        try:  # every column in one batched forward-mode product where the layer's ops allow it (Inkling: 10× faster)
+            jacobian = torch.autograd.functional.jacobian(residual, x[t], vectorize=True, strategy="forward-mode")
+        except (RuntimeError, NotImplementedError):
+            jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
         out[t] = torch.linalg.slogdet(jacobian).logabsdet.mean()
     return out
 
@@ -412,6 +435,38 @@ def test_granite_swa_sinks_are_a_softmax_denominator_logit():
             if isinstance(getattr(module, "sinks", None), torch.Tensor):
                 module.sinks.fill_(-30.0)
     margins, _ = captured_margins(model, ids)
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_a_query_projections_bias_beside_attention_sinks_is_no_input_of_the_sinks():
+    """gpt-oss's query projection has a bias and its attention sinks take weight with no input of their own (x = 0):
+    the prior's Σ_s α_ts x_s then no longer sums to one, so the bias of u = W x + b does not cancel from it; the
+    margins read u less its value at a zero input. With the bias and the sinks drawn, they equal the eager
+    reference (they were up to 0.05 away when the bias was read as part of u)."""
+    model, ids = _eager_built("gpt_oss"), list(range(3, 15))
+    module = FirstAttentionCapture(model).module
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj"):
+            bias = getattr(module, name).bias
+            bias.copy_(torch.randn(bias.shape, generator=generator))
+        module.sinks.copy_(torch.randn(module.sinks.shape, generator=generator))
+    margins, _ = captured_margins(model, ids)
+    torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("model_type", ["inkling_text", "inkling2_text"])
+def test_a_logit_bias_and_sinks_of_each_querys_input_are_differentiated_with_its_queries(model_type):
+    """Inkling's attention adds a relative-position bias that each query computes from its own input
+    (``position_bias``: a projection of x_t mixed into one bias per distance), and Inkling-2's also a sink logit per
+    query (``sinks``, a projection of x_t): both move with x_t, so ∂z_ts/∂u_t = scale · D_tᵀ k_s + E_ts. The capture
+    finds at load that they move (each with its own query's input alone), re-runs a row whole, and reads E_ts from
+    the products that give D_t; the margins equal the eager reference (2e-3 away with the bias left out of α and of
+    the Jacobian)."""
+    model, ids = _eager_built(model_type), list(range(3, 15))
+    assert FirstAttentionCapture(model)._moving
+    margins, _ = captured_margins(model, ids)
+    assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 

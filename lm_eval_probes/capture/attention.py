@@ -37,6 +37,13 @@ its query-key product giving the queries and keys (:mod:`~lm_eval_probes.capture
 its logits' scale and bias (ALiBi, masks) are read from its own code, each row re-run whole (the bias is a ``[H, T, T]``
 float mask).
 
+The inputs the margins read are u less its value at a zero input (W x_t: an attention sink has no input, x = 0, so
+beside one a projection's bias does not cancel from the prior). A logit bias or per-query sink logit that the layer
+computes from each query's own input and hands its attention (Inkling's ``position_bias``, Inkling-2's ``sinks``;
+:meth:`FirstAttentionCapture._moves`, found at load) is differentiated with the queries: such a row re-runs whole,
+one product per column of u over the prefix up to the chunk's end, and the products give E_ts = ∂b_ts/∂u_t beside
+D_t (:attr:`AttentionRow.bias_jacobian`).
+
 Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
 model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
 capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.UnsupportedModelError`).
@@ -208,7 +215,8 @@ class AttentionRow:
     Attributes:
         queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T, p]`` (query head h reads key head
             h // (H / KV)).
-        inputs: ``[T, m]`` the input projections' outputs u; columns: ``[H or 1, n]`` the columns of u each head's
+        inputs: ``[T, m]`` the input projections' outputs u less their value at a zero input (W x_t: an attention sink
+            has no input, x = 0, so a projection's bias does not cancel from the prior beside one); columns: ``[H or 1, n]`` the columns of u each head's
             queries read (one set shared by every head: ``1``).
         query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi) on its
             columns, computed when asked.
@@ -219,6 +227,10 @@ class AttentionRow:
             (windows, chunks, biases: bool attended, float added to the logits).
         checks: per chunk of ``query_jacobian`` computed so far, a bool tensor (its re-run's queries differ from the
             whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
+        bias_jacobian: ``None``, or for a layer whose logits' bias and sinks move with each query's input (Inkling's
+            ``position_bias``, Inkling-2's per-query sinks) ``(lo, hi) -> [H, hi − lo, hi + 1, n]`` E_ts = ∂b_ts/∂u_t
+            over the keys s < hi and, last, the sink's ∂σ_t/∂u_t (zeros: none), of the chunk ``query_jacobian`` was
+            last asked for (the same products give both).
     """
 
     queries: torch.Tensor
@@ -234,6 +246,7 @@ class AttentionRow:
     valid: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     checks: list[torch.Tensor] = field(default_factory=list)
+    bias_jacobian: Callable[[int, int], torch.Tensor] | None = None
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -249,6 +262,9 @@ def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
     parts share their ``checks``: :meth:`FirstAttentionCapture.joined`)."""
     if len(parts) == 1:
         return parts[0]
+    if parts[0].bias_jacobian is not None:  # its bias reads the distance between positions that the parts do not share
+        raise RuntimeError("the first attention layer's logit bias moves with its queries' inputs: the calls of one "
+                           "generate must re-run as one sequence, and these could not be joined")
     starts = [0]
     for part in parts:
         starts.append(starts[-1] + part.queries.shape[1])
@@ -379,6 +395,9 @@ class FirstAttentionCapture:
     """
 
     CHECK_LENGTH = 6
+    _moving = False
+    """Whether the logit bias or the per-query sinks the layer hands its attention move with its queries' inputs
+    (found at load, :meth:`_moves`): then its rows re-run whole and their products give E_ts too."""
     _coloring: _Coloring | None = None
     """The colours of the query map's input columns (:class:`_Coloring`), found at the first row re-run for the current
     :attr:`_columns`."""
@@ -477,7 +496,7 @@ class FirstAttentionCapture:
         (u = x: a query code that reads x other than through submodules of x alone, JetMoE's mixture of attention
         heads routing each token's queries to its experts); the float64 copies of the parameters its other code
         reads."""
-        self._projections, self._columns, self._read, self._reach = projections, None, None, 0
+        self._projections, self._columns, self._read, self._reach, self._moving = projections, None, None, 0, False
         inside = {sub for projection in projections for sub in projection.modules()}
         names = {sub: name for name, sub in self.module.named_modules()}
         self._params = {f"{names[sub]}.{name}".lstrip("."): value.detach().double() if value.is_floating_point() else value
@@ -538,6 +557,7 @@ class FirstAttentionCapture:
     def _check(self, layer_call: _LayerCall, own_queries: torch.Tensor) -> None:
         """The float64 re-run reproduces the layer's own queries, and its chunks repeated per column the whole row's."""
         try:
+            self._moving = self._moves(layer_call)
             row = self._row(layer_call, 0, check_chunk=2)
             want = own_queries[0].double()
             error = float((row.queries - want).abs().max()) / max(float(want.abs().max()), 1e-30)
@@ -561,6 +581,52 @@ class FirstAttentionCapture:
         for lo in range(0, self.CHECK_LENGTH, chunk):
             row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
         AttentionBatch(layer_call.ids, None, lambda _: row, [row.checks]).verify()
+
+    def _terms(self, call: AttentionCall, every: bool = False) -> tuple[torch.Tensor, ...]:
+        """What a forward-mode product of the layer's re-run differentiates: its queries, and for a layer whose bias
+        moves (:attr:`_moving`, or ``every``) its logit bias and per-query sinks (empty where it has none)."""
+        if not (self._moving or every):
+            return (call.queries,)
+        empty = call.queries.new_zeros(0)
+        sinks = call.sinks if call.sinks is not None and call.sinks.ndim == 4 else empty
+        return call.queries, empty if call.bias is None else call.bias, sinks
+
+    def _moves(self, layer_call: _LayerCall) -> bool:
+        """Whether the logit bias or the per-query sinks the layer hands its attention move with its queries' inputs u
+        (Inkling's ``position_bias``, Inkling-2's sinks: each computed from its query's input), from one forward-mode
+        product per position of the load's row with a random tangent on its u. Raises
+        :class:`UnsupportedModelError` where a query's bias moves with another position's input, or beside a soft
+        cap (which logits it caps is the attention function's)."""
+        tree, with_placeholder_input, u, widths = self._prepared(layer_call, 0, torch.float64)
+        length = u.shape[1]
+
+        def terms(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._terms(self._queries(with_placeholder_input(tree, length), v.split(widths, -1), early=True),
+                               every=True)
+
+        with torch.no_grad():
+            call = self._queries(with_placeholder_input(tree, length), u.split(widths, -1), early=True)
+        _, bias, sinks = self._terms(call, every=True)
+        if not bias.numel() and not sinks.numel():
+            return False
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        moving = False
+        for position in range(length):
+            tangent = torch.zeros_like(u)
+            tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
+            with torch.no_grad():
+                _, (_, bias, sinks) = torch.func.jvp(terms, (u,), (tangent,))
+            for name, derivative in (("logit bias", bias), ("sinks", sinks)):
+                if not derivative.numel():
+                    continue
+                rows = torch.nonzero(derivative[0].ne(0).flatten(-1).any(-1).any(0)).flatten().tolist()
+                if any(row != position for row in rows):
+                    raise UnsupportedModelError(f"its attention's {name} at a query moves with another position's "
+                                                "input (the margins differentiate each query's at its own)")
+                moving = moving or bool(rows)
+        if moving and call.softcap:
+            raise UnsupportedModelError("its attention's logit bias moves with its queries' inputs beside a soft cap")
+        return moving
 
     def _reach_of(self, layer_call: _LayerCall) -> int | None:
         """How many positions before its own each query reads, at most (a causal convolution over the queries' and
@@ -723,12 +789,16 @@ class FirstAttentionCapture:
                                                                                torch.Tensor, list[int]]:
         """One row's arguments in float64 with the layer's input replaced by a placeholder (the re-runs hand its input
         projections' outputs u instead; :func:`with_placeholder_input` gives it the shape of a run's positions), u ``[1, T, m]`` and the
-        widths of its parts (one per input projection)."""
+        widths of its parts (one per input projection); :attr:`_at_zero`: u at a zero input ``[m]`` (the projections'
+        biases)."""
         rows, length = layer_call.ids.shape
         tree = self._sliced((layer_call.args, layer_call.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
             outputs = [self._project(module, x, work) for module in self._projections] if self._projections else [x]
+            zero = x.new_zeros(1, x.shape[-1])
+            self._at_zero = torch.cat([self._project(module, zero, work) for module in self._projections], -1)[0] \
+                if self._projections else zero[0]
         widths = [out.shape[-1] for out in outputs]
         u = torch.cat(outputs, -1)
         x_shape = x.shape
@@ -750,8 +820,9 @@ class FirstAttentionCapture:
         tree, with_placeholder_input, u, widths = self._prepared(layer_call, row, work)
         budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
         step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
-        if self._own is not None or self.reads_mask or self._reach:  # its bias is read from the whole row's logits; an
-            step = length  # indexer folds its selection into the mask its attention is handed; a query reads its past
+        if self._own is not None or self.reads_mask or self._reach or self._moving:  # its bias is read from the whole
+            step = length  # row's logits; an indexer folds its selection into the mask its attention is handed; a query
+            # reads its past; a bias of each query's input reads its distance to each key (counted within the run)
         calls = []
         with torch.no_grad():
             for lo in range(0, length, step):
@@ -763,6 +834,13 @@ class FirstAttentionCapture:
             else None  # a run over a block of positions is handed that block's mask: the whole row's is the layer's
         mask = mask[0] if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[0] == 1 \
             and mask.shape[-2:] == (length, length) else None
+        if call.bias is not None:  # a logit bias before the mask (the run is the whole row's: step above)
+            bias = call.bias[0].double()
+            base = 0.0 if mask is None else mask if mask.is_floating_point() else \
+                torch.zeros((), dtype=bias.dtype, device=bias.device).masked_fill(~mask, -torch.inf)
+            mask = bias + base
+        sinks = None if call.sinks is None else call.sinks.detach().double()
+        sinks = None if sinks is None else sinks[0, :, :, 0] if sinks.ndim == 4 else sinks.reshape(-1)  # [H, T] or [H]
         queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
         keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
         del calls
@@ -772,6 +850,8 @@ class FirstAttentionCapture:
         heads, _, dim = queries.shape
         copies = columns.shape[1]
         chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
+        if self._moving:  # the chunk's E_ts, [H, c, T + 1, n], within what a product may hold
+            chunk = max(1, min(chunk, PRODUCT_ELEMENTS // max(1, heads * (length + 1) * copies)))
         wide, most = chunk, group  # the colours' search below runs at the row's own sizes
         if check_chunk is not None:
             chunk, group = check_chunk, 1
@@ -792,7 +872,7 @@ class FirstAttentionCapture:
             product of every colour over the rest of the row from ``lo`` fits what a product may hold (``most`` copies
             of ``wide`` positions: few colours), that product is made at the first call and the later chunks read
             it."""
-            if self._reach:
+            if self._reach or self._moving:
                 out = queries.new_empty(heads, hi - lo, copies, dim, dtype=work)  # Dᵀ, a row per column
                 return local_jacobian(lo, hi, out)
             whole = at_once.get(coloring)
@@ -843,14 +923,18 @@ class FirstAttentionCapture:
         def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
             convolution): per product the prefix [0, hi) with a tangent on one column of every head at the chunk's
-            positions ``K + 1`` apart (each query then sees its own position's tangent alone)."""
+            positions ``K + 1`` apart (each query then sees its own position's tangent alone). A layer whose logit
+            bias and sinks move with each query's input (:attr:`_moving`, K = 0) has their tangents from the same
+            products: the chunk's E_ts (:attr:`AttentionRow.bias_jacobian`)."""
             part = with_placeholder_input(tree if hi == length else self._sliced(tree, rows=1, length=length,
                                                               positions=torch.arange(hi, device=u.device)), hi)
             inputs = u[:, :hi].split(widths, -1)
+            extra = queries.new_zeros(heads, hi - lo, hi + 1, copies, dtype=work) if self._moving else None
 
-            def of_read(*dual: torch.Tensor) -> torch.Tensor:
+            def of_read(*dual: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 given = iter(dual)
-                return self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)], early=True).queries
+                return self._terms(self._queries(part, [next(given) if r else v for v, r in zip(inputs, read)],
+                                                 early=True))
 
             for first in range(lo, min(hi, lo + self._reach + 1)):
                 targets = torch.arange(first, hi, self._reach + 1, device=u.device)
@@ -863,15 +947,31 @@ class FirstAttentionCapture:
                             tuple(t for t, r in zip(tangent.split(widths, -1), read) if r))
                     if first == lo and copy == 0:
                         want = queries[:, lo:hi]
-                        checks.append((primal[0, :, lo:hi] - want).abs().max() >
+                        checks.append((primal[0][0, :, lo:hi] - want).abs().max() >
                                       1e-9 * want.abs().max().clamp_min(1e-30))
-                    out[:, targets - lo, copy] = derivative[0][:, targets].to(work)
+                    out[:, targets - lo, copy] = derivative[0][0][:, targets].to(work)
+                    if extra is not None:  # the bias rows and sinks of the tangent's positions
+                        bias, sink = derivative[1], derivative[2]
+                        if bias.numel():
+                            extra[:, targets - lo, :hi, copy] = bias[0][:, targets, :hi].to(work)
+                        if sink.numel():
+                            extra[:, targets - lo, hi, copy] = sink[0][:, targets, 0].to(work)
+            if extra is not None:
+                moved[(lo, hi)] = extra
             return out.transpose(-2, -1)
+
+        moved: dict[tuple[int, int], torch.Tensor] = {}  # the last chunk's E_ts (a layer whose bias moves)
+
+        def bias_jacobian(lo: int, hi: int) -> torch.Tensor:
+            """``[H, hi − lo, hi + 1, n]`` E_ts of the chunk :func:`query_jacobian` was last asked for."""
+            if (lo, hi) not in moved:
+                raise RuntimeError(f"bias_jacobian({lo}, {hi}) before query_jacobian({lo}, {hi})")
+            return moved.pop((lo, hi))
 
         coloring = self._coloring if self._coloring is not None and self._coloring.columns is columns else None
         if coloring is None:  # once per layer (at load): D's pattern from every column alone, then the colours
             coloring = _Coloring.dense(columns)
-            if not self._reach:
+            if not self._reach and not self._moving:
                 def whole_row(given: _Coloring) -> list[torch.Tensor]:
                     return [jacobian(lo, min(length, lo + wide), given, max(1, min(most, given.count)))
                             for lo in range(0, length, wide)]
@@ -884,11 +984,10 @@ class FirstAttentionCapture:
             colours."""
             return jacobian(lo, hi, coloring, max(1, min(group, coloring.count)))
 
-        return AttentionRow(queries, keys, u[0], columns, query_jacobian, chunk,
+        return AttentionRow(queries, keys, u[0] - self._at_zero, columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
-                            None if not call.softcap else float(call.softcap), call.sliding_window,
-                            None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask,
-                            checks=checks)
+                            None if not call.softcap else float(call.softcap), call.sliding_window, sinks, mask=mask,
+                            checks=checks, bias_jacobian=bias_jacobian if self._moving else None)
 
     def _supports(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:
@@ -896,15 +995,18 @@ class FirstAttentionCapture:
         ``[1, m]`` (every column any head reads, shared): one vector-Jacobian product per head with a fixed random
         cotangent (a column is read when its gradient is nonzero anywhere)."""
         length = u.shape[1]
-        queries, pullback = torch.func.vjp(
-            lambda v: self._queries(with_placeholder_input(tree, length), v.split(widths, -1), early=True).queries, u)
+        terms, pullback = torch.func.vjp(
+            lambda v: self._terms(self._queries(with_placeholder_input(tree, length), v.split(widths, -1), early=True)), u)
         generator = torch.Generator(device="cpu").manual_seed(0)
-        cotangent = torch.rand(queries.shape, generator=generator, dtype=queries.dtype).to(queries.device) + 0.5
+        cotangents = [torch.rand(term.shape, generator=generator, dtype=term.dtype).to(term.device) + 0.5
+                      for term in terms]
         supports = []
-        for head in range(heads):
-            only = torch.zeros_like(cotangent)
-            only[:, head] = cotangent[:, head]
-            (grad,) = pullback(only)
+        for head in range(heads):  # what its queries read, and its bias and sinks where they move (every head's: one)
+            only = [torch.zeros_like(c) for c in cotangents]
+            for mine, cotangent in zip(only, cotangents):
+                if mine.numel():
+                    mine[:, head if mine.shape[1] > 1 else 0] = cotangent[:, head if mine.shape[1] > 1 else 0]
+            (grad,) = pullback(tuple(only))
             supports.append(torch.nonzero(grad.detach().ne(0).flatten(0, -2).any(0)).squeeze(-1))
         if all(len(s) == len(supports[0]) for s in supports) and \
                 len(torch.cat(supports).unique()) == sum(len(s) for s in supports):

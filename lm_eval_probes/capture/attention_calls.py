@@ -38,8 +38,10 @@ class AttentionCall:
     """What the attention interface was handed: ``queries [B, H, T, p]``, ``keys [B, KV, T, p]``, the logit
     ``scaling`` (``None``: p^-½), ``softcap`` (logits c·tanh(z/c); ``None``: none), ``sliding_window`` (s attended
     from t only when t − s < W; ``None``: none), its attention sinks (``s_aux``: one logit per head that takes part
-    in the softmax and has no value, gpt-oss; ``None``: none) and the ``mask`` it was handed (bool: attended; float:
-    added to the logits; ``None``: causal only, or a mask of another kind)."""
+    in the softmax and has no value: ``[H]`` one per head, gpt-oss's ``s_aux``, or ``[B, H, T, 1]`` one per query,
+    Inkling-2's ``sinks``; ``None``: none), the ``mask`` it was handed (bool: attended; float: added to the logits;
+    ``None``: causal only, or a mask of another kind) and its ``bias`` (``[B, H, T, S]`` added to the logits before
+    the mask, Inkling's ``position_bias``, which its layer computes from each query's input; ``None``: none)."""
 
     module: nn.Module
     queries: torch.Tensor
@@ -49,6 +51,7 @@ class AttentionCall:
     sliding_window: int | None
     sinks: torch.Tensor | None
     mask: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
 
 
 class _Stop(Exception):
@@ -73,8 +76,12 @@ def _recording(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         raise RuntimeError(f"the attention implementation {RECORDING!r} records calls only inside "
                            "attention_calls_recorded()")
     record, stop = recorder
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    bias = kwargs.get("position_bias")
     record(AttentionCall(module, query, key, scaling, kwargs.get("softcap"), kwargs.get("sliding_window"),
-                         kwargs.get("s_aux"), attention_mask if isinstance(attention_mask, torch.Tensor) else None))
+                         sinks if isinstance(sinks, torch.Tensor) else None,
+                         attention_mask if isinstance(attention_mask, torch.Tensor) else None,
+                         bias if isinstance(bias, torch.Tensor) else None))
     if stop:
         raise _Stop
     batch, _, length, _ = query.shape

@@ -145,7 +145,8 @@ class MarginPositions:
             start, earlier = self._shared(tokens, row.chunk, length)
             margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
                                     softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
-                                    heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start)
+                                    heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start,
+                                    bias_jacobian=row.bias_jacobian)
             if start:
                 margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
             if tokens:
