@@ -202,3 +202,24 @@ def test_blocks_that_chain_are_re_run_alone(tiny_model_dir):
     for depth in (1, readout.num_layers):
         decoder = FocalDepthDecoder(model, readout, depth=depth, source_layers=(0, readout.num_layers + 1))
         assert decoder.check() < 1e-4 and not decoder.replays and decoder.replay is not None
+
+
+@pytest.mark.parametrize("model_type", ["dory", "inkling2_loop_text"])
+def test_generation_omega_of_a_replayed_model_in_a_left_padded_batch(model_type, tmp_path):
+    """``generate_until`` at batch size 3 (left padding: each row's mask and positions go to the replayed body) with
+    Ω on the teacher-forced forward, one sequence per chunk: each text's trajectory over source states 1..3 equals the
+    reference on its prompt and kept tokens alone."""
+    from test_capture import PROMPTS, _free_generation, _prompt_ids, gen_instances
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    folder = _build(model_type, tmp_path)
+    lm = ProbeHFLM(pretrained=folder, device="cpu", batch_size=3, probes="omega", probe_gen_capture="teacher_forced",
+                   probe_omega_layers="1:4", probe_omega_depth=3, probe_omega_chunk_tokens=7)
+    assert lm.held["focal_depth"].replays
+    for prompt, text in zip(PROMPTS, lm.generate_until(gen_instances(until=["\n"], max_gen_toks=6)), strict=True):
+        n = max(text.probe.n_tokens, 1)
+        prompt_ids = _prompt_ids(lm, prompt)
+        seen = prompt_ids + _free_generation(lm, prompt, 6)[:n]
+        want = state_replaced_reference(lm.model, seen, 3, 1, len(prompt_ids) - 1, len(prompt_ids) - 1 + n)
+        assert text.probe.get("omega_trajectory") == pytest.approx(want[1:4].mean(-1).tolist(), rel=2e-5, abs=2e-6)
