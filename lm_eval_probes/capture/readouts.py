@@ -19,7 +19,7 @@ import inspect
 import math
 from collections import UserDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -506,7 +506,6 @@ class BlockInputs:
     decoded_during_forward: int = 0
     decoding: bool = False
     body_call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
-    calls_made: int = 0
 
     @property
     def body_kwargs(self) -> dict[str, Any]:
@@ -522,7 +521,7 @@ class BlockInputs:
         self.sources, self.pending, self.masses = {}, [], {}
         self.type_kwargs, self.borrowed = {}, []
         self.decoded_during_forward = 0
-        self.body_call, self.calls_made = None, 0
+        self.body_call = None
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
@@ -676,6 +675,12 @@ class FocalDepthDecoder:
     output hooks are paused meanwhile (so the forward's ``hidden_states`` stay the forward's), and a chunk
     waits until a block of every attention type the re-run blocks use has run. The chunks, and so the
     values, are the same whether decoded during the forward or after it.
+
+    The depth axis is the forward's sequence of block calls (:attr:`LensReadout.passes`: a looped model's block once
+    per pass), state i the output of call i. Where the last m calls alone are not the model's remaining computation
+    (a looped model; blocks whose other arguments or the code between them follow the states: found by :meth:`check`),
+    the decoder instead replays the model's own body from state L − m (:attr:`replay`, :attr:`replays`), after the
+    forward.
     """
 
     def __init__(
@@ -717,7 +722,7 @@ class FocalDepthDecoder:
         self.rerun_types = frozenset(self.block_types[num_layers - depth :]) if depth else frozenset()
         # during the forward only: transformers' output hooks can be paused, and no other probe hooks the first
         # block (margin's capture does), which a re-run of every block would call again
-        self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers
+        self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers and not readout.looped
         self.batch_axes: dict[tuple[Any, ...], tuple[int, int]] = {}
         """Block argument path → its batch axis and entries per row, where not a leading axis of the batch's size
         (:func:`_batch_axes`; found by :meth:`check`)."""
@@ -770,7 +775,7 @@ class FocalDepthDecoder:
             states[index + 1] = self.readout.batch_first(output_state(output).detach())
 
         def take_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            index = next(i for i, kwargs in enumerate(called) if not kwargs and self.calls[i] is module)
+            index = next(i for i, taken in enumerate(called) if not taken and self.calls[i] is module)  # its next call
             called[index] = block_call(module, args, kwargs)[1]
 
         kinds = ", ".join(sorted({type(block).__name__ for block in self.blocks}))
@@ -870,7 +875,6 @@ class FocalDepthDecoder:
                                         "(relative) away from its captured one")
         self.replays, self.replay_why = True, why
         self.decodes_during_forward = False  # the replay runs the body: after the forward only
-        self.blocks = self.calls[self.readout.num_layers - self.depth:]
         return difference
 
     def _body_rows(self, inputs: BlockInputs, rows: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -895,8 +899,9 @@ class FocalDepthDecoder:
     def capture(self) -> Iterator[BlockInputs]:
         """Hooks that record, for every forward of the model inside the block, the source layers' states, what the
         blocks and the final norm were called with (calls outside the model's forward — the lens, the decoder itself
-        — are not recorded), and decode full chunks as the forward goes (:meth:`read_at`). Nothing is recorded when
-        m = 0."""
+        — are not recorded), and decode full chunks as the forward goes (:meth:`read_at`); where the decoder replays
+        the forward (:attr:`replays`, or a looped model while :meth:`check` decides), the model's call of its body and
+        each block call's output as state i instead of block i's input. Nothing is recorded when m = 0."""
         inputs = BlockInputs()
         if not self.blocks:
             yield inputs
@@ -958,7 +963,8 @@ class FocalDepthDecoder:
 
         handles = []
         calls = block_calls(self.calls, on_input=call_input, on_output=call_output, reset_on=self.model)
-        try:
+        with ExitStack() as stack:
+            stack.callback(lambda: [handle.remove() for handle in handles])
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
             handles.append(self.model.register_forward_hook(leave_replayed if replays else leave, always_call=True))
             if self.replay is not None:
@@ -969,16 +975,12 @@ class FocalDepthDecoder:
                 handles.append(self.readout.last_block.register_forward_hook(
                     lambda module, _args, output: norm_hook(module, (self.readout.batch_first(
                         output[0] if isinstance(output, (tuple, list)) else output),))))
-            if replays:
-                calls.__enter__()
+            if replays:  # the calls counted in order, each call's output a state
+                stack.enter_context(calls)
             else:
                 for index, block in enumerate(self.all_blocks):
                     handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
-        finally:
-            calls.__exit__()
-            for handle in handles:
-                handle.remove()
 
     def _add_source(self, inputs: BlockInputs, source: int, states: torch.Tensor) -> None:
         """Source ``source``'s states arrived during the forward; decode the chunks that are full, if the windows are
@@ -1079,6 +1081,8 @@ class FocalDepthDecoder:
                 for layer in self.source_layers
             ])
             return [part.cpu() for part in masses.split(lengths, dim=1)]
+        if self.readout.looped and not self.replays:
+            raise RuntimeError("a looped model's Ω replays its forward: run FocalDepthDecoder.check() first")
         captured = inputs.body_call is not None if self.replays else (
             len(inputs.block_kwargs) == len(self.blocks) and all(inputs.block_kwargs))
         if inputs.final_norm_input is None or not captured or len(inputs.sources) + len(inputs.masses) == 0:
