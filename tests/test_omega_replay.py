@@ -151,6 +151,7 @@ def test_omega_of_each_request_equals_the_models_own_forward_from_the_focal_stat
         lm, answers = _omega_answers(_build(model_type, tmp_path / str(depth)), depth)
         decoder = lm.held["focal_depth"]
         assert lm.readout.passes == PASSES[model_type] and decoder.replays, decoder.replay_why
+        assert decoder.skips_earlier  # the calls before the focal depth given their captured outputs
         assert decoder.blocks == decoder.calls[len(PASSES[model_type]) - depth:]
         _assert_omega_equals_the_reference(lm, answers, depth)
     assert ("looped model" in lm.held["focal_depth"].replay_why) == (model_type != "inkling2_text")
@@ -168,6 +169,27 @@ def test_blocks_whose_other_arguments_follow_the_states_are_replayed(tmp_path):
     decoder = lm.held["focal_depth"]
     assert decoder.replays and "depend on the states" in decoder.replay_why, decoder.replay_why
     _assert_omega_equals_the_reference(lm, answers, 2)
+
+
+def test_a_replay_that_cannot_skip_the_earlier_calls_runs_them_again(tmp_path, monkeypatch):
+    """Where the replay given the captured outputs of the calls before the focal depth does not reproduce the model's
+    own (here: those outputs made wrong, as a block that leaves something for later ones would make them), the check
+    runs those calls again instead, and Ω equals the reference."""
+    from lm_eval_probes.capture.forward_replay import ForwardReplay
+
+    run = ForwardReplay.run
+
+    def spoilt(self, states, entry, args, kwargs, earlier=None):
+        if earlier:
+            earlier = [(output[0] + 1.0, *output[1:]) if isinstance(output, tuple) else output + 1.0
+                       for output in earlier]
+        return run(self, states, entry, args, kwargs, earlier)
+
+    monkeypatch.setattr(ForwardReplay, "run", spoilt)
+    lm, answers = _omega_answers(_build("dory", tmp_path), 3)
+    decoder = lm.held["focal_depth"]
+    assert decoder.replays and not decoder.skips_earlier
+    _assert_omega_equals_the_reference(lm, answers, 3)
 
 
 def test_a_looped_model_without_a_body_of_its_own_is_refused_in_one_line(tmp_path):

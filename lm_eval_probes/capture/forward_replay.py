@@ -10,7 +10,8 @@ last m blocks is not the model's computation. :class:`ForwardReplay` then re-run
 (``model.base_model``) on the captured inputs of the rows, with state N − m replaced by the states given (the output
 of call N − m; the first call's input for m = N), and takes the lens input (the final norm's input, its last call):
 every block call and every computation between them after that depth is the model's own, with the states of the
-earlier depths the model's own too (the calls before the depth run again, a cost the plain re-run does not have).
+earlier depths the model's own too: the calls before the depth are given their captured outputs (the code between them
+runs again, on those), or, where that does not reproduce the model's own output, run again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from torch import nn
 
 __all__ = ["ForwardReplay", "block_calls", "output_state"]
 
+_NONE = object()
+
 
 def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> torch.Tensor:
     """A block call's hidden-state argument: its first positional one, else the keyword ``name``."""
@@ -35,7 +38,7 @@ def output_state(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _withoutput_state(output: Any, state: torch.Tensor) -> Any:
+def _with_state(output: Any, state: torch.Tensor) -> Any:
     return (state, *output[1:]) if isinstance(output, (tuple, list)) else state
 
 
@@ -120,15 +123,20 @@ class ForwardReplay:
             return None
         return cls(body, calls, lens_input, batch_first, block_layout)
 
-    def run(self, states: torch.Tensor, entry: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    def run(self, states: torch.Tensor, entry: int, args: tuple[Any, ...], kwargs: dict[str, Any],
+            earlier: Sequence[Any] | None = None) -> torch.Tensor:
         """The lens input, batch first, of the body called with ``args`` and ``kwargs`` (already cut to the rows of
-        ``states``) with state ``entry`` replaced by ``states [n, T, ...]`` (batch first). Raises ``RuntimeError`` where
-        the forward did not make call ``entry`` or did not reach the lens input."""
+        ``states``) with state ``entry`` replaced by ``states [n, T, ...]`` (batch first). ``earlier``: the outputs of
+        calls 0 … entry − 1 (cut to the same rows), which the replay then gives instead of running those calls (the
+        code between them still runs, on these); ``None``: they run again. Raises ``RuntimeError`` where the forward did
+        not make call ``entry`` or did not reach the lens input."""
         replacement = self.block_layout(states)
         replaced = [0]
         taken: list[torch.Tensor] = []
+        current = [-1]
 
         def on_input(index: int, _state: torch.Tensor) -> torch.Tensor | None:
+            current[0] = index
             if entry == 0 and index == 0:
                 replaced[0] += 1
                 return replacement.to(_state.dtype)
@@ -139,16 +147,33 @@ class ForwardReplay:
                 taken.append(self.batch_first(output_state(output)))
             if entry and index == entry - 1:
                 replaced[0] += 1
-                return _withoutput_state(output, replacement.to(output_state(output).dtype))
+                return _with_state(output, replacement.to(output_state(output).dtype))
             return None
 
+        def given(forward: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*call_args: Any, **call_kwargs: Any) -> Any:
+                return earlier[current[0]] if current[0] < entry else forward(*call_args, **call_kwargs)
+            return call
+
         handles = []
+        patched: list[tuple[nn.Module, Any]] = []  # each block with the forward its instance had of its own
         if self.lens_input is not None:
             handles.append(self.lens_input.register_forward_pre_hook(lambda _module, a: taken.append(a[0])))
         try:
+            if earlier is not None:
+                if len(earlier) != entry:
+                    raise ValueError(f"the outputs of {entry} calls are needed, got {len(earlier)}")
+                for block in dict.fromkeys(self.calls[:entry]):
+                    patched.append((block, block.__dict__.get("forward", _NONE)))  # accelerate's hooks set one
+                    block.forward = given(block.forward)
             with block_calls(self.calls, on_input=on_input, on_output=on_output) as made:
                 self.body(*args, **kwargs)
         finally:
+            for block, own in patched:
+                if own is _NONE:
+                    del block.forward
+                else:
+                    block.forward = own
             for handle in handles:
                 handle.remove()
         if replaced[0] != 1 or made.made != len(self.calls) or not taken:

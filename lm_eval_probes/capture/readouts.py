@@ -506,6 +506,7 @@ class BlockInputs:
     decoded_during_forward: int = 0
     decoding: bool = False
     body_call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    earlier_outputs: dict[int, Any] = field(default_factory=dict)
 
     @property
     def body_kwargs(self) -> dict[str, Any]:
@@ -521,7 +522,7 @@ class BlockInputs:
         self.sources, self.pending, self.masses = {}, [], {}
         self.type_kwargs, self.borrowed = {}, []
         self.decoded_during_forward = 0
-        self.body_call = None
+        self.body_call, self.earlier_outputs = None, {}
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
@@ -739,6 +740,9 @@ class FocalDepthDecoder:
         """Why :attr:`replays` (:meth:`check`'s finding), for the log."""
         self.body_axes: dict[tuple[Any, ...], tuple[int, int]] = {}
         """As :attr:`batch_axes`, of the body's arguments (:attr:`replay`)."""
+        self.skips_earlier = False
+        """Whether the replay gives the calls before the focal depth their captured outputs instead of running them
+        (decided by :meth:`check`: unless the replay then differs, as where a block leaves something for later ones)."""
 
     @torch.no_grad()
     def check(self, *, tokens: int = CHECK_TOKENS, tolerance: float | None = None) -> float:
@@ -766,6 +770,7 @@ class FocalDepthDecoder:
         entry = self.readout.num_layers - self.depth  # the state replaced: hidden_states index
         called: list[dict[str, Any]] = [{} for _ in self.calls]
         states: list[torch.Tensor | None] = [None] * (len(self.calls) + 1)  # state i: call i's output, 0: the input
+        outputs: dict[int, Any] = {}
 
         def take_input(index: int, state: torch.Tensor) -> None:
             if index == 0:
@@ -773,6 +778,7 @@ class FocalDepthDecoder:
 
         def take_output(index: int, output: Any) -> None:
             states[index + 1] = self.readout.batch_first(output_state(output).detach())
+            outputs[index] = output
 
         def take_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             index = next(i for i, taken in enumerate(called) if not taken and self.calls[i] is module)  # its next call
@@ -800,6 +806,7 @@ class FocalDepthDecoder:
         self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs) if not self.readout.looped else {}
         if self.replay is not None:
             self.body_axes = _batch_axes([alone.body_kwargs], [inputs.body_kwargs])
+        inputs.earlier_outputs = {index: outputs[index] for index in range(entry)}  # the check's own, as captured
         if self.readout.looped:  # its passes: the code between them is the forward's
             return self._check_replay(states[entry], inputs, want, tolerance,
                                       f"Ω cannot re-run the last {self.depth} of the {self.readout.num_layers} passes of "
@@ -818,7 +825,7 @@ class FocalDepthDecoder:
         if self.replay is not None:  # the blocks alone on another state: the model's own computation from there?
             other = states[entry][0:1]
             try:
-                own = self.replay.run(other, entry, *self._body_rows(inputs, row))
+                own = self.replay.run(other, entry, *self._body_rows(inputs, row))  # every call run again
             except Exception:  # the body does not replay on one row: the blocks alone, as checked
                 own = None
             if own is not None:
@@ -858,24 +865,40 @@ class FocalDepthDecoder:
 
     def _check_replay(self, entry_states: torch.Tensor, inputs: BlockInputs, want: torch.Tensor, tolerance: float,
                       where: str, why: str) -> float:
-        """:meth:`check` of the model's own forward from the focal depth on the second row (:attr:`replays` set)."""
+        """:meth:`check` of the model's own forward from the focal depth on the second row (:attr:`replays` set): first
+        with the calls before the focal depth given their captured outputs (:attr:`skips_earlier`), else run again
+        (where a block leaves something for later blocks, as Gemma-3n's shared keys)."""
         if self.replay is None:
             raise UnsupportedModelError(f"{where}: {why}, and its forward cannot be replayed from there (it has no body "
                                         "of its own, model.base_model, holding its blocks)")
         row = torch.tensor([1])
-        try:
-            got = self.replay.run(entry_states[1:2], self.readout.num_layers - self.depth, *self._body_rows(inputs, row))
-        except Exception as error:
-            raise UnsupportedModelError(f"{where} ({why}): its forward replayed on one row of its batch: "
-                                        f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}") from None
-        difference = self._relative(got, want)
-        if not difference <= tolerance:
-            raise UnsupportedModelError(f"{where} ({why}): its forward replayed from its captured state "
-                                        f"{self.readout.num_layers - self.depth} gives an output {difference:.3g} "
-                                        "(relative) away from its captured one")
-        self.replays, self.replay_why = True, why
-        self.decodes_during_forward = False  # the replay runs the body: after the forward only
-        return difference
+        entry = self.readout.num_layers - self.depth
+        failure = ""
+        for skips in (True, False):
+            self.skips_earlier = skips
+            try:
+                got = self._replayed(entry_states[1:2], inputs, row)
+            except Exception as error:
+                failure = (f"its forward replayed on one row of its batch: {type(error).__name__}: "
+                           f"{(str(error).splitlines() or [''])[0][:160]}")
+                continue
+            difference = self._relative(got, want)
+            if difference <= tolerance:
+                self.replays, self.replay_why = True, why
+                self.decodes_during_forward = False  # the replay runs the body: after the forward only
+                return difference
+            failure = (f"its forward replayed from its captured state {entry} gives an output {difference:.3g} "
+                       "(relative) away from its captured one")
+        raise UnsupportedModelError(f"{where} ({why}): {failure}")
+
+    def _replayed(self, states: torch.Tensor, inputs: BlockInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The model's own forward from the focal depth (:attr:`replay`) on ``states``, rows ``rows`` of the forward's
+        batch, with the outputs of the calls before the focal depth as captured where :attr:`skips_earlier`."""
+        entry = self.readout.num_layers - self.depth
+        earlier = None
+        if self.skips_earlier:
+            earlier = [_rows_of(inputs.earlier_outputs[index], rows, inputs.batch_size) for index in range(entry)]
+        return self.replay.run(states, entry, *self._body_rows(inputs, rows), earlier)
 
     def _body_rows(self, inputs: BlockInputs, rows: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The body's call of the forward, cut to ``rows``, its KV cache neutralised and no outputs collected."""
@@ -936,6 +959,7 @@ class FocalDepthDecoder:
             return record
 
         replays = self.replays or self.readout.looped  # looped: the blocks alone are never its computation
+        entry = self.readout.num_layers - self.depth  # the state the re-run starts from
         last_source = stop_source == self.readout.num_layers + 1  # state L: the final norm's input
 
         def norm_hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -958,6 +982,8 @@ class FocalDepthDecoder:
                 self._add_source(inputs, 0, self.readout.batch_first(state.detach()))
 
         def call_output(index: int, output: Any) -> None:  # state index + 1, the last one the final norm's input
+            if inside[0] and index < entry:  # what the replay gives instead of running these calls again
+                inputs.earlier_outputs[index] = output
             if inside[0] and first_source <= index + 1 < min(stop_source, self.readout.num_layers):
                 self._add_source(inputs, index + 1 - first_source, self.readout.batch_first(output_state(output).detach()))
 
@@ -1037,7 +1063,7 @@ class FocalDepthDecoder:
                                              dtype=inputs.autocast_dtype or torch.float32,
                                              enabled=inputs.autocast_dtype is not None):
             if self.replays:
-                states = self.replay.run(states, self.readout.num_layers - self.depth, *self._body_rows(inputs, rows))
+                states = self._replayed(states, inputs, rows)
             else:
                 states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
         windows = [inputs.windows[row] for _, row in chunk]
