@@ -43,9 +43,10 @@ def _with_state(output: Any, state: torch.Tensor) -> Any:
 
 
 class block_calls:  # noqa: N801 - a context manager, named for what it yields
-    """Hooks that count the block calls of each forward of ``body`` in the order they are made: ``calls`` (the call
-    order's modules) give each call its index; ``on_input(index, state)`` sees call ``index``'s hidden input (``index``
-    0-based) and ``on_output(index, output)`` its output, which it may return replaced (``None``: kept)."""
+    """Hooks that number the calls of the blocks ``calls`` (each call's module, in the forward's order) as they are
+    made, from 0 (again at each call of ``reset_on``, the model): ``on_input(index, state)`` sees call ``index``'s
+    hidden input and may return it replaced, ``on_output(index, output)`` its output, likewise (``None``: kept).
+    :attr:`made` counts the calls."""
 
     def __init__(self, calls: Sequence[nn.Module], *, on_input: Callable[[int, torch.Tensor], Any] | None = None,
                  on_output: Callable[[int, Any], Any] | None = None, reset_on: nn.Module | None = None) -> None:
@@ -55,7 +56,7 @@ class block_calls:  # noqa: N801 - a context manager, named for what it yields
         self._names = {id(block): next(iter(inspect.signature(block.forward).parameters)) for block in self.calls}
 
     def __enter__(self) -> block_calls:
-        started: list[int] = []  # the index of each call that has begun and not returned (a call within a call: none)
+        started: list[int] = []  # the index of the call that has begun and not returned
 
         def before(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             index = self.made
@@ -155,6 +156,7 @@ class ForwardReplay:
                 return earlier[current[0]] if current[0] < entry else forward(*call_args, **call_kwargs)
             return call
 
+        made = block_calls(self.calls, on_input=on_input, on_output=on_output)  # names read before any patching
         handles = []
         patched: list[tuple[nn.Module, Any]] = []  # each block with the forward its instance had of its own
         if self.lens_input is not None:
@@ -166,7 +168,7 @@ class ForwardReplay:
                 for block in dict.fromkeys(self.calls[:entry]):
                     patched.append((block, block.__dict__.get("forward", _NONE)))  # accelerate's hooks set one
                     block.forward = given(block.forward)
-            with block_calls(self.calls, on_input=on_input, on_output=on_output) as made:
+            with made:
                 self.body(*args, **kwargs)
         finally:
             for block, own in patched:

@@ -490,6 +490,9 @@ class BlockInputs:
     source-major order), ``masses`` ((source index, row) → the top-K masses of the row's window),
     ``type_kwargs`` (attention type → the keyword arguments of the latest block of that type) and ``borrowed``
     (what each mid-forward decoding gave each re-run block, checked against the block's own after the forward).
+    Where the decoder replays the model's forward (:attr:`FocalDepthDecoder.replay`): ``body_call`` (the model's call
+    of its body: positional and keyword arguments, the KV cache neutralised) and ``earlier_outputs`` (call index → the
+    output of each block call before the focal depth).
     """
 
     block_kwargs: list[dict[str, Any]] = field(default_factory=list)
