@@ -182,8 +182,9 @@ def test_generation_margins_equal_one_pass_over_the_sequence(model_type, tmp_pat
 def test_a_looped_model_gives_one_lens_reading_per_pass_of_a_block(tmp_path):
     """Dory runs its middle block twice: its forward gives one state per pass (4 passes of 3 blocks), the lens reads
     each, the per-layer values have one entry per pass (BTE's profile: 4 transitions) named by pass in the results'
-    config (``probe_layers``), and every document's δ_TCB and BTE agree with their independent recomputation. Ω, which
-    re-runs the last blocks, is skipped with its reason."""
+    config (``probe_layers``), and every document's δ_TCB and BTE agree with their independent recomputation. Ω runs
+    too, replaying the model's forward from its focal depth (each document's value against the model's own forward:
+    ``test_omega_replay``)."""
     import transformers
 
     from lm_eval_probes.capture.readouts import LensReadout, check_lens
@@ -197,7 +198,7 @@ def test_a_looped_model_gives_one_lens_reading_per_pass_of_a_block(tmp_path):
     result, samples = architectures.run(folder, 2)
     assert result["config"]["probe_layers"] == readout.layer_names()
     assert all(len(sample["bte_profile"]) == 4 for sample in samples)
-    assert "looped model" in result["config"]["probes_skipped"]["omega"]
+    assert not result["config"].get("probes_skipped") and math.isfinite(architectures.headline_rows(result)["omega"])
     assert architectures.check_documents(folder, samples) <= architectures.CHECK_TOLERANCE
 
 

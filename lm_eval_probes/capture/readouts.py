@@ -19,13 +19,14 @@ import inspect
 import math
 from collections import UserDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from lm_eval_probes.capture.forward_replay import ForwardReplay, block_calls, output_state
 from lm_eval_probes.capture.parts import (
     ARCHITECTURES,
     FINAL_NORM_NAMES,
@@ -489,6 +490,9 @@ class BlockInputs:
     source-major order), ``masses`` ((source index, row) → the top-K masses of the row's window),
     ``type_kwargs`` (attention type → the keyword arguments of the latest block of that type) and ``borrowed``
     (what each mid-forward decoding gave each re-run block, checked against the block's own after the forward).
+    Where the decoder replays the model's forward (:attr:`FocalDepthDecoder.replay`): ``body_call`` (the model's call
+    of its body: positional and keyword arguments, the KV cache neutralised) and ``earlier_outputs`` (call index → the
+    output of each block call before the focal depth).
     """
 
     block_kwargs: list[dict[str, Any]] = field(default_factory=list)
@@ -504,6 +508,13 @@ class BlockInputs:
     borrowed: list[list[dict[str, Any]]] = field(default_factory=list)
     decoded_during_forward: int = 0
     decoding: bool = False
+    body_call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    earlier_outputs: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def body_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the model gave its body (:attr:`FocalDepthDecoder.replay`; ``{}``: not captured)."""
+        return {} if self.body_call is None else self.body_call[1]
 
     def new_forward(self, batch_size: int, device_type: str, autocast_dtype: torch.dtype | None, blocks: int) -> None:
         """Forget the previous forward's records, for a forward that re-runs ``blocks`` blocks (the windows stay: they
@@ -514,6 +525,7 @@ class BlockInputs:
         self.sources, self.pending, self.masses = {}, [], {}
         self.type_kwargs, self.borrowed = {}, []
         self.decoded_during_forward = 0
+        self.body_call, self.earlier_outputs = None, {}
 
 
 def _rows_of(value: Any, index: torch.Tensor, batch_size: int,
@@ -667,6 +679,12 @@ class FocalDepthDecoder:
     output hooks are paused meanwhile (so the forward's ``hidden_states`` stay the forward's), and a chunk
     waits until a block of every attention type the re-run blocks use has run. The chunks, and so the
     values, are the same whether decoded during the forward or after it.
+
+    The depth axis is the forward's sequence of block calls (:attr:`LensReadout.passes`: a looped model's block once
+    per pass), state i the output of call i. Where the last m calls alone are not the model's remaining computation
+    (a looped model; blocks whose other arguments or the code between them follow the states: found by :meth:`check`),
+    the decoder instead replays the model's own body from state L − m (:attr:`replay`, :attr:`replays`), after the
+    forward.
     """
 
     def __init__(
@@ -690,10 +708,6 @@ class FocalDepthDecoder:
             raise ValueError(f"top-K must satisfy 1 <= K <= {readout.vocab_size} (the vocabulary), got {top_k}")
         if chunk_tokens < 1 or chunk_positions < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_tokens} tokens, {chunk_positions} positions")
-        if depth and readout.looped:
-            raise UnsupportedModelError(
-                f"Ω cannot re-run the last {depth} blocks of model_type {readout.model_type!r}: a looped model (its "
-                f"forward runs {readout.num_layers} passes of {readout.num_blocks} blocks); focal depth 0 reads the lens")
         spec = architecture_of(model)
         self.model = model
         self.readout = readout
@@ -702,87 +716,204 @@ class FocalDepthDecoder:
         self.top_k = top_k
         self.chunk_positions = chunk_positions
         self.all_blocks: list[nn.Module] = blocks_of(model, spec)
-        self.blocks: list[nn.Module] = self.all_blocks[num_layers - depth :] if depth else []
+        self.calls: list[nn.Module] = [self.all_blocks[block] for block in readout.passes]
+        """The block of each call, in the order the forward makes them (a looped model's: a block once per pass)."""
+        self.blocks: list[nn.Module] = self.calls[num_layers - depth :] if depth else []
         self.chunk_tokens = chunk_tokens
         types = getattr(model.config, "layer_types", None)
-        self.block_types: list[Any] = list(types) if types is not None and len(types) == num_layers else [None] * num_layers
+        types = list(types) if types is not None and len(types) == readout.num_blocks else [None] * readout.num_blocks
+        self.block_types: list[Any] = [types[block] for block in readout.passes]
         self.rerun_types = frozenset(self.block_types[num_layers - depth :]) if depth else frozenset()
         # during the forward only: transformers' output hooks can be paused, and no other probe hooks the first
         # block (margin's capture does), which a re-run of every block would call again
-        self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers
+        self.decodes_during_forward = _OUTPUT_COLLECTOR is not None and 0 < depth < num_layers and not readout.looped
         self.batch_axes: dict[tuple[Any, ...], tuple[int, int]] = {}
         """Block argument path → its batch axis and entries per row, where not a leading axis of the batch's size
         (:func:`_batch_axes`; found by :meth:`check`)."""
+        self.replay = ForwardReplay.of(model, self.calls, readout.lens_input, readout.batch_first,
+                                       readout.block_layout)
+        """The model's own forward from the focal depth (:class:`~lm_eval_probes.capture.forward_replay.ForwardReplay`),
+        where the model has a body of its own; used where :meth:`check` finds that the re-run of the last m block calls
+        is not the model's remaining computation (:attr:`replays`)."""
+        self.replays = False
+        """Whether the decoder re-runs the model's own forward from the focal depth (:attr:`replay`) instead of the
+        last m block calls alone: decided by :meth:`check` (a looped model, or blocks whose other arguments or the code
+        between them depend on the states)."""
+        self.replay_why = ""
+        """Why :attr:`replays` (:meth:`check`'s finding), for the log."""
+        self.body_axes: dict[tuple[Any, ...], tuple[int, int]] = {}
+        """As :attr:`batch_axes`, of the body's arguments (:attr:`replay`)."""
+        self.skips_earlier = False
+        """Whether the replay gives the calls before the focal depth their captured outputs instead of running them
+        (decided by :meth:`check`: unless the replay then differs, as where a block leaves something for later ones)."""
 
     @torch.no_grad()
     def check(self, *, tokens: int = CHECK_TOKENS, tolerance: float | None = None) -> float:
-        """Check at load that the last m blocks re-run on their captured input reproduce their captured output: one
-        forward of two rows of ``tokens`` fixed ids inside :meth:`capture`, then blocks L − m + 1 … L re-run as the
-        decoder runs them (on the second row alone, with that row of the arguments the forward gave them) on block
-        L − m + 1's input must give that row of the final norm's input, within ``tolerance`` of its largest magnitude
-        (default: 1e-4 in float32, 5e-2 in 16-bit). Also decides whether the decoder may borrow a block's arguments
-        during the forward (every block of an attention type got the same objects). Returns the relative difference;
-        :class:`UnsupportedModelError` naming the block class otherwise."""
+        """Check at load that the decoder's re-run from the focal depth is the model's own remaining computation: one
+        forward of two rows of ``tokens`` fixed ids inside :meth:`capture`, then, on the second row alone (with that row
+        of the arguments the forward gave), the re-run from state L − m (block L − m + 1's input) must give that row of
+        the final norm's input, within ``tolerance`` of its largest magnitude (default: 1e-4 in float32, 5e-2 in
+        16-bit).
+
+        The re-run is first the last m block calls alone. Where they do not pass, or where on the first row's state
+        (with the second row's arguments) they give another output than the model's own forward does from there
+        (:attr:`replay`: blocks whose other arguments are built from the states, Inkling-2's block attention
+        residuals, or code between the blocks), and always on a looped model (:attr:`LensReadout.passes`: the code
+        between its passes, Dory's input injection, HRM's two streams), the decoder re-runs the model's own forward
+        from the focal depth instead (:attr:`replays`), which must pass the same check. Also decides whether the
+        decoder may borrow a block's arguments during the forward (every block of an attention type got the same
+        objects). Returns the relative difference; :class:`UnsupportedModelError` naming the block class otherwise."""
+        self.replays, self.replay_why = False, ""
         if not self.blocks:
             return 0.0
         embeddings = self.model.get_input_embeddings()
         vocab = min(self.readout.vocab_size, getattr(embeddings, "num_embeddings", self.readout.vocab_size))
         steps = torch.arange(tokens)
         ids = torch.stack([(steps * 7919 + 11) % vocab, (steps * 104729 + 5) % vocab])
-        first = len(self.all_blocks) - self.depth
-        taken: list[torch.Tensor] = []
-        called: list[dict[str, Any]] = [{} for _ in self.all_blocks]
+        entry = self.readout.num_layers - self.depth  # the state replaced: hidden_states index
+        called: list[dict[str, Any]] = [{} for _ in self.calls]
+        states: list[torch.Tensor | None] = [None] * (len(self.calls) + 1)  # state i: call i's output, 0: the input
+        outputs: dict[int, Any] = {}
 
-        def take_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not taken:
-                taken.append(block_call(module, args, kwargs)[0].detach())
+        def take_input(index: int, state: torch.Tensor) -> None:
+            if index == 0:
+                states[0] = self.readout.batch_first(state.detach())
 
-        def take_arguments(index: int) -> Any:
-            def take(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-                if not called[index]:
-                    called[index] = block_call(module, args, kwargs)[1]
-            return take
+        def take_output(index: int, output: Any) -> None:
+            states[index + 1] = self.readout.batch_first(output_state(output).detach())
+            outputs[index] = output
+
+        def take_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            index = next(i for i, taken in enumerate(called) if not taken and self.calls[i] is module)  # its next call
+            called[index] = block_call(module, args, kwargs)[1]
 
         kinds = ", ".join(sorted({type(block).__name__ for block in self.blocks}))
         where = f"Ω cannot re-run {kinds} of model_type {self.readout.model_type!r}"
         device = getattr(embeddings, "weight", ids).device
         with self.capture() as alone:  # one row: the arguments' batch axes are those that double with two
             self.model(input_ids=ids[:1].to(device), use_cache=False)
-        handles = [self.all_blocks[first].register_forward_pre_hook(take_input, with_kwargs=True)]
-        handles += [block.register_forward_pre_hook(take_arguments(i), with_kwargs=True)
-                    for i, block in enumerate(self.all_blocks)]
+        handles = [block.register_forward_pre_hook(take_arguments, with_kwargs=True)
+                   for block in dict.fromkeys(self.calls)]
         try:
-            with self.capture() as inputs:
+            with self.capture() as inputs, block_calls(self.calls, on_input=take_input, on_output=take_output):
                 self.model(input_ids=ids.to(device), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-        if inputs.final_norm_input is None or not taken:
+        if inputs.final_norm_input is None or states[entry] is None:
             raise UnsupportedModelError(f"{where}: its forward did not call its blocks and final norm as found")
-        self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs)
-        row = torch.tensor([1])
-        states = self.readout.batch_first(taken[0])
-        try:
-            states = self._rerun(states.index_select(0, row.to(states.device)), inputs.block_kwargs, row,
-                                 inputs.batch_size)
-        except Exception as error:  # the arguments do not re-run on a subset of the rows
-            raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
-                                        f"{(str(error).splitlines() or [''])[0][:160]}") from None
         want = inputs.final_norm_input[1:2]
-        if states.shape != want.shape:
-            raise UnsupportedModelError(f"{where}: its last block gives {tuple(states.shape)} states where its final "
-                                        f"norm reads {tuple(want.shape)}")
         if tolerance is None:
             tolerance = 1e-4 if want.dtype in (torch.float32, torch.float64) else 5e-2
-        difference = float((states.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
-        if not difference <= tolerance:
-            raise UnsupportedModelError(f"{where}: on its captured input it gives an output {difference:.3g} "
-                                        "(relative) away from its captured one")
+        row = torch.tensor([1])
+        self.batch_axes = _batch_axes(alone.block_kwargs, inputs.block_kwargs) if not self.readout.looped else {}
+        if self.replay is not None:
+            self.body_axes = _batch_axes([alone.body_kwargs], [inputs.body_kwargs])
+        inputs.earlier_outputs = {index: outputs[index] for index in range(entry)}  # the check's own, as captured
+        if self.readout.looped:  # its passes: the code between them is the forward's
+            return self._check_replay(states[entry], inputs, want, tolerance,
+                                      f"Ω cannot re-run the last {self.depth} of the {self.readout.num_layers} passes of "
+                                      f"{self.readout.num_blocks} blocks of model_type {self.readout.model_type!r}",
+                                      "a looped model: the forward's own code runs between its passes")
+        try:
+            difference = self._relative(self._blocks_alone(states[entry], inputs, row, where), want)
+            if not difference <= tolerance:
+                raise UnsupportedModelError(f"{where}: on its captured input it gives an output {difference:.3g} "
+                                            "(relative) away from its captured one")
+        except UnsupportedModelError as refusal:
+            if self.replay is None:
+                raise
+            return self._check_replay(states[entry], inputs, want, tolerance, where,
+                                      f"its last {self.depth} blocks alone: {str(refusal).split(': ', 1)[-1]}")
+        if self.replay is not None:  # the blocks alone on another state: the model's own computation from there?
+            other = states[entry][0:1]
+            try:
+                own = self.replay.run(other, entry, *self._body_rows(inputs, row))  # every call run again
+            except Exception:  # the body does not replay on one row: the blocks alone, as checked
+                own = None
+            if own is not None:
+                alone_blocks = self._blocks_alone(states[entry][0:1], inputs, row, where)
+                apart = self._relative(alone_blocks, own)
+                if not apart <= tolerance:
+                    return self._check_replay(
+                        states[entry], inputs, want, tolerance, where,
+                        f"its last {self.depth} blocks alone give another output than its forward from their input "
+                        f"({apart:.3g} relative): their other arguments, or the code between them, depend on the states")
         by_type: dict[Any, dict[str, Any]] = {}
         for kind, kwargs in zip(self.block_types, called, strict=True):
             if not _same_argument(by_type.setdefault(kind, kwargs), kwargs):
                 self.decodes_during_forward = False  # blocks of one type got different arguments: decode afterwards
         return difference
+
+    @staticmethod
+    def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+        """max |got − want| / max |want| (inf where the shapes differ)."""
+        if got.shape != want.shape:
+            return math.inf
+        return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+
+    def _blocks_alone(self, states: torch.Tensor, inputs: BlockInputs, row: torch.Tensor, where: str) -> torch.Tensor:
+        """The last m blocks on ``states``' row ``row`` (:meth:`check`), refused in one line where they do not run."""
+        try:
+            out = self._rerun(states.index_select(0, row.to(states.device)) if states.shape[0] > 1 else states,
+                              inputs.block_kwargs, row, inputs.batch_size)
+        except Exception as error:  # the arguments do not re-run on a subset of the rows
+            raise UnsupportedModelError(f"{where} on one row of its batch: {type(error).__name__}: "
+                                        f"{(str(error).splitlines() or [''])[0][:160]}") from None
+        want = inputs.final_norm_input
+        if out.shape[1:] != want.shape[1:]:
+            raise UnsupportedModelError(f"{where}: its last block gives {tuple(out.shape)} states where its final "
+                                        f"norm reads {tuple(want.shape)}")
+        return out
+
+    def _check_replay(self, entry_states: torch.Tensor, inputs: BlockInputs, want: torch.Tensor, tolerance: float,
+                      where: str, why: str) -> float:
+        """:meth:`check` of the model's own forward from the focal depth on the second row (:attr:`replays` set): first
+        with the calls before the focal depth given their captured outputs (:attr:`skips_earlier`), else run again
+        (where a block leaves something for later blocks, as Gemma-3n's shared keys)."""
+        if self.replay is None:
+            raise UnsupportedModelError(f"{where}: {why}, and its forward cannot be replayed from there (it has no body "
+                                        "of its own, model.base_model, holding its blocks)")
+        row = torch.tensor([1])
+        entry = self.readout.num_layers - self.depth
+        failure = ""
+        for skips in (True, False):
+            self.skips_earlier = skips
+            try:
+                got = self._replayed(entry_states[1:2], inputs, row)
+            except Exception as error:
+                failure = (f"its forward replayed on one row of its batch: {type(error).__name__}: "
+                           f"{(str(error).splitlines() or [''])[0][:160]}")
+                continue
+            difference = self._relative(got, want)
+            if difference <= tolerance:
+                self.replays, self.replay_why = True, why
+                self.decodes_during_forward = False  # the replay runs the body: after the forward only
+                return difference
+            failure = (f"its forward replayed from its captured state {entry} gives an output {difference:.3g} "
+                       "(relative) away from its captured one")
+        raise UnsupportedModelError(f"{where} ({why}): {failure}")
+
+    def _replayed(self, states: torch.Tensor, inputs: BlockInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The model's own forward from the focal depth (:attr:`replay`) on ``states``, rows ``rows`` of the forward's
+        batch, with the outputs of the calls before the focal depth as captured where :attr:`skips_earlier`."""
+        entry = self.readout.num_layers - self.depth
+        earlier = None
+        if self.skips_earlier:
+            earlier = [_rows_of(inputs.earlier_outputs[index], rows, inputs.batch_size) for index in range(entry)]
+        return self.replay.run(states, entry, *self._body_rows(inputs, rows), earlier)
+
+    def _body_rows(self, inputs: BlockInputs, rows: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The body's call of the forward, cut to ``rows``, its KV cache neutralised and no outputs collected."""
+        if inputs.body_call is None:
+            raise RuntimeError("no body call was captured for this forward: run it inside FocalDepthDecoder.capture()")
+        args, kwargs = inputs.body_call
+        args = _rows_of(args, rows, inputs.batch_size, self.body_axes, ("*",))
+        kwargs = _neutralised(_rows_of(kwargs, rows, inputs.batch_size, self.body_axes))
+        for name in ("output_hidden_states", "output_attentions", "output_router_logits"):
+            if name in kwargs:
+                kwargs[name] = False
+        return args, kwargs
 
     def read_at(self, inputs: BlockInputs, windows: dict[int, tuple[int, int]]) -> None:
         """Say, before a forward, which positions ``[start, stop)`` of which batch rows the next
@@ -794,8 +925,9 @@ class FocalDepthDecoder:
     def capture(self) -> Iterator[BlockInputs]:
         """Hooks that record, for every forward of the model inside the block, the source layers' states, what the
         blocks and the final norm were called with (calls outside the model's forward — the lens, the decoder itself
-        — are not recorded), and decode full chunks as the forward goes (:meth:`read_at`). Nothing is recorded when
-        m = 0."""
+        — are not recorded), and decode full chunks as the forward goes (:meth:`read_at`); where the decoder replays
+        the forward (:attr:`replays`, or a looped model while :meth:`check` decides), the model's call of its body and
+        each block call's output as state i instead of block i's input. Nothing is recorded when m = 0."""
         inputs = BlockInputs()
         if not self.blocks:
             yield inputs
@@ -829,28 +961,55 @@ class FocalDepthDecoder:
 
             return record
 
+        replays = self.replays or self.readout.looped  # looped: the blocks alone are never its computation
+        entry = self.readout.num_layers - self.depth  # the state the re-run starts from
+        last_source = stop_source == self.readout.num_layers + 1  # state L: the final norm's input
+
         def norm_hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
             if inside[0] and not inputs.decoding:
                 inputs.final_norm_input = args[0].detach()
-                if stop_source == len(self.all_blocks) + 1:
+                if last_source and not replays:
                     self._add_source(inputs, len(self.source_layers) - 1, inputs.final_norm_input)
 
+        def leave_replayed(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+            if inside[0] and last_source and inputs.final_norm_input is not None:  # its last call's (Dory calls it more)
+                self._add_source(inputs, len(self.source_layers) - 1, inputs.final_norm_input)
+            inside[0] = False
+
+        def body_hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if inside[0]:
+                inputs.body_call = (args, _neutralised(kwargs))  # no KV cache held
+
+        def call_input(index: int, state: torch.Tensor) -> None:
+            if inside[0] and index == 0 and first_source == 0:
+                self._add_source(inputs, 0, self.readout.batch_first(state.detach()))
+
+        def call_output(index: int, output: Any) -> None:  # state index + 1, the last one the final norm's input
+            if inside[0] and index < entry:  # what the replay gives instead of running these calls again
+                inputs.earlier_outputs[index] = output
+            if inside[0] and first_source <= index + 1 < min(stop_source, self.readout.num_layers):
+                self._add_source(inputs, index + 1 - first_source, self.readout.batch_first(output_state(output).detach()))
+
         handles = []
-        try:
+        calls = block_calls(self.calls, on_input=call_input, on_output=call_output, reset_on=self.model)
+        with ExitStack() as stack:
+            stack.callback(lambda: [handle.remove() for handle in handles])
             handles.append(self.model.register_forward_pre_hook(enter, with_kwargs=True))
-            handles.append(self.model.register_forward_hook(leave, always_call=True))
+            handles.append(self.model.register_forward_hook(leave_replayed if replays else leave, always_call=True))
+            if self.replay is not None:
+                handles.append(self.replay.body.register_forward_pre_hook(body_hook, with_kwargs=True))
             if self.readout.lens_input is not None:  # the final norm, or the module that merges the streams
                 handles.append(self.readout.lens_input.register_forward_pre_hook(norm_hook))
             else:  # no final norm, or a merge in the forward's own code: the last block's output
                 handles.append(self.readout.last_block.register_forward_hook(
                     lambda module, _args, output: norm_hook(module, (self.readout.batch_first(
                         output[0] if isinstance(output, (tuple, list)) else output),))))
-            for index, block in enumerate(self.all_blocks):
-                handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
+            if replays:  # the calls counted in order, each call's output a state
+                stack.enter_context(calls)
+            else:
+                for index, block in enumerate(self.all_blocks):
+                    handles.append(block.register_forward_pre_hook(block_hook(index), with_kwargs=True))
             yield inputs
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def _add_source(self, inputs: BlockInputs, source: int, states: torch.Tensor) -> None:
         """Source ``source``'s states arrived during the forward; decode the chunks that are full, if the windows are
@@ -906,7 +1065,10 @@ class FocalDepthDecoder:
         with torch.no_grad(), torch.autocast(device_type=inputs.device_type,
                                              dtype=inputs.autocast_dtype or torch.float32,
                                              enabled=inputs.autocast_dtype is not None):
-            states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
+            if self.replays:
+                states = self._replayed(states, inputs, rows)
+            else:
+                states = self._rerun(states, kwargs_of, rows, inputs.batch_size)
         windows = [inputs.windows[row] for _, row in chunk]
         first = self.readout.prepended  # the model's own positions before the sequence's (CPM-Ant's prompt)
         picked = torch.cat([states[k, first + start : first + stop] for k, (start, stop) in enumerate(windows)])
@@ -948,8 +1110,11 @@ class FocalDepthDecoder:
                 for layer in self.source_layers
             ])
             return [part.cpu() for part in masses.split(lengths, dim=1)]
-        if (inputs.final_norm_input is None or len(inputs.block_kwargs) != len(self.blocks)
-                or not all(inputs.block_kwargs) or len(inputs.sources) + len(inputs.masses) == 0):
+        if self.readout.looped and not self.replays:
+            raise RuntimeError("a looped model's Ω replays its forward: run FocalDepthDecoder.check() first")
+        captured = inputs.body_call is not None if self.replays else (
+            len(inputs.block_kwargs) == len(self.blocks) and all(inputs.block_kwargs))
+        if inputs.final_norm_input is None or not captured or len(inputs.sources) + len(inputs.masses) == 0:
             raise RuntimeError("no block inputs were captured for this forward: run it inside FocalDepthDecoder.capture()")
         batch, length = inputs.final_norm_input.shape[:2]
         length -= self.readout.prepended  # the sequence's positions (the blocks' less the model's own before them)
