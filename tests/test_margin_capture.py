@@ -456,18 +456,24 @@ def test_a_query_projections_bias_beside_attention_sinks_is_no_input_of_the_sink
 
 
 @pytest.mark.parametrize("model_type", ["inkling_text", "inkling2_text"])
-def test_a_logit_bias_and_sinks_of_each_querys_input_are_differentiated_with_its_queries(model_type):
+def test_a_logit_bias_and_sinks_of_each_querys_input_are_differentiated_with_its_queries(model_type, monkeypatch):
     """Inkling's attention adds a relative-position bias that each query computes from its own input
     (``position_bias``: a projection of x_t mixed into one bias per distance), and Inkling-2's also a sink logit per
     query (``sinks``, a projection of x_t): both move with x_t, so ∂z_ts/∂u_t = scale · D_tᵀ k_s + E_ts. The capture
     finds at load that they move (each with its own query's input alone), re-runs a row whole, and reads E_ts from
     the products that give D_t; the margins equal the eager reference (2e-3 away with the bias left out of α and of
     the Jacobian)."""
+    from lm_eval_probes.capture import attention
+
     model, ids = _eager_built(model_type), list(range(3, 15))
     assert FirstAttentionCapture(model)._moving
     margins, _ = captured_margins(model, ids)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+    monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args, **_kwargs: (5, 3))  # F_t contracted per chunk
+    torch.testing.assert_close(captured_margins(model, ids)[0], margins, rtol=1e-10, atol=1e-12, equal_nan=True)
+    float32 = captured_margins(model, ids, precision="float32")[0]  # tensor-core products, the GPU's default
+    torch.testing.assert_close(float32, margins, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 def test_routed_query_experts_are_read_through_the_layers_input():

@@ -42,7 +42,7 @@ beside one a projection's bias does not cancel from the prior). A logit bias or 
 computes from each query's own input and hands its attention (Inkling's ``position_bias``, Inkling-2's ``sinks``;
 :meth:`FirstAttentionCapture._moves`, found at load) is differentiated with the queries: such a row re-runs whole,
 one product per column of u over the prefix up to the chunk's end, and the products give E_ts = ∂b_ts/∂u_t beside
-D_t (:attr:`AttentionRow.bias_jacobian`).
+D_t, contracted at once with the chunk's attention weights into F_t (:attr:`AttentionRow.bias_term`).
 
 Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
 model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
@@ -227,10 +227,11 @@ class AttentionRow:
             (windows, chunks, biases: bool attended, float added to the logits).
         checks: per chunk of ``query_jacobian`` computed so far, a bool tensor (its re-run's queries differ from the
             whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
-        bias_jacobian: ``None``, or for a layer whose logits' bias and sinks move with each query's input (Inkling's
-            ``position_bias``, Inkling-2's per-query sinks) ``(lo, hi) -> [H, hi − lo, hi + 1, n]`` E_ts = ∂b_ts/∂u_t
-            over the keys s < hi and, last, the sink's ∂σ_t/∂u_t (zeros: none), of the chunk ``query_jacobian`` was
-            last asked for (the same products give both).
+        bias_term: ``None``, or for a layer whose logits' bias and sinks move with each query's input (Inkling's
+            ``position_bias``, Inkling-2's per-query sinks) ``(lo, hi, α [H, hi − lo, hi]) -> [H, hi − lo, n, n]``
+            F_t = Σ_s α_ts u_s E_tsᵀ − ū_t Ē_tᵀ, Ē_t = Σ_s α_ts E_ts + (1 − Σ_s α_ts) ∂σ_t/∂u_t with
+            E_ts = ∂b_ts/∂u_t (:func:`~lm_eval_probes.probes.margin.math.layer_margins`), each product's E contracted
+            as it is made; the same products give the chunk's D_t, which ``query_jacobian(lo, hi)`` then returns.
     """
 
     queries: torch.Tensor
@@ -246,7 +247,7 @@ class AttentionRow:
     valid: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     checks: list[torch.Tensor] = field(default_factory=list)
-    bias_jacobian: Callable[[int, int], torch.Tensor] | None = None
+    bias_term: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -262,7 +263,7 @@ def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
     parts share their ``checks``: :meth:`FirstAttentionCapture.joined`)."""
     if len(parts) == 1:
         return parts[0]
-    if parts[0].bias_jacobian is not None:  # its bias reads the distance between positions that the parts do not share
+    if parts[0].bias_term is not None:  # its bias reads the distance between positions that the parts do not share
         raise RuntimeError("the first attention layer's logit bias moves with its queries' inputs: the calls of one "
                            "generate must re-run as one sequence, and these could not be joined")
     starts = [0]
@@ -850,8 +851,6 @@ class FirstAttentionCapture:
         heads, _, dim = queries.shape
         copies = columns.shape[1]
         chunk, group = jacobian_chunks(length, heads, dim, copies, u.shape[-1], tensor_cores=work == torch.float32)
-        if self._moving:  # the chunk's E_ts, [H, c, T + 1, n], within what a product may hold
-            chunk = max(1, min(chunk, PRODUCT_ELEMENTS // max(1, heads * (length + 1) * copies)))
         wide, most = chunk, group  # the colours' search below runs at the row's own sizes
         if check_chunk is not None:
             chunk, group = check_chunk, 1
@@ -874,7 +873,7 @@ class FirstAttentionCapture:
             it."""
             if self._reach or self._moving:
                 out = queries.new_empty(heads, hi - lo, copies, dim, dtype=work)  # Dᵀ, a row per column
-                return local_jacobian(lo, hi, out)
+                return local_jacobian(lo, hi, out, None)
             whole = at_once.get(coloring)
             if whole is None and check_chunk is None and coloring.count * (length - lo) <= most * wide:
                 whole = at_once[coloring] = (lo, colored(lo, length, coloring, coloring.count))
@@ -920,16 +919,22 @@ class FirstAttentionCapture:
                 by_color[:, :, first:last] = derivative[0].unflatten(1, (last - first, span)).transpose(1, 2)
             return by_color
 
-        def local_jacobian(lo: int, hi: int, out: torch.Tensor) -> torch.Tensor:
+        def local_jacobian(lo: int, hi: int, out: torch.Tensor, alpha: torch.Tensor | None) -> torch.Tensor:
             """:func:`query_jacobian` of a query map that reads the ``K = _reach`` positions before its own (a causal
             convolution): per product the prefix [0, hi) with a tangent on one column of every head at the chunk's
             positions ``K + 1`` apart (each query then sees its own position's tangent alone). A layer whose logit
             bias and sinks move with each query's input (:attr:`_moving`, K = 0) has their tangents from the same
-            products: the chunk's E_ts (:attr:`AttentionRow.bias_jacobian`)."""
+            products; given the chunk's weights ``alpha`` they are contracted into F_t as they come
+            (:attr:`AttentionRow.bias_term`, kept in :data:`contracted`)."""
             part = with_placeholder_input(tree if hi == length else self._sliced(tree, rows=1, length=length,
                                                               positions=torch.arange(hi, device=u.device)), hi)
             inputs = u[:, :hi].split(widths, -1)
-            extra = queries.new_zeros(heads, hi - lo, hi + 1, copies, dtype=work) if self._moving else None
+            if alpha is not None:  # F_t, a column per product; ū_t [H, c, n] over the inputs each head reads
+                inputs_of = (u[0, :hi, columns] - self._at_zero[columns]).transpose(0, 1).to(work)  # [H or 1, hi, n]
+                inputs_of = inputs_of.expand(heads, -1, -1)
+                mean_u = alpha @ inputs_of
+                rest = 1 - alpha.sum(-1)  # the sink's weight (its logit's tangent is zero where it has none)
+                contracted[(lo, hi)] = term = queries.new_zeros(heads, hi - lo, copies, copies, dtype=work)
 
             def of_read(*dual: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 given = iter(dual)
@@ -950,23 +955,25 @@ class FirstAttentionCapture:
                         checks.append((primal[0][0, :, lo:hi] - want).abs().max() >
                                       1e-9 * want.abs().max().clamp_min(1e-30))
                     out[:, targets - lo, copy] = derivative[0][0][:, targets].to(work)
-                    if extra is not None:  # the bias rows and sinks of the tangent's positions
+                    if alpha is not None:  # the chunk's bias rows and sinks: E_ts, ∂σ_t on this column
                         bias, sink = derivative[1], derivative[2]
-                        if bias.numel():
-                            extra[:, targets - lo, :hi, copy] = bias[0][:, targets, :hi].to(work)
+                        weighted = alpha * bias[0][:, lo:hi, :hi].to(work) if bias.numel() else torch.zeros_like(alpha)
+                        mean_e = weighted.sum(-1)
                         if sink.numel():
-                            extra[:, targets - lo, hi, copy] = sink[0][:, targets, 0].to(work)
-            if extra is not None:
-                moved[(lo, hi)] = extra
+                            mean_e += rest * sink[0][:, lo:hi, 0].to(work)
+                        term[..., copy] = weighted @ inputs_of - mean_u * mean_e[..., None]
             return out.transpose(-2, -1)
 
-        moved: dict[tuple[int, int], torch.Tensor] = {}  # the last chunk's E_ts (a layer whose bias moves)
+        contracted: dict[tuple[int, int], torch.Tensor] = {}  # a chunk's F_t, made by local_jacobian given α
+        kept: dict[tuple[int, int], torch.Tensor] = {}  # the D_t of the chunk bias_term was last asked for
 
-        def bias_jacobian(lo: int, hi: int) -> torch.Tensor:
-            """``[H, hi − lo, hi + 1, n]`` E_ts of the chunk :func:`query_jacobian` was last asked for."""
-            if (lo, hi) not in moved:
-                raise RuntimeError(f"bias_jacobian({lo}, {hi}) before query_jacobian({lo}, {hi})")
-            return moved.pop((lo, hi))
+        def bias_term(lo: int, hi: int, alpha: torch.Tensor) -> torch.Tensor:
+            """``[H, hi − lo, n, n]`` F_t of the chunk (:attr:`AttentionRow.bias_term`); its D_t kept for
+            :func:`query_jacobian`."""
+            out = queries.new_empty(heads, hi - lo, copies, dim, dtype=work)
+            kept.clear()
+            kept[(lo, hi)] = local_jacobian(lo, hi, out, alpha.to(work))
+            return contracted.pop((lo, hi))
 
         coloring = self._coloring if self._coloring is not None and self._coloring.columns is columns else None
         if coloring is None:  # once per layer (at load): D's pattern from every column alone, then the colours
@@ -982,12 +989,14 @@ class FirstAttentionCapture:
         def query_jacobian(lo: int, hi: int) -> torch.Tensor:
             """``[H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t on each head's columns: :func:`jacobian` with the layer's
             colours."""
+            if (lo, hi) in kept:
+                return kept.pop((lo, hi))
             return jacobian(lo, hi, coloring, max(1, min(group, coloring.count)))
 
         return AttentionRow(queries, keys, u[0] - self._at_zero, columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window, sinks, mask=mask,
-                            checks=checks, bias_jacobian=bias_jacobian if self._moving else None)
+                            checks=checks, bias_term=bias_term if self._moving else None)
 
     def _supports(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:

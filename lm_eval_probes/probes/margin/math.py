@@ -418,7 +418,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
                   work: torch.dtype = torch.float64, start: int = 0,
-                  bias_jacobian: Callable[[int, int], Tensor] | None = None) -> Tensor:
+                  bias_term: Callable[[int, int, Tensor], Tensor] | None = None) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time, a group of heads at a time.
 
@@ -427,7 +427,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     sliding window and attention sink as the layer has them), β = α ⊙ (1 − tanh²(scale · q·k / c)) with a soft cap,
     and m_t = log|det(I_p − scale · D_t C_t)| (:func:`head_margins`' C_t over the inputs u the head's queries read);
     the position's margin is the mean (or ``min``) over heads. A layer whose logit bias b_ts and sinks σ_t move with
-    the query's input (``bias_jacobian``: E_ts = ∂b_ts/∂u_t, Inkling's) has ∂z_ts/∂u_t = scale · D_tᵀ k_s + E_ts, so
+    the query's input (``bias_term``: E_ts = ∂b_ts/∂u_t, Inkling's) has ∂z_ts/∂u_t = scale · D_tᵀ k_s + E_ts, so
     m_t = log|det(I_n − scale · C_t D_t − F_t)| with F_t = Σ_s α_ts u_s E_tsᵀ − ū_t Ē_tᵀ,
     Ē_t = Σ_s α_ts E_ts + α_t,sink ∂σ_t/∂u_t (n × n). Only one chunk's Jacobians and one group's weights,
     C_t and products are held (a group: at most :data:`WORK_ELEMENTS` values of C_t, :data:`WORK_ELEMENTS_FLOAT32`
@@ -455,8 +455,10 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         start: the first position whose margin is computed (0 ≤ start ≤ T; the margin at t reads positions ≤ t only,
             so a caller that has those of [0, start) from a sequence with the same first ``start`` tokens asks for the
             rest).
-        bias_jacobian: ``(lo, hi) -> [H, hi − lo, hi + 1, n]`` E_ts over s < hi, and last the sink's ∂σ_t/∂u_t, of
-            the chunk ``query_jacobian`` was last asked for (``None``: the bias and sinks do not move with u).
+        bias_term: ``(lo, hi, α [H, hi − lo, hi]) -> [H, hi − lo, n, n]`` F_t of the chunk, asked before its
+            ``query_jacobian`` (the capture's products give both:
+            :attr:`~lm_eval_probes.capture.attention.AttentionRow.bias_term`); ``None``: the bias and sinks do not
+            move with u.
 
     Returns:
         ``[T − start]`` margins of positions [start, T) in the inputs' dtype; ``nan`` where a position has no prefix or
@@ -484,12 +486,10 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     for lo in range(start, length, chunk):
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
-        jacobian = query_jacobian(lo, hi)
-        moved = None if bias_jacobian is None else bias_jacobian(lo, hi).to(work)  # [H, c, hi + 1, n]
         step = max(1, budget // max(1, (hi - lo) * max(width * dim, 3 * hi)))  # heads per group: C_t, or the weights
-        per_group = []
-        for first in range(0, num_heads, step):
-            last = min(num_heads, first + step)
+
+        def weights(first: int, last: int) -> tuple[Tensor, Tensor]:
+            """α and β of heads [first, last) at the chunk (see above)."""
             q, k = q_all[first:last, lo:hi], k_all[first:last, :hi]  # no query in the chunk attends past hi
             prefix = None if valid is None else valid[:hi].expand(last - first, hi)
             given = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
@@ -501,37 +501,34 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
             alpha = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
                                              sink=sink, positions=at, mask=given, logits=logits)  # [h, c, hi]
             del logits
-            beta = alpha if capped is None else alpha.mul(capped)
-            del capped
+            return alpha, alpha if capped is None else alpha.mul(capped)
+
+        groups = [(first, min(num_heads, first + step)) for first in range(0, num_heads, step)]
+        given_weights = None
+        if bias_term is not None:  # the chunk's F_t needs every head's α before its products run
+            given_weights = [weights(first, last) for first, last in groups]
+            moved = bias_term(lo, hi, torch.cat([alpha for alpha, _ in given_weights])).to(work)  # [H, c, n, n]
+        jacobian = query_jacobian(lo, hi)
+        per_group = []
+        for index, (first, last) in enumerate(groups):
+            alpha, beta = weights(first, last) if given_weights is None else given_weights[index]
             u = u_all[first:last] if u_all.shape[0] > 1 else u_all
-            bias_term = None if moved is None else _bias_term(u[:, :hi], alpha, moved[first:last], sinks is not None)
-            margins = _chunk_margins(u[:, :hi], k, alpha, beta, jacobian[first:last], scale, product, budget, bias_term)
+            margins = _chunk_margins(u[:, :hi], k_all[first:last, :hi], alpha, beta, jacobian[first:last], scale,
+                                     product, budget, None if bias_term is None else moved[first:last])
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
-        del jacobian, moved
+        del jacobian, given_weights
         margins = per_group[0] if len(per_group) == 1 else torch.cat(per_group)
         parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
     out = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(queries.dtype) if parts else queries.new_empty(0)
     return out if valid is None else out.masked_fill(~valid[start:].bool(), math.nan)
 
 
-def _bias_term(u: Tensor, alpha: Tensor, moved: Tensor, sinks: bool) -> Tensor:
-    """F_t = Σ_s α_ts u_s E_tsᵀ − ū_t Ē_tᵀ, Ē_t = Σ_s α_ts E_ts + α_t,sink E_t,sink (:func:`layer_margins`): u
-    ``[h or 1, S, n]``, α ``[h, c, S]``, E ``[h, c, S + 1, n]`` (the sink's last) → ``[h, c, n, n]``."""
-    span = alpha.shape[-1]
-    u = u.expand(alpha.shape[0], -1, -1)
-    weighted = moved[:, :, :span] * alpha[..., None]  # α_ts E_ts, [h, c, S, n]
-    mean_e = weighted.sum(2)
-    if sinks:
-        mean_e = mean_e + (1 - alpha.sum(-1))[..., None] * moved[:, :, span]
-    return torch.einsum("hsi,hcsj->hcij", u, weighted) - (alpha @ u)[..., None] * mean_e[:, :, None, :]
-
-
 def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,
                    product: Callable[[Tensor, Tensor], Tensor], budget: int, bias_term: Tensor | None = None) -> Tensor:
     """log|det(I_p − scale · D_t C_t)| of h heads at a chunk of c query positions: u ``[h or 1, S, n]``, keys
     ``[h, S, p]``, weights α and β ``[h, c, S]``, D ``[h, c, p, n]`` → ``[h, c]`` (``product``: :func:`_products`);
-    with a moving bias's F_t ``[h, c, n, n]`` (:func:`_bias_term`) log|det(I_n − scale · C_t D_t − F_t)|.
+    with a moving bias's F_t ``[h, c, n, n]`` (:func:`layer_margins`) log|det(I_n − scale · C_t D_t − F_t)|.
 
     C_t = Σ_s β_ts u_s k_sᵀ − ū_t (Σ_s β_ts k_s)ᵀ with ū_t = Σ_s α_ts u_s (Σ_s α_ts < 1 with a sink) is summed as
     Σ_s w_ts (k_s − κ)ᵀ + (Σ_s w_ts) κᵀ with w_ts = β_ts (u_s − ū_t) and κ the keys' mean over the prefix: one batched

@@ -146,7 +146,7 @@ class MarginPositions:
             margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
                                     softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
                                     heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start,
-                                    bias_jacobian=row.bias_jacobian)
+                                    bias_term=row.bias_term)
             if start:
                 margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
             if tokens:
