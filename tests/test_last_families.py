@@ -66,10 +66,20 @@ streams)."""
 
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
-NAN_MARGINS = {"deepseek_v4": "its first attention layer reads compressed keys beside its sliding window once a "
-                              "sequence is longer than a compression block (128 positions; the task's documents are "
-                              "longer): the margins read one key per position"}
+NAN_MARGINS: dict[str, str] = {}
 """The families whose margin rows are nan (undefined), and why."""
+
+
+def compressed_reads_own(model):
+    """For DeepSeek-V4's first layer, ``reads_own`` of :func:`test_margin_capture.eager_margins`: its compressed key w
+    is a gated sum over the block of positions [w·r, (w + 1)·r) (r the layer's compression rate), seen from position
+    (w + 1)·r − 1 on; there, the last of the t + 1 positions' row's compressed keys reads x_t (``None`` for other
+    families)."""
+    config = model.config
+    if config.model_type != "deepseek_v4" or config.layer_types[0] == "sliding_attention":
+        return None
+    rate = config.compress_rates[config.layer_types[0]]
+    return lambda t: [t + (t + 1) // rate] if (t + 1) % rate == 0 else []
 
 
 def build_independently(model_type: str, folder: Path) -> str:
@@ -112,7 +122,7 @@ def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
         seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
         support = sample["margin_support"]
         assert len(support["positions"]) == 5
-        want = own_eager_margins(model, seen, support["positions"])[support["positions"]]
+        want = own_eager_margins(model, seen, support["positions"], compressed_reads_own(model))[support["positions"]]
         assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)
         assert sample["margin_min"] == pytest.approx(float(want.min()), rel=1e-4, abs=1e-6)
 
@@ -207,23 +217,43 @@ def test_margins_of_layers_that_compute_their_attention_themselves_in_both_modes
         assert_alone(text.probe, seen)
 
 
-def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_key_exists(tmp_path):
-    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, once a
-    sequence is longer than a compression block (128 positions), to compressed keys, each a gated sum over a block of
-    positions: no one input position's. Below that its margins equal an autograd Jacobian through its own eager weights;
-    beyond it every margin of the sequence is nan (the margins read one key per position)."""
+def test_deepseek_v4_compressed_keys_are_entries_without_an_input_of_their_own(tmp_path, monkeypatch):
+    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, from the
+    end of a compression block on, to compressed keys, each a gated sum over a block of positions: they take part in
+    the softmax with their logits q_t·k_c and add no x to the prior (as attention sinks), and where a compressed key
+    reads x_t itself (t the last position of its block) it is left out at t as x_t's own key is. The margins equal an
+    autograd Jacobian through the layer's own eager weights with the same definition at every position, over five
+    compression blocks of 8 (its ``compress_rates``), and about the first block's end at its default rate (128)."""
     import transformers
     from test_margin_capture import captured_margins, eager_margins
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("deepseek_v4", tmp_path)).eval()
-    assert model.config.layer_types[0] == "heavily_compressed_attention"
-    assert model.config.compress_rates["heavily_compressed_attention"] == 128
-    short = list(range(3, 23))
-    margins, _ = captured_margins(model, short)
+    folder = build_independently("deepseek_v4", tmp_path)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    config.compress_rates = {**config.compress_rates, "heavily_compressed_attention": 8}
+    torch.manual_seed(0)
+    small = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert small.config.layer_types[0] == "heavily_compressed_attention"
+    ids = [3 + (7 * i) % 300 for i in range(42)]
+    margins, _ = captured_margins(small, ids)
     assert torch.isfinite(margins[0, 1:]).all()
-    torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
-    long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
-    assert torch.isnan(long).all()
+    want = eager_margins(small, ids, reads_own=compressed_reads_own(small))
+    torch.testing.assert_close(margins[0], want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    # the definition matters where a compressed key reads x_t (t = 7, 15, ...): kept, it would move with x_t
+    assert not torch.allclose(eager_margins(small, ids, at=[7, 15])[[7, 15]], want[[7, 15]], rtol=1e-3)
+    from lm_eval_probes.capture import attention
+
+    monkeypatch.setattr(attention, "PRODUCT_POSITIONS", 16)  # re-run 16 positions at a time: the keys are the row's
+    torch.testing.assert_close(captured_margins(small, ids)[0], margins, rtol=1e-10, atol=1e-12, equal_nan=True)
+    monkeypatch.undo()
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.config.compress_rates["heavily_compressed_attention"] == 128
+    long = [3 + i % 300 for i in range(140)]
+    margins, _ = captured_margins(model, long)
+    assert torch.isfinite(margins[0, 1:]).all()
+    at = [1, 126, 127, 128, 139]
+    want = eager_margins(model, long, at=at, reads_own=compressed_reads_own(model))
+    torch.testing.assert_close(margins[0, at], want[at], rtol=1e-4, atol=1e-5)
 
 
 def test_the_lens_reads_gemma3n_streams_through_the_merge_of_its_forward(tmp_path, monkeypatch):

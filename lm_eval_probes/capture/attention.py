@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -206,8 +207,9 @@ class AttentionRow:
     """The first softmax-attention layer over one row of a captured batch (float64; see the module docstring).
 
     Attributes:
-        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T, p]`` (query head h reads key head
-            h // (H / KV)).
+        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T + E, p]`` (query head h reads key
+            head h // (H / KV)): the positions' keys, then E ≥ 0 entries without a position of their own (DeepSeek-V4's
+            compressed keys: the whole row's re-run gives them).
         inputs: ``[T, m]`` the input projections' outputs u; columns: ``[H or 1, n]`` the columns of u each head's
             queries read (one set shared by every head: ``1``).
         query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi) on its
@@ -215,10 +217,13 @@ class AttentionRow:
         chunk: the positions per ``query_jacobian`` call (:func:`~lm_eval_probes.api.jacobian_chunks`).
         scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
             sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
-            (``None``: no padding); mask: ``None`` or ``[H or 1, T, T]`` the mask the layer handed its attention
-            (windows, chunks, biases: bool attended, float added to the logits).
+            (``None``: no padding); mask: ``None`` or ``[H or 1, T, T + E]`` the mask the layer handed its
+            attention (windows, chunks, biases: bool attended, float added to the logits; an extra key left out at the
+            positions whose own input it reads).
         checks: per chunk of ``query_jacobian`` computed so far, a bool tensor (its re-run's queries differ from the
             whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
+        undefined: ``None``, or why this row has no margins (keys beyond its positions that it cannot place:
+            :meth:`FirstAttentionCapture._extra_keys_mask`).
     """
 
     queries: torch.Tensor
@@ -234,6 +239,7 @@ class AttentionRow:
     valid: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     checks: list[torch.Tensor] = field(default_factory=list)
+    undefined: str | None = None
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -259,9 +265,13 @@ def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
         return torch.cat(pieces, 1)
 
     first = parts[0]
+    undefined = next((part.undefined for part in parts if part.undefined), None)
+    if any(part.keys.shape[1] > part.queries.shape[1] for part in parts):  # each part's own: they do not join
+        undefined = undefined or "its calls re-run alone read keys beyond their positions (compressed keys)"
     return AttentionRow(torch.cat([p.queries for p in parts], 1), torch.cat([p.keys for p in parts], 1),
                         torch.cat([p.inputs for p in parts]), first.columns, query_jacobian, min(p.chunk for p in parts),
-                        first.scale, first.softcap, first.sliding_window, first.sinks, checks=first.checks)
+                        first.scale, first.softcap, first.sliding_window, first.sinks, checks=first.checks,
+                        undefined=undefined)
 
 
 @dataclass
@@ -460,6 +470,7 @@ class FirstAttentionCapture:
             except UnsupportedModelError as other:
                 raise UnsupportedModelError(f"{error}; with the layer's input itself as the queries' input: "
                                             f"{str(other).removeprefix(self._prefix)}") from None
+        self._check_key_positions(short, long)
         if self._own is not None:
             try:
                 self._own.check(self._row(long, 0), self._own.weights, _tolerance(own_queries.dtype))
@@ -555,6 +566,38 @@ class FirstAttentionCapture:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{why}") from None
+
+    def _check_key_positions(self, short: _LayerCall, long: _LayerCall) -> None:
+        """The first T of the keys the layer's attention reads are its T positions' (the margins read any after them as
+        entries without a position of their own: DeepSeek-V4's compressed keys): in forwards of two lengths, at least
+        T keys each, and in the longer, one forward-mode product per position j with a random tangent on its u moves
+        key j and no key before it among the first T."""
+        counts = []
+        for layer_call in (short, long):
+            tree, with_placeholder_input, u, widths = self._prepared(layer_call, 0, torch.float64)
+            length = u.shape[1]
+            with torch.no_grad():
+                counts.append(self._queries(with_placeholder_input(tree, length), u.split(widths, -1)).keys.shape[2])
+        moved_wrong = None
+        if counts[0] >= short.ids.shape[1] and counts[1] >= length:
+            generator = torch.Generator(device="cpu").manual_seed(0)
+            for position in range(length):
+                tangent = torch.zeros_like(u)
+                tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
+                with torch.no_grad():
+                    _, derivative = torch.func.jvp(
+                        lambda v: self._queries(with_placeholder_input(tree, length), v.split(widths, -1),
+                                                early=True).keys, (u,), (tangent,))
+                moved = derivative[0, :, :length].ne(0).any(-1).any(0)  # [T]: the position columns it moves
+                if not moved[position] or moved[:position].any():
+                    moved_wrong = (position, torch.nonzero(moved).flatten().tolist())
+                    break
+        if counts[0] < short.ids.shape[1] or counts[1] < length or moved_wrong is not None:
+            where = "" if moved_wrong is None else f"; position {moved_wrong[0]}'s input moves keys {moved_wrong[1]}"
+            raise UnsupportedModelError(f"{self._prefix}its attention reads {counts[0]} and {counts[1]} keys for "
+                                        f"{short.ids.shape[1]} and {length} positions{where}: the margins read the "
+                                        "first T keys as the T positions' (any after them as keys without a position "
+                                        "of their own)")
 
     def _check_chunks(self, layer_call: _LayerCall, row: AttentionRow, chunk: int = 2) -> None:
         """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
@@ -758,14 +801,20 @@ class FirstAttentionCapture:
                 at = torch.arange(lo, min(length, lo + step), device=u.device)
                 cut = tree if step >= length else self._sliced(tree, rows=1, length=length, positions=at)
                 calls.append(self._queries(with_placeholder_input(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
+        if len(calls) > 1 and any(one.keys.shape[2] > one.queries.shape[2] for one in calls):
+            with torch.no_grad():  # keys beyond the positions' (compressed keys): those of the whole row
+                calls = [self._queries(with_placeholder_input(tree, length), u.split(widths, -1))]
         call = calls[0]
         mask = call.mask if len(calls) == 1 else self._leaf(tree, (1, "attention_mask")) if "attention_mask" in tree[1] \
             else None  # a run over a block of positions is handed that block's mask: the whole row's is the layer's
         mask = mask[0] if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[0] == 1 \
-            and mask.shape[-2:] == (length, length) else None
+            and mask.shape[-2:] == (length, call.keys.shape[2] if len(calls) == 1 else length) else None
         queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
-        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
+        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T (+ E), p]
         del calls
+        undefined = None
+        if keys.shape[1] > length:
+            mask, undefined = self._extra_keys_mask(tree, with_placeholder_input, u, widths, mask)
         if self._columns is None:
             self._columns = self._supports(tree, with_placeholder_input, u, widths, queries.shape[0])
         columns = self._columns
@@ -888,7 +937,45 @@ class FirstAttentionCapture:
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window,
                             None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask,
-                            checks=checks)
+                            checks=checks, undefined=undefined)
+
+    def _extra_keys_mask(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor,
+                         widths: list[int], mask: torch.Tensor | None) -> tuple[torch.Tensor | None, str | None]:
+        """The mask of a row whose attention reads E keys after its T positions' (entries without a position of their
+        own: DeepSeek-V4's compressed keys, each a gated sum over a block of positions), ``[H or 1, T, T + E]``, with
+        each extra key left out at the positions whose own input it reads (as a position's own key is), and ``None``
+        or why the row's margins are undefined: the layer hands its attention no mask (which positions attend which
+        extra key is not known), or an extra key attended at t reads a position after t. Which positions each extra
+        key reads: one vector-Jacobian product per extra key (its gradient with respect to u over the whole row)."""
+        length = u.shape[1]
+        if mask is None:
+            return None, (f"its attention reads keys beyond its {length} positions and is handed no mask of them: "
+                          "which positions attend them is not known")
+        whole = with_placeholder_input(tree, length)
+        extra, pullback = torch.func.vjp(
+            lambda v: self._queries(whole, v.split(widths, -1), early=True).keys[0, :, length:], u)  # [KV, E, p]
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        reads = []
+        for entry in range(extra.shape[1]):
+            cotangent = torch.zeros_like(extra)
+            cotangent[:, entry] = torch.rand(cotangent[:, entry].shape, generator=generator,
+                                             dtype=extra.dtype).to(extra.device) + 0.5
+            (grad,) = pullback(cotangent)
+            reads.append(grad[0].detach().ne(0).any(-1))  # [T]: the positions this extra key reads
+        del extra, pullback
+        own = torch.stack(reads).T  # [T, E]: position t's input read by extra key e
+        attended = mask[..., length:] if mask.dtype == torch.bool else mask[..., length:] > torch.finfo(torch.float16).min
+        last = torch.where(own, torch.arange(length, device=own.device)[:, None], -1).amax(0)  # [E]
+        later = last[None, :] > torch.arange(length, device=own.device)[:, None]  # [T, E]: e reads a position after t
+        if bool((attended & later).any()):
+            return None, (f"a key beyond its {length} positions attended at a position reads a position after it "
+                          "(the margin at t reads positions up to t)")
+        mask = mask.clone()
+        if mask.dtype == torch.bool:
+            mask[..., length:] &= ~own
+        else:
+            mask[..., length:] = mask[..., length:].masked_fill(own, -math.inf)
+        return mask, None
 
     def _supports(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:

@@ -137,7 +137,7 @@ class MarginPositions:
         valid = None if batch.valid is None else batch.valid.cpu()
         rows = []
         for index, row in enumerate(batch.rows(work)):
-            if row.keys.shape[-2] != row.queries.shape[-2]:
+            if row.undefined:
                 rows.append(_undefined(row))
                 continue
             tokens = _leading_tokens(ids[index], None if valid is None else valid[index])
@@ -185,8 +185,8 @@ def _leading_tokens(ids: Any, valid: Any) -> tuple[int, ...]:
 
 
 def _undefined(row: Any) -> Any:
-    """``nan`` margins for a row whose layer attends to more keys than positions (DeepSeek-V4's compressed keys, beyond
-    its sliding window once a sequence is longer than a compression block): the margins read one key per position."""
+    """``nan`` margins for a row the capture cannot give them (``row.undefined`` says why: keys beyond its positions
+    that it cannot place, :meth:`~lm_eval_probes.capture.attention.FirstAttentionCapture._extra_keys_mask`)."""
     import torch
 
     global _WARNED
@@ -194,9 +194,8 @@ def _undefined(row: Any) -> Any:
         _WARNED = True
         import logging
 
-        logging.getLogger(__name__).warning(
-            "margins: the first attention layer reads %d keys for %d positions (compressed keys): its margins are nan",
-            row.keys.shape[-2], row.queries.shape[-2])
+        logging.getLogger(__name__).warning("margins: the first attention layer over %d positions: %s: its margins "
+                                            "are nan", row.queries.shape[-2], row.undefined)
     return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64, device=row.queries.device)
 
 
