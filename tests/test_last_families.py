@@ -339,7 +339,8 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
     own forward reads a right-padded row otherwise than that row alone (it builds its attention mask from the ids, not
     from the mask it is given), so the run takes one document per batch, and attends both ways over its input (every
     position is "context"), so the references read the input the harness gave it. δ_TCB and BTE agree with their
-    independent recomputation, Ω with the model's own blocks; the margins (of causal attention) are skipped."""
+    independent recomputation, Ω with the model's own blocks, each document's support tokens' margins with
+    :func:`bidirectional_eager_margins`."""
     import transformers
     from test_capture import LL_REQUESTS, ll_instances
     from test_omega_capture import focal_reference
@@ -356,10 +357,18 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
 
     result, samples = architectures.run(folder, 2, batch_size=1)
     rows = architectures.headline_rows(result)
-    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
-    assert "runs over 9 positions for 5 input tokens" in result["config"]["probes_skipped"]["margin"]  # not "no softmax"
-    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert not result["config"].get("probes_skipped"), result["config"]["probes_skipped"]
+    assert all(math.isfinite(rows[name]) for name in ROWS), rows
     assert architectures.check_documents(folder, samples) <= 1e-5
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    for sample in samples:
+        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
+        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
+        context, continuation = architectures._moved_space(context, continuation)
+        seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+        support = sample["margin_support"]
+        want = bidirectional_eager_margins(model, seen, support["positions"])[support["positions"]]
+        assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)
 
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(50.0)
@@ -369,6 +378,67 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
         seen = (context_ids + continuation_ids)[:-1]  # its forward attends both ways: the reference on what it saw
         want = focal_reference(model, seen, 2, 1, len(context_ids) - 1, len(seen)).mean(-1)
         assert answer.probe.get("omega_trajectory") == pytest.approx(want.tolist(), rel=2e-5, abs=2e-6)
+
+
+def bidirectional_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
+    """The margins of CPM-Ant's first attention module (``CpmAntAttention``) at the input's positions, copied to
+    float64: it attends both ways over its N = P + T positions (P prompt positions of its own first), so per head
+    e_t(x_t) = x_t − Σ_{s≠t} α_ts x_s with α_ts = P_ts / Σ_{r≠t} P_tr (= P_ts / (1 − P_tt), without its rounding where
+    P_tt rounds to 1), P the module's own attention probabilities at row t (x_t substituted in its queries' and keys'
+    input, the other rows fixed), m_t = mean_h log|det ∂e_t/∂x_t| by autograd; ``[T]``, the last T of the N
+    positions (``at``: at these of the T only, nan elsewhere)."""
+    import copy
+
+    module = next(sub for sub in model.modules() if type(sub).__name__ == "CpmAntAttention")
+    seen = {}
+    handle = module.register_forward_pre_hook(lambda _module, args: seen.update(args=args))
+    with torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    handle.remove()
+    eager = copy.deepcopy(module).double()
+    hidden, _, mask, bias = seen["args"][:4]
+    x, bias = hidden[0].double(), bias.double()
+    prepended = x.shape[0] - len(ids)
+    out = torch.full((len(ids),), math.nan, dtype=torch.float64)
+    for t in (range(prepended, x.shape[0]) if at is None else [prepended + i for i in at]):
+        others = torch.cat([x[:t], x[t + 1:]])
+
+        def residual(xt, t=t, others=others):
+            rows = torch.cat([x[:t], xt[None], x[t + 1:]])[None]
+            weights = eager(rows, rows, mask, bias, True)[1][0][:, t]  # [H, N]: the module's own probabilities
+            alpha = torch.cat([weights[:, :t], weights[:, t + 1:]], 1)
+            alpha = alpha / alpha.sum(-1, keepdim=True)
+            return xt[None] - alpha @ others
+
+        jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
+        out[t - prepended] = torch.linalg.slogdet(jacobian).logabsdet.mean()
+    return out
+
+
+def test_cpmant_margins_attend_both_ways_over_its_prompt_and_input(tmp_path):
+    """CPM-Ant's first attention runs over its 4 prompt positions and the input's, every position attending every
+    other (its mask, read at load): the margins' prior at t is over every attended s ≠ t, the prompt positions' inputs
+    among them, reported at the input's positions; they equal an autograd Jacobian through its own attention module
+    with the same definition at every position. Its generations (a cache holds its prompt positions) have none."""
+    import transformers
+    from test_margin_capture import captured_margins
+
+    from lm_eval_probes.capture.attention import FirstAttentionCapture
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(_cpmant(tmp_path)).eval()
+    capture = FirstAttentionCapture(model)
+    assert not capture._causal and type(capture.module).__name__ == "CpmAntAttention"
+    ids = [3 + (7 * i) % 300 for i in range(13)]
+    margins, got_ids = captured_margins(model, ids)
+    assert margins.shape == (1, 13) and got_ids[0].tolist() == ids and torch.isfinite(margins).all()
+    torch.testing.assert_close(margins[0], bidirectional_eager_margins(model, ids), rtol=1e-4, atol=1e-5)
+
+    from test_capture import gen_instances
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    lm = ProbeHFLM(pretrained=model, tokenizer=str(tmp_path), device="cpu", batch_size=1, probes="margin")
+    assert all(math.isnan(text.probe.get("margin_mean")) for text in lm.generate_until(gen_instances([], max_gen_toks=3)))
 
 
 def test_modernbert_decoder_lens_reads_through_its_prediction_head(tmp_path):

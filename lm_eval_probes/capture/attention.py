@@ -37,6 +37,12 @@ its query-key product giving the queries and keys (:mod:`~lm_eval_probes.capture
 its logits' scale and bias (ALiBi, masks) are read from its own code, each row re-run whole (the bias is a ``[H, T, T]``
 float mask).
 
+The first T keys the attention reads are the T positions' (checked at load: :meth:`FirstAttentionCapture._check_key_positions`);
+any after them are keys without a position of their own (DeepSeek-V4's compressed keys: a row with them is re-run
+whole, and each is left out at the positions whose input it reads, :meth:`FirstAttentionCapture._extra_keys_mask`). A
+layer may run over positions of its own before the input's (CPM-Ant's prompt: its input holds more positions than the
+ids, :attr:`AttentionRow.prepended`) and attend both ways (its mask at load: :attr:`AttentionRow.causal`).
+
 Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
 model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
 capture refuses in one line (:class:`~lm_eval_probes.capture.readouts.UnsupportedModelError`).
@@ -115,12 +121,19 @@ def _changed(one: dict[Path, torch.Tensor], other: dict[Path, torch.Tensor], pat
 @dataclass
 class _LayerCall:
     """One captured call of the layer: the model's token ids ``[B, T]`` and attention mask of that forward, and the
-    layer's own arguments."""
+    layer's own arguments; ``positions``: the layer's positions, T plus any of its own before the input's (CPM-Ant's
+    prompt; ``None``: T)."""
 
     ids: torch.Tensor | None
     mask: torch.Tensor | None
     args: tuple[Any, ...] | None = None
     kwargs: dict[str, Any] | None = None
+    positions: int | None = None
+
+    @property
+    def length(self) -> int:
+        """The layer's positions."""
+        return self.ids.shape[1] if self.positions is None else self.positions
 
 
 @dataclass
@@ -224,6 +237,9 @@ class AttentionRow:
             whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
         undefined: ``None``, or why this row has no margins (keys beyond its positions that it cannot place:
             :meth:`FirstAttentionCapture._extra_keys_mask`).
+        prepended: the layer's positions of its own before the input's (CPM-Ant's prompt: T counts them; the input's
+            are the last T − prepended). causal: False where the layer's mask lets a position attend later ones (found
+            at load; CPM-Ant attends both ways).
     """
 
     queries: torch.Tensor
@@ -240,6 +256,8 @@ class AttentionRow:
     mask: torch.Tensor | None = None
     checks: list[torch.Tensor] = field(default_factory=list)
     undefined: str | None = None
+    prepended: int = 0
+    causal: bool = True
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -285,12 +303,17 @@ class AttentionBatch:
     valid: torch.Tensor | None
     row: Callable[[int, torch.dtype], AttentionRow]
     _checks: list[list[torch.Tensor]] = field(default_factory=list)
+    undefined: str | None = None
+    """Why no row of this batch has margins (``None``: each row tells, :attr:`AttentionRow.undefined`)."""
 
     def rows(self, work: torch.dtype = torch.float64) -> Iterator[AttentionRow]:
-        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions (``work``: see the class)."""
+        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions (``work``: see the class; a layer's
+        positions of its own before the input's are valid)."""
         for index in range(self.ids.shape[0]):
             row = self.row(index, work)
             row.valid = None if self.valid is None else self.valid[index]
+            if row.valid is not None and row.prepended:
+                row.valid = torch.cat([row.valid.new_ones(row.prepended), row.valid])
             self._checks.append(row.checks)
             yield row
 
@@ -373,6 +396,21 @@ class _Coloring:
         return by_color.index_select(2, self.colors).masked_fill_(self.hidden[:, None], 0.0)
 
 
+def _attends_later(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scale: float) -> bool:
+    """Whether a layer's attention gives weight to a position after the query's: queries ``[H, T, p]``, keys ``[KV, T,
+    p]``, ``mask`` ``[H or 1, T, T]`` as it hands its attention (``None``: causal; bool: attended; float: added to the
+    logits, an entry at or below float16's lowest value not attended — a bias of −10⁴, GPT-1's mask, gives no weight
+    in float64)."""
+    if mask is None:
+        return False
+    later = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)
+    if mask.dtype == torch.bool:
+        return bool((mask & later).any())
+    logits = scale * (queries @ keys.repeat_interleave(queries.shape[0] // keys.shape[0], 0).transpose(-1, -2)) + mask
+    weights = torch.softmax(logits.masked_fill(mask <= torch.finfo(torch.float16).min, -math.inf), -1)
+    return bool((weights.nan_to_num(0.0) > 0).logical_and(later).any())
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
     return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
@@ -401,19 +439,13 @@ class FirstAttentionCapture:
             raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
                                         f"layer failed: {type(error).__name__}: {error}") from None
         self._own: OwnAttention | None = None
-        seen: dict[str, Any] = {}  # a softmax attention over more positions than the input's
         if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
             try:
-                module = first_own_attention(model, token_ids(model, 1, 5), seen)
+                module = first_own_attention(model, token_ids(model, 1, 5))
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
                 raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
                                             f"softmax attention failed: {type(error).__name__}: {error}") from None
             self._own = None if module is None else OwnAttention(module, AttentionCall)
-        if module is None and seen.get("wider") is not None:
-            wider, positions = seen["wider"]
-            raise UnsupportedModelError(f"model_type {model_type!r}: its first softmax attention ({type(wider).__name__}) "
-                                        f"runs over {positions} positions for 5 input tokens (positions of its own before "
-                                        "the input, no input token's), where the margins read a softmax over the input's")
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
                                         "or computes a softmax over its positions itself (no softmax attention)")
@@ -422,6 +454,7 @@ class FirstAttentionCapture:
         self._columns: torch.Tensor | None = None
         self._read: list[bool] | None = None
         self._reach = 0  # how many positions before its own a query reads (a causal convolution: Zaya)
+        self._causal: bool | None = None  # whether no position attends a later one (found at load, from its mask)
         try:
             self._discover()
         except UnsupportedModelError:
@@ -561,7 +594,7 @@ class FirstAttentionCapture:
                 self._reach = self._reach_of(layer_call) or 0
                 if not self._reach:
                     raise
-                self._check_chunks(layer_call, self._row(layer_call, 0), self.CHECK_LENGTH)  # its products read the prefix
+                self._check_chunks(layer_call, self._row(layer_call, 0), layer_call.length)  # its products read the prefix
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
@@ -579,7 +612,7 @@ class FirstAttentionCapture:
             with torch.no_grad():
                 counts.append(self._queries(with_placeholder_input(tree, length), u.split(widths, -1)).keys.shape[2])
         moved_wrong = None
-        if counts[0] >= short.ids.shape[1] and counts[1] >= length:
+        if counts[0] >= short.length and counts[1] >= length:
             generator = torch.Generator(device="cpu").manual_seed(0)
             for position in range(length):
                 tangent = torch.zeros_like(u)
@@ -592,17 +625,18 @@ class FirstAttentionCapture:
                 if not moved[position] or moved[:position].any():
                     moved_wrong = (position, torch.nonzero(moved).flatten().tolist())
                     break
-        if counts[0] < short.ids.shape[1] or counts[1] < length or moved_wrong is not None:
+        if counts[0] < short.length or counts[1] < length or moved_wrong is not None:
             where = "" if moved_wrong is None else f"; position {moved_wrong[0]}'s input moves keys {moved_wrong[1]}"
             raise UnsupportedModelError(f"{self._prefix}its attention reads {counts[0]} and {counts[1]} keys for "
-                                        f"{short.ids.shape[1]} and {length} positions{where}: the margins read the "
+                                        f"{short.length} and {length} positions{where}: the margins read the "
                                         "first T keys as the T positions' (any after them as keys without a position "
                                         "of their own)")
 
     def _check_chunks(self, layer_call: _LayerCall, row: AttentionRow, chunk: int = 2) -> None:
         """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
-        for lo in range(0, self.CHECK_LENGTH, chunk):
-            row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
+        length = row.queries.shape[1]
+        for lo in range(0, length, chunk):
+            row.query_jacobian(lo, min(length, lo + chunk))
         AttentionBatch(layer_call.ids, None, lambda _: row, [row.checks]).verify()
 
     def _reach_of(self, layer_call: _LayerCall) -> int | None:
@@ -648,10 +682,18 @@ class FirstAttentionCapture:
                 return  # a call outside the model's forward, or a second call within one
             layer_call = inputs.layer_calls[-1]
             hidden = kwargs.get("hidden_states", args[0] if args else None)
-            if layer_call.ids is None or hidden is None or layer_call.ids.shape != hidden.shape[:2]:
+            if layer_call.ids is None or hidden is None or layer_call.ids.shape[0] != hidden.shape[0] \
+                    or hidden.shape[1] < layer_call.ids.shape[1] and not join:  # (CPM-Ant's generate: every id so far)
                 raise ValueError("the first attention layer's capture needs input_ids matching its positions")
-            layer_call.args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            layer_call.kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            detached: dict[int, torch.Tensor] = {}  # one tensor handed twice stays one (CPM-Ant's queries' and keys' input)
+
+            def kept(value: Any) -> Any:
+                return detached.setdefault(id(value), value.detach()) if isinstance(value, torch.Tensor) else value
+
+            layer_call.args = tuple(kept(a) for a in args)
+            layer_call.kwargs = {k: kept(v) for k, v in kwargs.items()}
+            if hidden.shape[1] != layer_call.ids.shape[1]:  # positions of its own before the input's
+                layer_call.positions = hidden.shape[1]
 
         handles = []
         try:
@@ -676,6 +718,10 @@ class FirstAttentionCapture:
         layer_calls = [layer_call for layer_call in inputs.layer_calls if layer_call.args is not None]
         if not layer_calls:
             raise RuntimeError("no first-attention inputs were captured: run generate inside capture()")
+        if len(layer_calls) > 1 and any(layer_call.positions is not None for layer_call in layer_calls):
+            return AttentionBatch(torch.cat([layer_call.ids for layer_call in layer_calls], 1), None, self._row,
+                                  undefined="its calls in generate do not hand it its positions of its own before the "
+                                            "input's each time (a cache holds them)")
         one = _joined_call(layer_calls)
         parts = [one] if one is not None else layer_calls
         ids = torch.cat([part.ids for part in parts], 1)
@@ -767,7 +813,7 @@ class FirstAttentionCapture:
         """One row's arguments in float64 with the layer's input replaced by a placeholder (the re-runs hand its input
         projections' outputs u instead; :func:`with_placeholder_input` gives it the shape of a run's positions), u ``[1, T, m]`` and the
         widths of its parts (one per input projection)."""
-        rows, length = layer_call.ids.shape
+        rows, length = layer_call.ids.shape[0], layer_call.length
         tree = self._sliced((layer_call.args, layer_call.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
@@ -789,7 +835,7 @@ class FirstAttentionCapture:
     def _row(self, layer_call: _LayerCall, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
              checks: list[torch.Tensor] | None = None) -> AttentionRow:
         """One row of ``layer_call`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
-        length = layer_call.ids.shape[1]
+        length = layer_call.length
         tree, with_placeholder_input, u, widths = self._prepared(layer_call, row, work)
         budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
         step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
@@ -815,6 +861,9 @@ class FirstAttentionCapture:
         undefined = None
         if keys.shape[1] > length:
             mask, undefined = self._extra_keys_mask(tree, with_placeholder_input, u, widths, mask)
+        if self._causal is None:  # at load: whether its mask lets a position attend a later one (CPM-Ant's)
+            self._causal = not _attends_later(queries, keys[:, :length], None if mask is None else mask[..., :length],
+                                              float(call.scaling if call.scaling is not None else queries.shape[-1]**-0.5))
         if self._columns is None:
             self._columns = self._supports(tree, with_placeholder_input, u, widths, queries.shape[0])
         columns = self._columns
@@ -937,7 +986,8 @@ class FirstAttentionCapture:
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window,
                             None if call.sinks is None else call.sinks.detach().double().reshape(-1), mask=mask,
-                            checks=checks, undefined=undefined)
+                            checks=checks, undefined=undefined, prepended=length - layer_call.ids.shape[1],
+                            causal=self._causal)
 
     def _extra_keys_mask(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor,
                          widths: list[int], mask: torch.Tensor | None) -> tuple[torch.Tensor | None, str | None]:

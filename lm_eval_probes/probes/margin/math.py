@@ -49,7 +49,7 @@ def _check_float(name: str, value: Tensor) -> None:
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
                              softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
                              positions: Tensor | None = None, mask: Tensor | None = None,
-                             logits: Tensor | None = None, extra: int = 0) -> Tensor:
+                             logits: Tensor | None = None, extra: int = 0, causal: bool = True) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -71,6 +71,8 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         extra: the last ``extra`` of ``keys`` (``[..., T + extra, p]``, the weights ``[..., T (or n), T + extra]``) are
             entries without a position of their own (DeepSeek-V4's compressed keys): attended where ``mask`` says,
             neither causal order, window nor ``valid`` (``[..., T]``, the positions') applies to them.
+        causal: ``False``: every position s ≠ t is in t's prior (a layer that attends both ways, CPM-Ant's: its mask
+            says which it attends; a window then bounds |t − s|), not only s < t.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -89,9 +91,9 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
         logits = softcap * torch.tanh(logits / softcap)
     query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
     lag = query_at[:, None] - torch.arange(length + extra, device=queries.device)[None, :]  # t − s
-    allowed = lag > 0
+    allowed = lag > 0 if causal else lag != 0
     if window is not None:
-        allowed = allowed & (lag < window)
+        allowed = allowed & (lag < window if causal else lag.abs() < window)
     if extra:
         allowed[:, length:] = True  # entries without a position: the mask alone says which are attended
     if valid is not None:
@@ -425,7 +427,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
-                  work: torch.dtype = torch.float64, start: int = 0) -> Tensor:
+                  work: torch.dtype = torch.float64, start: int = 0, causal: bool = True) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time, a group of heads at a time.
 
@@ -462,6 +464,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         start: the first position whose margin is computed (0 ≤ start ≤ T; the margin at t reads positions ≤ t only,
             so a caller that has those of [0, start) from a sequence with the same first ``start`` tokens asks for the
             rest).
+        causal: ``False``: the prior at t is over every attended s ≠ t, renormalised without s = t (a layer whose mask
+            lets a position attend later ones; :func:`prefix_attention_weights`).
 
     Returns:
         ``[T − start]`` margins of positions [start, T) in the inputs' dtype; ``nan`` where a position has no prefix or
@@ -497,21 +501,22 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         for first in range(0, num_heads, step):
             last = min(num_heads, first + step)
             q = q_all[first:last, lo:hi]
-            k = _attended_columns(k_all[first:last], hi, length, 1)  # no query in the chunk attends a position past hi
-            prefix = None if valid is None else valid[:hi].expand(last - first, hi)
+            seen = hi if causal else length  # causal: no query in the chunk attends a position past hi
+            k = _attended_columns(k_all[first:last], seen, length, 1)
+            prefix = None if valid is None else valid[:seen].expand(last - first, seen)
             given = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
-            given = None if given is None else _attended_columns(given[:, lo:hi], hi, length, 2)
+            given = None if given is None else _attended_columns(given[:, lo:hi], seen, length, 2)
             logits = product(q, k.transpose(-1, -2)).mul_(scale)  # [h, c, hi]
             capped = None if softcap is None else 1 - torch.tanh(logits / softcap).pow(2)
             sink = None if sinks is None else sinks[first:last, None, None]
             alpha = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
                                              sink=sink, positions=at, mask=given, logits=logits,
-                                             extra=extra)  # [h, c, hi + extra]
+                                             extra=extra, causal=causal)  # [h, c, seen + extra]
             del logits
             beta = alpha if capped is None else alpha.mul(capped)
             del capped
             u = u_all[first:last] if u_all.shape[0] > 1 else u_all
-            u = u[:, :hi] if not extra else torch.cat([u[:, :hi], u.new_zeros(u.shape[0], extra, width)], 1)  # x = 0
+            u = u[:, :seen] if not extra else torch.cat([u[:, :seen], u.new_zeros(u.shape[0], extra, width)], 1)  # x = 0
             margins = _chunk_margins(u, k, alpha, beta, jacobian[first:last], scale, product, budget)
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
