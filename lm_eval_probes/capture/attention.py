@@ -1019,7 +1019,7 @@ class FirstAttentionCapture:
         later = last[None, :] > torch.arange(length, device=own.device)[:, None]  # [T, E]: e reads a position after t
         if bool((attended & later).any()):
             return None, (f"a key beyond its {length} positions attended at a position reads a position after it "
-                          "(the margin at t reads positions up to t)")
+                          "(the prior at t reads positions up to t)")
         mask = mask.clone()
         if mask.dtype == torch.bool:
             mask[..., length:] &= ~own
