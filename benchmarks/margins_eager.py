@@ -4,7 +4,9 @@
 
 Each type of ``benchmarks/architectures.py`` is built small with eager attention (seed 0); its margins as the capture
 computes them (``tests/test_margin_capture.py``'s ``captured_margins``: this machine's precision, float64 on a CPU)
-are compared position by position with ``eager_margins`` (an autograd Jacobian through the layer's own eager attention),
+are compared position by position with ``eager_margins`` (an autograd Jacobian through the layer's own eager attention;
+DeepSeek-V4's compressed key that reads x_t left out at t, ``tests/test_last_families.py``'s ``compressed_reads_own``;
+CPM-Ant's, which attends both ways over its prompt positions and the input's, its ``bidirectional_eager_margins``),
 at 1e-4 relative and 1e-5 absolute. Prints one line per type (``agrees``, ``differs`` with the largest difference,
 ``nan`` where both are, or the one-line reason the capture or the reference could not run) and the counts.
 """
@@ -33,13 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_architectures", REPO / "benchmarks" / "architectures.py")
     architectures = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(architectures)
+    from test_last_families import bidirectional_eager_margins, compressed_reads_own
     counts: dict[str, int] = {}
     ids = list(range(3, 3 + args.tokens))
     for model_type in args.types or architectures.decoder_only_types():
         try:
             model = _eager_built(model_type)
             captured = captured_margins(model, ids)[0][0]
-            reference = eager_margins(model, ids)
+            reference = bidirectional_eager_margins(model, ids) if model_type == "cpmant" else \
+                eager_margins(model, ids, reads_own=compressed_reads_own(model))
         except Exception as error:  # a type that cannot be built, captured or referenced: its reason, one line
             outcome, detail = "skipped", f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
         else:

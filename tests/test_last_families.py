@@ -66,10 +66,20 @@ streams)."""
 
 ROWS = ("tcb_log10", "bte_energy", "omega", "confidence", "ece", "margin")
 
-NAN_MARGINS = {"deepseek_v4": "its first attention layer reads compressed keys beside its sliding window once a "
-                              "sequence is longer than a compression block (128 positions; the task's documents are "
-                              "longer): the margins read one key per position"}
+NAN_MARGINS: dict[str, str] = {}
 """The families whose margin rows are nan (undefined), and why."""
+
+
+def compressed_reads_own(model):
+    """For DeepSeek-V4's first layer, ``reads_own`` of :func:`test_margin_capture.eager_margins`: its compressed key w
+    is a gated sum over the block of positions [w·r, (w + 1)·r) (r the layer's compression rate), seen from position
+    (w + 1)·r − 1 on; there, the last of the t + 1 positions' row's compressed keys reads x_t (``None`` for other
+    families)."""
+    config = model.config
+    if config.model_type != "deepseek_v4" or config.layer_types[0] == "sliding_attention":
+        return None
+    rate = config.compress_rates[config.layer_types[0]]
+    return lambda t: [t + (t + 1) // rate] if (t + 1) % rate == 0 else []
 
 
 def build_independently(model_type: str, folder: Path) -> str:
@@ -112,7 +122,7 @@ def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
         seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
         support = sample["margin_support"]
         assert len(support["positions"]) == 5
-        want = own_eager_margins(model, seen, support["positions"])[support["positions"]]
+        want = own_eager_margins(model, seen, support["positions"], compressed_reads_own(model))[support["positions"]]
         assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)
         assert sample["margin_min"] == pytest.approx(float(want.min()), rel=1e-4, abs=1e-6)
 
@@ -207,23 +217,43 @@ def test_margins_of_layers_that_compute_their_attention_themselves_in_both_modes
         assert_alone(text.probe, seen)
 
 
-def test_deepseek_v4_margins_are_those_of_its_eager_weights_until_a_compressed_key_exists(tmp_path):
-    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, once a
-    sequence is longer than a compression block (128 positions), to compressed keys, each a gated sum over a block of
-    positions: no one input position's. Below that its margins equal an autograd Jacobian through its own eager weights;
-    beyond it every margin of the sequence is nan (the margins read one key per position)."""
+def test_deepseek_v4_compressed_keys_are_entries_without_an_input_of_their_own(tmp_path, monkeypatch):
+    """DeepSeek-V4's first layer (heavily compressed attention by default) attends to its sliding window and, from the
+    end of a compression block on, to compressed keys, each a gated sum over a block of positions: they take part in
+    the softmax with their logits q_t·k_c and add no x to the prior (as attention sinks), and where a compressed key
+    reads x_t itself (t the last position of its block) it is left out at t as x_t's own key is. The margins equal an
+    autograd Jacobian through the layer's own eager weights with the same definition at every position, over five
+    compression blocks of 8 (its ``compress_rates``), and about the first block's end at its default rate (128)."""
     import transformers
     from test_margin_capture import captured_margins, eager_margins
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(build_independently("deepseek_v4", tmp_path)).eval()
-    assert model.config.layer_types[0] == "heavily_compressed_attention"
-    assert model.config.compress_rates["heavily_compressed_attention"] == 128
-    short = list(range(3, 23))
-    margins, _ = captured_margins(model, short)
+    folder = build_independently("deepseek_v4", tmp_path)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    config.compress_rates = {**config.compress_rates, "heavily_compressed_attention": 8}
+    torch.manual_seed(0)
+    small = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert small.config.layer_types[0] == "heavily_compressed_attention"
+    ids = [3 + (7 * i) % 300 for i in range(42)]
+    margins, _ = captured_margins(small, ids)
     assert torch.isfinite(margins[0, 1:]).all()
-    torch.testing.assert_close(margins[0], eager_margins(model, short), rtol=1e-4, atol=1e-5, equal_nan=True)
-    long, _ = captured_margins(model, [3 + i % 300 for i in range(140)])
-    assert torch.isnan(long).all()
+    want = eager_margins(small, ids, reads_own=compressed_reads_own(small))
+    torch.testing.assert_close(margins[0], want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    # the definition matters where a compressed key reads x_t (t = 7, 15, ...): kept, it would move with x_t
+    assert not torch.allclose(eager_margins(small, ids, at=[7, 15])[[7, 15]], want[[7, 15]], rtol=1e-3)
+    from lm_eval_probes.capture import attention
+
+    monkeypatch.setattr(attention, "PRODUCT_POSITIONS", 16)  # re-run 16 positions at a time: the keys are the row's
+    torch.testing.assert_close(captured_margins(small, ids)[0], margins, rtol=1e-10, atol=1e-12, equal_nan=True)
+    monkeypatch.undo()
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.config.compress_rates["heavily_compressed_attention"] == 128
+    long = [3 + i % 300 for i in range(140)]
+    margins, _ = captured_margins(model, long)
+    assert torch.isfinite(margins[0, 1:]).all()
+    at = [1, 126, 127, 128, 139]
+    want = eager_margins(model, long, at=at, reads_own=compressed_reads_own(model))
+    torch.testing.assert_close(margins[0, at], want[at], rtol=1e-4, atol=1e-5)
 
 
 def test_the_lens_reads_gemma3n_streams_through_the_merge_of_its_forward(tmp_path, monkeypatch):
@@ -309,7 +339,8 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
     own forward reads a right-padded row otherwise than that row alone (it builds its attention mask from the ids, not
     from the mask it is given), so the run takes one document per batch, and attends both ways over its input (every
     position is "context"), so the references read the input the harness gave it. δ_TCB and BTE agree with their
-    independent recomputation, Ω with the model's own blocks; the margins (of causal attention) are skipped."""
+    independent recomputation, Ω with the model's own blocks, each document's support tokens' margins with
+    :func:`bidirectional_eager_margins`."""
     import transformers
     from test_capture import LL_REQUESTS, ll_instances
     from test_omega_capture import focal_reference
@@ -326,10 +357,18 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
 
     result, samples = architectures.run(folder, 2, batch_size=1)
     rows = architectures.headline_rows(result)
-    assert set(result["config"].get("probes_skipped") or {}) == {"margin"}
-    assert "runs over 9 positions for 5 input tokens" in result["config"]["probes_skipped"]["margin"]  # not "no softmax"
-    assert all(math.isfinite(rows[name]) for name in ROWS if name != "margin"), rows
+    assert not result["config"].get("probes_skipped"), result["config"]["probes_skipped"]
+    assert all(math.isfinite(rows[name]) for name in ROWS), rows
     assert architectures.check_documents(folder, samples) <= 1e-5
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    for sample in samples:
+        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
+        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
+        context, continuation = architectures._moved_space(context, continuation)
+        seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+        support = sample["margin_support"]
+        want = bidirectional_eager_margins(model, seen, support["positions"])[support["positions"]]
+        assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)
 
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(50.0)
@@ -339,6 +378,67 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
         seen = (context_ids + continuation_ids)[:-1]  # its forward attends both ways: the reference on what it saw
         want = focal_reference(model, seen, 2, 1, len(context_ids) - 1, len(seen)).mean(-1)
         assert answer.probe.get("omega_trajectory") == pytest.approx(want.tolist(), rel=2e-5, abs=2e-6)
+
+
+def bidirectional_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
+    """The margins of CPM-Ant's first attention module (``CpmAntAttention``) at the input's positions, copied to
+    float64: it attends both ways over its N = P + T positions (P prompt positions of its own first), so per head
+    e_t(x_t) = x_t − Σ_{s≠t} α_ts x_s with α_ts = P_ts / Σ_{r≠t} P_tr (= P_ts / (1 − P_tt), without its rounding where
+    P_tt rounds to 1), P the module's own attention probabilities at row t (x_t substituted in its queries' and keys'
+    input, the other rows fixed), m_t = mean_h log|det ∂e_t/∂x_t| by autograd; ``[T]``, the last T of the N
+    positions (``at``: at these of the T only, nan elsewhere)."""
+    import copy
+
+    module = next(sub for sub in model.modules() if type(sub).__name__ == "CpmAntAttention")
+    seen = {}
+    handle = module.register_forward_pre_hook(lambda _module, args: seen.update(args=args))
+    with torch.no_grad():
+        model(torch.tensor([ids]), use_cache=False)
+    handle.remove()
+    eager = copy.deepcopy(module).double()
+    hidden, _, mask, bias = seen["args"][:4]
+    x, bias = hidden[0].double(), bias.double()
+    prepended = x.shape[0] - len(ids)
+    out = torch.full((len(ids),), math.nan, dtype=torch.float64)
+    for t in (range(prepended, x.shape[0]) if at is None else [prepended + i for i in at]):
+        others = torch.cat([x[:t], x[t + 1:]])
+
+        def residual(xt, t=t, others=others):
+            rows = torch.cat([x[:t], xt[None], x[t + 1:]])[None]
+            weights = eager(rows, rows, mask, bias, True)[1][0][:, t]  # [H, N]: the module's own probabilities
+            alpha = torch.cat([weights[:, :t], weights[:, t + 1:]], 1)
+            alpha = alpha / alpha.sum(-1, keepdim=True)
+            return xt[None] - alpha @ others
+
+        jacobian = torch.autograd.functional.jacobian(residual, x[t])  # [H, d, d]
+        out[t - prepended] = torch.linalg.slogdet(jacobian).logabsdet.mean()
+    return out
+
+
+def test_cpmant_margins_attend_both_ways_over_its_prompt_and_input(tmp_path):
+    """CPM-Ant's first attention runs over its 4 prompt positions and the input's, every position attending every
+    other (its mask, read at load): the margins' prior at t is over every attended s ≠ t, the prompt positions' inputs
+    among them, reported at the input's positions; they equal an autograd Jacobian through its own attention module
+    with the same definition at every position. Its generations (a cache holds its prompt positions) have none."""
+    import transformers
+    from test_margin_capture import captured_margins
+
+    from lm_eval_probes.capture.attention import FirstAttentionCapture
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(_cpmant(tmp_path)).eval()
+    capture = FirstAttentionCapture(model)
+    assert not capture._causal and type(capture.module).__name__ == "CpmAntAttention"
+    ids = [3 + (7 * i) % 300 for i in range(13)]
+    margins, got_ids = captured_margins(model, ids)
+    assert margins.shape == (1, 13) and got_ids[0].tolist() == ids and torch.isfinite(margins).all()
+    torch.testing.assert_close(margins[0], bidirectional_eager_margins(model, ids), rtol=1e-4, atol=1e-5)
+
+    from test_capture import gen_instances
+
+    from lm_eval_probes.models.autoregressive import ProbeHFLM
+
+    lm = ProbeHFLM(pretrained=model, tokenizer=str(tmp_path), device="cpu", batch_size=1, probes="margin")
+    assert all(math.isnan(text.probe.get("margin_mean")) for text in lm.generate_until(gen_instances([], max_gen_toks=3)))
 
 
 def test_modernbert_decoder_lens_reads_through_its_prediction_head(tmp_path):

@@ -149,12 +149,15 @@ def _softmax_at_input_precision():
         torch.nn.functional.softmax = original
 
 
-def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
+def eager_margins(model, ids: list[int], at=None, reads_own=None) -> torch.Tensor:
     """The margins from the model's own first attention module (the first ``*Attention`` module), copied to float64
     with eager attention: per head, e_t(x_t) = x_t − Σ_{s<t} α_ts x_s with α the module's own attention
     probabilities P at row t without s = t, P_ts / (1 − P_tt) (renormalised over s < t, and an attention sink if any;
     x_t substituted in the module's input, the other rows fixed),
-    m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0 (``at``: at these positions only, nan elsewhere)."""
+    m_t = mean_h log|det ∂e_t/∂x_t| by autograd; nan at t = 0 (``at``: at these positions only, nan elsewhere).
+    Columns of P after the t + 1 positions' (keys without a position of their own: DeepSeek-V4's compressed keys) stay
+    in the softmax with no x; ``reads_own(t)``: those among them whose key reads x_t, left out as s = t is:
+    P_ts / (1 − P_tt − Σ_c P_tc)."""
     module = next(sub for sub in model.modules() if type(sub).__name__.endswith("Attention"))
     seen = {}
     handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.setdefault("call", (args, kwargs)),
@@ -204,8 +207,9 @@ def eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
             else:
                 args[0] = rows
             with _softmax_at_input_precision():
-                weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1]: the module's own probabilities
-            return xt[None] - (weights[:, :t] / (1 - weights[:, t:t + 1])) @ x[:t]
+                weights = eager(*args, **kwargs)[1][0][:, t]  # [H, t + 1 (+ E)]: the module's own probabilities
+            own = weights[:, [t, *(reads_own(t) if reads_own else ())]].sum(-1, keepdim=True)
+            return xt[None] - (weights[:, :t] / (1 - own)) @ x[:t]
 
         try:  # every column in one batched forward-mode product where the layer's ops allow it (Inkling: 10× faster)
             jacobian = torch.autograd.functional.jacobian(residual, x[t], vectorize=True, strategy="forward-mode")
@@ -298,13 +302,13 @@ def own_attention_model(family: str):
     return transformers.AutoModelForCausalLM.from_config(_own_attention_configs()[family]()).eval()
 
 
-def own_eager_margins(model, ids: list[int], at=None) -> torch.Tensor:
+def own_eager_margins(model, ids: list[int], at=None, reads_own=None) -> torch.Tensor:
     """:func:`eager_margins` with float64 as the default dtype (XGLM's code fills a tensor of the default dtype with
     its logits' lowest value)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        return eager_margins(model, ids, at)
+        return eager_margins(model, ids, at, reads_own)
     finally:
         torch.set_default_dtype(default)
 
@@ -541,6 +545,28 @@ def test_a_query_that_reads_every_position_is_refused_at_load():
     attention.q_norm = PlusRowMean(attention.q_norm)
     with pytest.raises(UnsupportedModelError, match="qwen3.*does not read each position alone.*with the layer's input "
                                                     "itself.*does not read each position alone"):
+        FirstAttentionCapture(model)
+
+
+def test_keys_that_are_not_their_positions_own_are_refused_at_load():
+    """The margins read the first T keys of a layer's attention as its T positions' (any after them as keys without a
+    position of their own): a layer whose key at s is another position's (here: each position's key moved one
+    position later, a learned key first) is refused at load in one line."""
+    model = family_model("qwen3")
+    attention = model.model.layers[0].self_attn
+
+    class OneLater(torch.nn.Module):
+        def __init__(self, norm):
+            super().__init__()
+            self.norm, self.first = norm, torch.nn.Parameter(torch.randn(norm.weight.shape[0]))
+
+        def forward(self, v):  # [B, T, KV, p]
+            normed = self.norm(v)
+            return torch.cat([self.first.expand_as(normed[:, :1]), normed[:, :-1]], 1)
+
+    attention.k_norm = OneLater(attention.k_norm)
+    with pytest.raises(UnsupportedModelError, match="qwen3.*reads 5 and 6 keys for 5 and 6 positions; position 0's "
+                                                    "input moves keys \\[1\\]: the margins read the first T keys"):
         FirstAttentionCapture(model)
 
 

@@ -43,6 +43,11 @@ computes from each query's own input and hands its attention (Inkling's ``positi
 :meth:`FirstAttentionCapture._moves`, found at load) is differentiated with the queries: such a row re-runs whole,
 one product per column of u over the prefix up to the chunk's end, and the products give E_ts = ∂b_ts/∂u_t beside
 D_t, contracted at once with the chunk's attention weights into F_t (:attr:`AttentionRow.bias_term`).
+The first T keys the attention reads are the T positions' (checked at load: :meth:`FirstAttentionCapture._check_key_positions`);
+any after them are keys without a position of their own (DeepSeek-V4's compressed keys: a row with them is re-run
+whole, and each is left out at the positions whose input it reads, :meth:`FirstAttentionCapture._extra_keys_mask`). A
+layer may run over positions of its own before the input's (CPM-Ant's prompt: its input holds more positions than the
+ids, :attr:`AttentionRow.prepended`) and attend both ways (its mask at load: :attr:`AttentionRow.causal`).
 
 Self-checked at load on a six-token forward: the float64 re-run reproduces the layer's own queries (within the
 model's precision) and every chunk's repeated re-run reproduces the whole row's (to float64 rounding); otherwise the
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -121,12 +127,19 @@ def _changed(one: dict[Path, torch.Tensor], other: dict[Path, torch.Tensor], pat
 @dataclass
 class _LayerCall:
     """One captured call of the layer: the model's token ids ``[B, T]`` and attention mask of that forward, and the
-    layer's own arguments."""
+    layer's own arguments; ``positions``: the layer's positions, T plus any of its own before the input's (CPM-Ant's
+    prompt; ``None``: T)."""
 
     ids: torch.Tensor | None
     mask: torch.Tensor | None
     args: tuple[Any, ...] | None = None
     kwargs: dict[str, Any] | None = None
+    positions: int | None = None
+
+    @property
+    def length(self) -> int:
+        """The layer's positions."""
+        return self.ids.shape[1] if self.positions is None else self.positions
 
 
 @dataclass
@@ -213,8 +226,9 @@ class AttentionRow:
     """The first softmax-attention layer over one row of a captured batch (float64; see the module docstring).
 
     Attributes:
-        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T, p]`` (query head h reads key head
-            h // (H / KV)).
+        queries: ``[H, T, p]`` as the attention uses them; keys: ``[KV, T + E, p]`` (query head h reads key
+            head h // (H / KV)): the positions' keys, then E ≥ 0 entries without a position of their own (DeepSeek-V4's
+            compressed keys: the whole row's re-run gives them).
         inputs: ``[T, m]`` the input projections' outputs u less their value at a zero input (W x_t: an attention sink
             has no input, x = 0, so a projection's bias does not cancel from the prior beside one); columns: ``[H or 1, n]`` the columns of u each head's
             queries read (one set shared by every head: ``1``).
@@ -222,9 +236,10 @@ class AttentionRow:
             columns, computed when asked.
         chunk: the positions per ``query_jacobian`` call (:func:`~lm_eval_probes.api.jacobian_chunks`).
         scale: the logit scale; softcap: ``None`` or c (logits c·tanh(scale·q·k / c)); sliding_window: ``None`` or W;
-            sinks: ``None`` or ``[H]`` the heads' attention-sink logits; valid: ``[T]`` bool, False at padding
-            (``None``: no padding); mask: ``None`` or ``[H or 1, T, T]`` the mask the layer handed its attention
-            (windows, chunks, biases: bool attended, float added to the logits).
+            sinks: ``None``, ``[H]`` the heads' attention-sink logits or ``[H, T]`` one per query; valid: ``[T]`` bool, False at padding
+            (``None``: no padding); mask: ``None`` or ``[H or 1, T, T + E]`` the mask the layer handed its
+            attention (windows, chunks, biases: bool attended, float added to the logits; an extra key left out at the
+            positions whose own input it reads).
         checks: per chunk of ``query_jacobian`` computed so far, a bool tensor (its re-run's queries differ from the
             whole row's): read by :meth:`AttentionBatch.verify`, once per batch.
         bias_term: ``None``, or for a layer whose logits' bias and sinks move with each query's input (Inkling's
@@ -232,6 +247,11 @@ class AttentionRow:
             F_t = Σ_s α_ts u_s E_tsᵀ − ū_t Ē_tᵀ, Ē_t = Σ_s α_ts E_ts + (1 − Σ_s α_ts) ∂σ_t/∂u_t with
             E_ts = ∂b_ts/∂u_t (:func:`~lm_eval_probes.probes.margin.math.layer_margins`), each product's E contracted
             as it is made; the same products give the chunk's D_t, which ``query_jacobian(lo, hi)`` then returns.
+        undefined: ``None``, or why this row has no margins (keys beyond its positions that it cannot place:
+            :meth:`FirstAttentionCapture._extra_keys_mask`).
+        prepended: the layer's positions of its own before the input's (CPM-Ant's prompt: T counts them; the input's
+            are the last T − prepended). causal: False where the layer's mask lets a position attend later ones (found
+            at load; CPM-Ant attends both ways).
     """
 
     queries: torch.Tensor
@@ -248,6 +268,9 @@ class AttentionRow:
     mask: torch.Tensor | None = None
     checks: list[torch.Tensor] = field(default_factory=list)
     bias_term: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
+    undefined: str | None = None
+    prepended: int = 0
+    causal: bool = True
 
     def query_inputs(self, head: int) -> torch.Tensor:
         """``[T, n]`` the columns of u head ``head``'s queries read."""
@@ -276,9 +299,13 @@ def _joined_rows(parts: list[AttentionRow]) -> AttentionRow:
         return torch.cat(pieces, 1)
 
     first = parts[0]
+    undefined = next((part.undefined for part in parts if part.undefined), None)
+    if any(part.keys.shape[1] > part.queries.shape[1] for part in parts):  # each part's own: they do not join
+        undefined = undefined or "its calls re-run alone read keys beyond their positions (compressed keys)"
     return AttentionRow(torch.cat([p.queries for p in parts], 1), torch.cat([p.keys for p in parts], 1),
                         torch.cat([p.inputs for p in parts]), first.columns, query_jacobian, min(p.chunk for p in parts),
-                        first.scale, first.softcap, first.sliding_window, first.sinks, checks=first.checks)
+                        first.scale, first.softcap, first.sliding_window, first.sinks, checks=first.checks,
+                        undefined=undefined)
 
 
 @dataclass
@@ -292,12 +319,17 @@ class AttentionBatch:
     valid: torch.Tensor | None
     row: Callable[[int, torch.dtype], AttentionRow]
     _checks: list[list[torch.Tensor]] = field(default_factory=list)
+    undefined: str | None = None
+    """Why no row of this batch has margins (``None``: each row tells, :attr:`AttentionRow.undefined`)."""
 
     def rows(self, work: torch.dtype = torch.float64) -> Iterator[AttentionRow]:
-        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions (``work``: see the class)."""
+        """Each row's :class:`AttentionRow` in order, with its ``valid`` positions (``work``: see the class; a layer's
+        positions of its own before the input's are valid)."""
         for index in range(self.ids.shape[0]):
             row = self.row(index, work)
             row.valid = None if self.valid is None else self.valid[index]
+            if row.valid is not None and row.prepended:
+                row.valid = torch.cat([row.valid.new_ones(row.prepended), row.valid])
             self._checks.append(row.checks)
             yield row
 
@@ -380,6 +412,21 @@ class _Coloring:
         return by_color.index_select(2, self.colors).masked_fill_(self.hidden[:, None], 0.0)
 
 
+def _attends_later(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, scale: float) -> bool:
+    """Whether a layer's attention gives weight to a position after the query's: queries ``[H, T, p]``, keys ``[KV, T,
+    p]``, ``mask`` ``[H or 1, T, T]`` as it hands its attention (``None``: causal; bool: attended; float: added to the
+    logits, an entry at or below float16's lowest value not attended — a bias of −10⁴, GPT-1's mask, gives no weight
+    in float64)."""
+    if mask is None:
+        return False
+    later = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)
+    if mask.dtype == torch.bool:
+        return bool((mask & later).any())
+    logits = scale * (queries @ keys.repeat_interleave(queries.shape[0] // keys.shape[0], 0).transpose(-1, -2)) + mask
+    weights = torch.softmax(logits.masked_fill(mask <= torch.finfo(torch.float16).min, -math.inf), -1)
+    return bool((weights.nan_to_num(0.0) > 0).logical_and(later).any())
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     """How far, relative to the largest query, the model's own queries may be from their float64 re-run."""
     return 1e-4 if dtype in (torch.float32, torch.float64) else 0.05
@@ -411,19 +458,13 @@ class FirstAttentionCapture:
             raise UnsupportedModelError(f"model_type {model_type!r}: a two-token forward to find its first attention "
                                         f"layer failed: {type(error).__name__}: {error}") from None
         self._own: OwnAttention | None = None
-        seen: dict[str, Any] = {}  # a softmax attention over more positions than the input's
         if module is None:  # a layer that computes its attention itself (capture/own_attention.py)
             try:
-                module = first_own_attention(model, token_ids(model, 1, 5), seen)
+                module = first_own_attention(model, token_ids(model, 1, 5))
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
                 raise UnsupportedModelError(f"model_type {model_type!r}: a five-token forward to find its first "
                                             f"softmax attention failed: {type(error).__name__}: {error}") from None
             self._own = None if module is None else OwnAttention(module, AttentionCall)
-        if module is None and seen.get("wider") is not None:
-            wider, positions = seen["wider"]
-            raise UnsupportedModelError(f"model_type {model_type!r}: its first softmax attention ({type(wider).__name__}) "
-                                        f"runs over {positions} positions for 5 input tokens (positions of its own before "
-                                        "the input, no input token's), where the margins read a softmax over the input's")
         if module is None:
             raise UnsupportedModelError(f"model_type {model_type!r}: no layer calls transformers' attention interface "
                                         "or computes a softmax over its positions itself (no softmax attention)")
@@ -432,6 +473,7 @@ class FirstAttentionCapture:
         self._columns: torch.Tensor | None = None
         self._read: list[bool] | None = None
         self._reach = 0  # how many positions before its own a query reads (a causal convolution: Zaya)
+        self._causal: bool | None = None  # whether no position attends a later one (found at load, from its mask)
         try:
             self._discover()
         except UnsupportedModelError:
@@ -480,6 +522,7 @@ class FirstAttentionCapture:
             except UnsupportedModelError as other:
                 raise UnsupportedModelError(f"{error}; with the layer's input itself as the queries' input: "
                                             f"{str(other).removeprefix(self._prefix)}") from None
+        self._check_key_positions(short, long)
         if self._own is not None:
             try:
                 self._own.check(self._row(long, 0), self._own.weights, _tolerance(own_queries.dtype))
@@ -571,16 +614,49 @@ class FirstAttentionCapture:
                 self._reach = self._reach_of(layer_call) or 0
                 if not self._reach:
                     raise
-                self._check_chunks(layer_call, self._row(layer_call, 0), self.CHECK_LENGTH)  # its products read the prefix
+                self._check_chunks(layer_call, self._row(layer_call, 0), layer_call.length)  # its products read the prefix
         except (UnsupportedModelError, RuntimeError, ValueError, TypeError, IndexError) as error:
             why = str(error) if isinstance(error, UnsupportedModelError) else f"{type(error).__name__}: {error}"
             raise UnsupportedModelError(f"{self._name}: the first-attention capture cannot re-run this layer: "
                                         f"{why}") from None
 
+    def _check_key_positions(self, short: _LayerCall, long: _LayerCall) -> None:
+        """The first T of the keys the layer's attention reads are its T positions' (the margins read any after them as
+        entries without a position of their own: DeepSeek-V4's compressed keys): in forwards of two lengths, at least
+        T keys each, and in the longer, one forward-mode product per position j with a random tangent on its u moves
+        key j and no key before it among the first T."""
+        counts = []
+        for layer_call in (short, long):
+            tree, with_placeholder_input, u, widths = self._prepared(layer_call, 0, torch.float64)
+            length = u.shape[1]
+            with torch.no_grad():
+                counts.append(self._queries(with_placeholder_input(tree, length), u.split(widths, -1)).keys.shape[2])
+        moved_wrong = None
+        if counts[0] >= short.length and counts[1] >= length:
+            generator = torch.Generator(device="cpu").manual_seed(0)
+            for position in range(length):
+                tangent = torch.zeros_like(u)
+                tangent[0, position] = (torch.rand(u.shape[-1], generator=generator, dtype=u.dtype) + 0.5).to(u.device)
+                with torch.no_grad():
+                    _, derivative = torch.func.jvp(
+                        lambda v: self._queries(with_placeholder_input(tree, length), v.split(widths, -1),
+                                                early=True).keys, (u,), (tangent,))
+                moved = derivative[0, :, :length].ne(0).any(-1).any(0)  # [T]: the position columns it moves
+                if not moved[position] or moved[:position].any():
+                    moved_wrong = (position, torch.nonzero(moved).flatten().tolist())
+                    break
+        if counts[0] < short.length or counts[1] < length or moved_wrong is not None:
+            where = "" if moved_wrong is None else f"; position {moved_wrong[0]}'s input moves keys {moved_wrong[1]}"
+            raise UnsupportedModelError(f"{self._prefix}its attention reads {counts[0]} and {counts[1]} keys for "
+                                        f"{short.length} and {length} positions{where}: the margins read the "
+                                        "first T keys as the T positions' (any after them as keys without a position "
+                                        "of their own)")
+
     def _check_chunks(self, layer_call: _LayerCall, row: AttentionRow, chunk: int = 2) -> None:
         """Every chunk's re-run for its Jacobians reproduces the whole row's queries."""
-        for lo in range(0, self.CHECK_LENGTH, chunk):
-            row.query_jacobian(lo, min(self.CHECK_LENGTH, lo + chunk))
+        length = row.queries.shape[1]
+        for lo in range(0, length, chunk):
+            row.query_jacobian(lo, min(length, lo + chunk))
         AttentionBatch(layer_call.ids, None, lambda _: row, [row.checks]).verify()
 
     def _terms(self, call: AttentionCall, every: bool = False) -> tuple[torch.Tensor, ...]:
@@ -672,10 +748,18 @@ class FirstAttentionCapture:
                 return  # a call outside the model's forward, or a second call within one
             layer_call = inputs.layer_calls[-1]
             hidden = kwargs.get("hidden_states", args[0] if args else None)
-            if layer_call.ids is None or hidden is None or layer_call.ids.shape != hidden.shape[:2]:
+            if layer_call.ids is None or hidden is None or layer_call.ids.shape[0] != hidden.shape[0] \
+                    or hidden.shape[1] < layer_call.ids.shape[1] and not join:  # (CPM-Ant's generate: every id so far)
                 raise ValueError("the first attention layer's capture needs input_ids matching its positions")
-            layer_call.args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            layer_call.kwargs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            detached: dict[int, torch.Tensor] = {}  # one tensor handed twice stays one (CPM-Ant's queries' and keys' input)
+
+            def kept(value: Any) -> Any:
+                return detached.setdefault(id(value), value.detach()) if isinstance(value, torch.Tensor) else value
+
+            layer_call.args = tuple(kept(a) for a in args)
+            layer_call.kwargs = {k: kept(v) for k, v in kwargs.items()}
+            if hidden.shape[1] != layer_call.ids.shape[1]:  # positions of its own before the input's
+                layer_call.positions = hidden.shape[1]
 
         handles = []
         try:
@@ -700,6 +784,10 @@ class FirstAttentionCapture:
         layer_calls = [layer_call for layer_call in inputs.layer_calls if layer_call.args is not None]
         if not layer_calls:
             raise RuntimeError("no first-attention inputs were captured: run generate inside capture()")
+        if len(layer_calls) > 1 and any(layer_call.positions is not None for layer_call in layer_calls):
+            return AttentionBatch(torch.cat([layer_call.ids for layer_call in layer_calls], 1), None, self._row,
+                                  undefined="its calls in generate do not hand it its positions of its own before the "
+                                            "input's each time (a cache holds them)")
         one = _joined_call(layer_calls)
         parts = [one] if one is not None else layer_calls
         ids = torch.cat([part.ids for part in parts], 1)
@@ -792,7 +880,7 @@ class FirstAttentionCapture:
         projections' outputs u instead; :func:`with_placeholder_input` gives it the shape of a run's positions), u ``[1, T, m]`` and the
         widths of its parts (one per input projection); :attr:`_at_zero`: u at a zero input ``[m]`` (the projections'
         biases)."""
-        rows, length = layer_call.ids.shape
+        rows, length = layer_call.ids.shape[0], layer_call.length
         tree = self._sliced((layer_call.args, layer_call.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
@@ -817,7 +905,7 @@ class FirstAttentionCapture:
     def _row(self, layer_call: _LayerCall, row: int, *, work: torch.dtype = torch.float64, check_chunk: int | None = None,
              checks: list[torch.Tensor] | None = None) -> AttentionRow:
         """One row of ``layer_call`` re-run in float64 (see the module docstring); ``work``: :class:`AttentionBatch`."""
-        length = layer_call.ids.shape[1]
+        length = layer_call.length
         tree, with_placeholder_input, u, widths = self._prepared(layer_call, row, work)
         budget = PRODUCT_ELEMENTS_TENSOR_CORES if work == torch.float32 else PRODUCT_ELEMENTS  # as a product's
         step = max(1, min(PRODUCT_POSITIONS, budget // (10 * u.shape[-1])))  # its query code within ~64 (512) MiB
@@ -830,21 +918,32 @@ class FirstAttentionCapture:
                 at = torch.arange(lo, min(length, lo + step), device=u.device)
                 cut = tree if step >= length else self._sliced(tree, rows=1, length=length, positions=at)
                 calls.append(self._queries(with_placeholder_input(cut, at.shape[0]), u[:, lo:lo + step].split(widths, -1)))
+        if len(calls) > 1 and any(one.keys.shape[2] > one.queries.shape[2] for one in calls):
+            with torch.no_grad():  # keys beyond the positions' (compressed keys): those of the whole row
+                calls = [self._queries(with_placeholder_input(tree, length), u.split(widths, -1))]
         call = calls[0]
         mask = call.mask if len(calls) == 1 else self._leaf(tree, (1, "attention_mask")) if "attention_mask" in tree[1] \
             else None  # a run over a block of positions is handed that block's mask: the whole row's is the layer's
         mask = mask[0] if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[0] == 1 \
-            and mask.shape[-2:] == (length, length) else None
+            and mask.shape[-2:] == (length, call.keys.shape[2] if len(calls) == 1 else length) else None
         if call.bias is not None:  # a logit bias before the mask (the run is the whole row's: step above)
             bias = call.bias[0].double()
+            if mask is not None and mask.shape[-1] > bias.shape[-1]:  # keys beyond the positions': no bias of theirs
+                bias = torch.nn.functional.pad(bias, (0, mask.shape[-1] - bias.shape[-1]))
             base = 0.0 if mask is None else mask if mask.is_floating_point() else \
                 torch.zeros((), dtype=bias.dtype, device=bias.device).masked_fill(~mask, -torch.inf)
             mask = bias + base
         sinks = None if call.sinks is None else call.sinks.detach().double()
         sinks = None if sinks is None else sinks[0, :, :, 0] if sinks.ndim == 4 else sinks.reshape(-1)  # [H, T] or [H]
         queries = torch.cat([one.queries[0] for one in calls], 1)  # [H, T, p]
-        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T, p]
+        keys = torch.cat([one.keys[0] for one in calls], 1)  # [KV, T (+ E), p]
         del calls
+        undefined = None
+        if keys.shape[1] > length:
+            mask, undefined = self._extra_keys_mask(tree, with_placeholder_input, u, widths, mask)
+        if self._causal is None:  # at load: whether its mask lets a position attend a later one (CPM-Ant's)
+            self._causal = not _attends_later(queries, keys[:, :length], None if mask is None else mask[..., :length],
+                                              float(call.scaling if call.scaling is not None else queries.shape[-1]**-0.5))
         if self._columns is None:
             self._columns = self._supports(tree, with_placeholder_input, u, widths, queries.shape[0])
         columns = self._columns
@@ -996,7 +1095,46 @@ class FirstAttentionCapture:
         return AttentionRow(queries, keys, u[0] - self._at_zero, columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window, sinks, mask=mask,
-                            checks=checks, bias_term=bias_term if self._moving else None)
+                            checks=checks, bias_term=bias_term if self._moving else None, undefined=undefined,
+                            prepended=length - layer_call.ids.shape[1], causal=self._causal)
+
+    def _extra_keys_mask(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor,
+                         widths: list[int], mask: torch.Tensor | None) -> tuple[torch.Tensor | None, str | None]:
+        """The mask of a row whose attention reads E keys after its T positions' (entries without a position of their
+        own: DeepSeek-V4's compressed keys, each a gated sum over a block of positions), ``[H or 1, T, T + E]``, with
+        each extra key left out at the positions whose own input it reads (as a position's own key is), and ``None``
+        or why the row's margins are undefined: the layer hands its attention no mask (which positions attend which
+        extra key is not known), or an extra key attended at t reads a position after t. Which positions each extra
+        key reads: one vector-Jacobian product per extra key (its gradient with respect to u over the whole row)."""
+        length = u.shape[1]
+        if mask is None:
+            return None, (f"its attention reads keys beyond its {length} positions and is handed no mask of them: "
+                          "which positions attend them is not known")
+        whole = with_placeholder_input(tree, length)
+        extra, pullback = torch.func.vjp(
+            lambda v: self._queries(whole, v.split(widths, -1), early=True).keys[0, :, length:], u)  # [KV, E, p]
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        reads = []
+        for entry in range(extra.shape[1]):
+            cotangent = torch.zeros_like(extra)
+            cotangent[:, entry] = torch.rand(cotangent[:, entry].shape, generator=generator,
+                                             dtype=extra.dtype).to(extra.device) + 0.5
+            (grad,) = pullback(cotangent)
+            reads.append(grad[0].detach().ne(0).any(-1))  # [T]: the positions this extra key reads
+        del extra, pullback
+        own = torch.stack(reads).T  # [T, E]: position t's input read by extra key e
+        attended = mask[..., length:] if mask.dtype == torch.bool else mask[..., length:] > torch.finfo(torch.float16).min
+        last = torch.where(own, torch.arange(length, device=own.device)[:, None], -1).amax(0)  # [E]
+        later = last[None, :] > torch.arange(length, device=own.device)[:, None]  # [T, E]: e reads a position after t
+        if bool((attended & later).any()):
+            return None, (f"a key beyond its {length} positions attended at a position reads a position after it "
+                          "(the prior at t reads positions up to t)")
+        mask = mask.clone()
+        if mask.dtype == torch.bool:
+            mask[..., length:] &= ~own
+        else:
+            mask[..., length:] = mask[..., length:].masked_fill(own, -math.inf)
+        return mask, None
 
     def _supports(self, tree: Any, with_placeholder_input: Callable[[Any, int], Any], u: torch.Tensor, widths: list[int],
                   heads: int) -> torch.Tensor:

@@ -6,9 +6,10 @@ Both are read through a :class:`torch.overrides.TorchFunctionMode` that sees eve
 (only while that module runs):
 
 * :func:`first_own_attention`: in a forward of a few tokens, the first softmax over the last axis whose input is
-  ``[..., T, T]`` and which follows a product (``matmul``, ``bmm``, ``baddbmm``, ``@``) of the same module with as many
-  entries; the layer is the innermost module with parameters that is running then (the module that holds the
-  projections, not a parameterless ``nn.Softmax`` or a core-attention helper).
+  ``[..., N, N]`` with N ≥ T (N > T: positions of the layer's own before the input's, CPM-Ant's prompt) and which
+  follows a product (``matmul``, ``bmm``, ``baddbmm``, ``@``) of the same module with as many entries; the layer is the
+  innermost module with parameters that is running then (the module that holds the projections, not a parameterless
+  ``nn.Softmax`` or a core-attention helper).
 * :meth:`OwnAttention.recorded`: in the capture's re-runs of that layer, the first product ``A @ B`` of its forward with
   ``A [..., T, p]`` and ``B [..., p, T]`` (T the positions the layer was handed) is its queries and transposed keys
   (``[B·H, T, p]`` is read as ``[B, H, T, p]``, B the rows of the layer's input); the run stops there when only the
@@ -94,7 +95,6 @@ class _FirstSoftmax(TorchFunctionMode):
         self.stack, self.length = stack, length
         self.products: dict[int, list[int]] = {}
         self.found: nn.Module | None = None
-        self.wider: tuple[nn.Module, int] | None = None  # the first such softmax over more positions than the input's
 
     def _layer(self) -> nn.Module | None:
         return next((module for module in reversed(self.stack) if _has_parameters(module)), None)
@@ -109,20 +109,15 @@ class _FirstSoftmax(TorchFunctionMode):
             layer = self._layer()
             if z is not None and layer is not None and z.ndim >= 3 and z.shape[-1] == z.shape[-2] >= self.length \
                     and z.numel() in self.products.get(id(layer), ()):
-                if z.shape[-1] == self.length:
-                    self.found = layer
-                    raise _Stop
-                if self.wider is None:  # positions of its own before the input (CPM-Ant's prompt)
-                    self.wider = (layer, z.shape[-1])
+                self.found = layer  # over more positions than the input's: its own before them (CPM-Ant's prompt)
+                raise _Stop
         return out
 
 
 @torch.no_grad()
-def first_own_attention(model: nn.Module, ids: torch.Tensor, seen: dict[str, Any] | None = None) -> nn.Module | None:
+def first_own_attention(model: nn.Module, ids: torch.Tensor) -> nn.Module | None:
     """The first module of ``model`` that computes softmax attention itself (see the module docstring), in a forward
-    of ``ids`` ``[1, T]`` (a few tokens); ``None``: none does (then ``seen["wider"]``, where given: ``(module, N)``, the
-    first module whose softmax attention runs over N > T positions — positions of its own before the input, which
-    no input token is — or ``None``)."""
+    of ``ids`` ``[1, T]`` (a few tokens); ``None``: none does."""
     stack: list[nn.Module] = []
 
     def left(_module: nn.Module, _args: Any, _out: Any) -> None:
@@ -141,8 +136,6 @@ def first_own_attention(model: nn.Module, ids: torch.Tensor, seen: dict[str, Any
     finally:
         for handle in handles:
             handle.remove()
-    if seen is not None:
-        seen["wider"] = None if mode.found is not None else mode.wider
     return mode.found
 
 

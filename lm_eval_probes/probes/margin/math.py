@@ -49,7 +49,7 @@ def _check_float(name: str, value: Tensor) -> None:
 def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, valid: Tensor | None = None,
                              softcap: float | None = None, window: int | None = None, sink: Tensor | None = None,
                              positions: Tensor | None = None, mask: Tensor | None = None,
-                             logits: Tensor | None = None) -> Tensor:
+                             logits: Tensor | None = None, extra: int = 0, causal: bool = True) -> Tensor:
     """Attention weights over the strict causal prefix: α_ts = softmax_{s<t, s valid}(scale · q_t·k_s).
 
     Args:
@@ -68,6 +68,11 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
             value, transformers' masked entry, is not attended); ``None``: none.
         logits: ``scale · q_t·k_s`` computed by the caller (``[..., T (or n), T]``, consumed: changed in place);
             ``None``: computed here.
+        extra: the last ``extra`` of ``keys`` (``[..., T + extra, p]``, the weights ``[..., T (or n), T + extra]``) are
+            entries without a position of their own (DeepSeek-V4's compressed keys): attended where ``mask`` says,
+            neither causal order, window nor ``valid`` (``[..., T]``, the positions') applies to them.
+        causal: ``False``: every position s ≠ t is in t's prior (a layer that attends both ways, CPM-Ant's: its mask
+            says which it attends; a window then bounds |t − s|), not only s < t.
 
     Returns:
         ``[..., T, T]`` (``[..., n, T]`` with ``positions``) row-stochastic over the valid s < t; a row with no valid prefix (the first real
@@ -76,23 +81,28 @@ def prefix_attention_weights(queries: Tensor, keys: Tensor, *, scale: float, val
     _check_float("queries", queries)
     _check_float("keys", keys)
     rows = queries.shape[-2] if positions is None else positions.shape[0]
+    length = keys.shape[-2] - extra  # T: the positions' keys
     if queries.shape[:-2] != keys.shape[:-2] or queries.shape[-1] != keys.shape[-1] or queries.ndim < 2 or \
-            queries.shape[-2] != rows or positions is None and queries.shape != keys.shape:
-        raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions), got "
-                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
-    length = keys.shape[-2]
+            queries.shape[-2] != rows or positions is None and queries.shape[-2] != length or not 0 <= extra <= keys.shape[-2]:
+        raise ValueError(f"queries and keys must both be [..., T, p] (queries [..., n, p] with n positions; keys "
+                         f"[..., T + extra, p]), got {tuple(queries.shape)} and {tuple(keys.shape)} (extra {extra})")
     logits = scale * queries @ keys.transpose(-1, -2) if logits is None else logits
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     query_at = torch.arange(length, device=queries.device) if positions is None else positions.to(queries.device)
-    lag = query_at[:, None] - torch.arange(length, device=queries.device)[None, :]  # t − s
-    allowed = lag > 0
+    lag = query_at[:, None] - torch.arange(length + extra, device=queries.device)[None, :]  # t − s
+    allowed = lag > 0 if causal else lag != 0
     if window is not None:
-        allowed = allowed & (lag < window)
+        allowed = allowed & (lag < window if causal else lag.abs() < window)
+    if extra:
+        allowed[:, length:] = True  # entries without a position: the mask alone says which are attended
     if valid is not None:
-        if valid.shape != keys.shape[:-1]:
-            raise ValueError(f"valid must be {tuple(keys.shape[:-1])}, got {tuple(valid.shape)}")
-        allowed = allowed & valid.bool().unsqueeze(-2)
+        if valid.shape != (*keys.shape[:-2], length):
+            raise ValueError(f"valid must be {(*keys.shape[:-2], length)}, got {tuple(valid.shape)}")
+        valid = valid.bool()
+        if extra:
+            valid = torch.cat([valid, valid.new_ones(*valid.shape[:-1], extra)], -1)
+        allowed = allowed & valid.unsqueeze(-2)
     if mask is not None and mask.dtype == torch.bool:
         allowed = allowed & mask
     elif mask is not None:  # added to the logits; transformers' masked entries hold their dtype's lowest value
@@ -417,7 +427,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
                   query_jacobian: Callable[[int, int], Tensor], *, scale: float, softcap: float | None = None,
                   window: int | None = None, sinks: Tensor | None = None, valid: Tensor | None = None,
                   heads: str = "mean", chunk: int = 64, mask: Tensor | None = None,
-                  work: torch.dtype = torch.float64, start: int = 0,
+                  work: torch.dtype = torch.float64, start: int = 0, causal: bool = True,
                   bias_term: Callable[[int, int, Tensor], Tensor] | None = None) -> Tensor:
     """Per-position margins of one sequence through a pretrained model's attention layer, a chunk of query positions
     at a time, a group of heads at a time.
@@ -440,7 +450,10 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     0, exactly); the p×p log-determinants are taken in float64. No value is read by the host.
 
     Args:
-        queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T, p]`` (H a multiple of KV).
+        queries: ``[H, T, p]`` as the logits use them; keys: ``[KV, T + E, p]`` (H a multiple of KV): the positions'
+            keys, then E ≥ 0 entries without a position of their own (DeepSeek-V4's compressed keys), which take part
+            in the softmax as an attention sink does, with their logits scale · q_t·k_c, and have no input (x = 0 in
+            μ_t: u = 0 in C_t); attended where ``mask`` says.
         query_inputs: ``[H or 1, T, n]`` the inputs u each head's queries read (``1``: shared by every head), or
             ``(head) -> [T, n]``.
         query_jacobian: ``(lo, hi) -> [H, hi − lo, p, n]`` D_t = ∂q_t/∂u_t of every head at positions [lo, hi).
@@ -449,7 +462,7 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         valid: optional bool ``[T]`` (False = padding).
         heads: ``mean`` or ``min``.
         chunk: query positions per chunk.
-        mask: ``[H or 1, T, T]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
+        mask: ``[H or 1, T, T + E]`` the mask the layer handed its attention (:func:`prefix_attention_weights`); ``None``:
             none (the window alone).
         work: float64 or float32 (:func:`~lm_eval_probes.probes.margin.probe.margin_dtype`).
         start: the first position whose margin is computed (0 ≤ start ≤ T; the margin at t reads positions ≤ t only,
@@ -459,6 +472,8 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
             ``query_jacobian`` (the capture's products give both:
             :attr:`~lm_eval_probes.capture.attention.AttentionRow.bias_term`); ``None``: the bias and sinks do not
             move with u.
+        causal: ``False``: the prior at t is over every attended s ≠ t, renormalised without s = t (a layer whose mask
+            lets a position attend later ones; :func:`prefix_attention_weights`).
 
     Returns:
         ``[T − start]`` margins of positions [start, T) in the inputs' dtype; ``nan`` where a position has no prefix or
@@ -471,8 +486,13 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
     num_heads, length, dim = queries.shape
     if not 0 <= start <= length:
         raise ValueError(f"start must be in [0, {length}], got {start}")
-    if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1:] != (length, dim):
-        raise ValueError(f"keys must be [KV, {length}, {dim}] with H = {num_heads} a multiple of KV, got {tuple(keys.shape)}")
+    if keys.ndim != 3 or num_heads % keys.shape[0] or keys.shape[1] < length or keys.shape[2] != dim:
+        raise ValueError(f"keys must be [KV, {length} (+ extra), {dim}] with H = {num_heads} a multiple of KV, got "
+                         f"{tuple(keys.shape)}")
+    extra = keys.shape[1] - length  # entries without a position of their own, after the positions' keys
+    if bias_term is not None and (extra or not causal):
+        raise ValueError("a logit bias that moves with the queries' inputs is read over a causal prefix of the "
+                         "positions' keys only")
     groups = num_heads // keys.shape[0]
     product = _products(work)
     budget = WORK_ELEMENTS if work == torch.float64 else WORK_ELEMENTS_FLOAT32
@@ -487,34 +507,38 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         hi = min(length, lo + chunk)
         at = torch.arange(lo, hi, device=queries.device)
         step = max(1, budget // max(1, (hi - lo) * max(width * dim, 3 * hi)))  # heads per group: C_t, or the weights
+        seen = hi if causal else length  # causal: no query in the chunk attends a position past hi
 
-        def weights(first: int, last: int) -> tuple[Tensor, Tensor]:
-            """α and β of heads [first, last) at the chunk (see above)."""
-            q, k = q_all[first:last, lo:hi], k_all[first:last, :hi]  # no query in the chunk attends past hi
-            prefix = None if valid is None else valid[:hi].expand(last - first, hi)
+        def weights(first: int, last: int) -> tuple[Tensor, Tensor, Tensor]:
+            """α, β and the keys of heads [first, last) at the chunk (see above)."""
+            q = q_all[first:last, lo:hi]
+            k = _attended_columns(k_all[first:last], seen, length, 1)
+            prefix = None if valid is None else valid[:seen].expand(last - first, seen)
             given = None if mask is None else mask[first:last] if mask.shape[0] > 1 else mask
-            given = None if given is None else given[:, lo:hi, :hi]
+            given = None if given is None else _attended_columns(given[:, lo:hi], seen, length, 2)
             logits = product(q, k.transpose(-1, -2)).mul_(scale)  # [h, c, hi]
             capped = None if softcap is None else 1 - torch.tanh(logits / softcap).pow(2)
             sink = None if sinks is None else sinks[first:last, None, None] if sinks.ndim == 1 else \
                 sinks[first:last, lo:hi, None]
             alpha = prefix_attention_weights(q, k, scale=scale, valid=prefix, softcap=softcap, window=window,
-                                             sink=sink, positions=at, mask=given, logits=logits)  # [h, c, hi]
+                                             sink=sink, positions=at, mask=given, logits=logits,
+                                             extra=extra, causal=causal)  # [h, c, seen + extra]
             del logits
-            return alpha, alpha if capped is None else alpha.mul(capped)
+            return alpha, alpha if capped is None else alpha.mul(capped), k
 
         groups = [(first, min(num_heads, first + step)) for first in range(0, num_heads, step)]
         given_weights = None
         if bias_term is not None:  # the chunk's F_t needs every head's α before its products run
             given_weights = [weights(first, last) for first, last in groups]
-            moved = bias_term(lo, hi, torch.cat([alpha for alpha, _ in given_weights])).to(work)  # [H, c, n, n]
+            moved = bias_term(lo, hi, torch.cat([alpha for alpha, _, _ in given_weights])).to(work)  # [H, c, n, n]
         jacobian = query_jacobian(lo, hi)
         per_group = []
         for index, (first, last) in enumerate(groups):
-            alpha, beta = weights(first, last) if given_weights is None else given_weights[index]
+            alpha, beta, k = weights(first, last) if given_weights is None else given_weights[index]
             u = u_all[first:last] if u_all.shape[0] > 1 else u_all
-            margins = _chunk_margins(u[:, :hi], k_all[first:last, :hi], alpha, beta, jacobian[first:last], scale,
-                                     product, budget, None if bias_term is None else moved[first:last])
+            u = u[:, :seen] if not extra else torch.cat([u[:, :seen], u.new_zeros(u.shape[0], extra, width)], 1)  # x = 0
+            margins = _chunk_margins(u, k, alpha, beta, jacobian[first:last], scale, product, budget,
+                                     None if bias_term is None else moved[first:last])
             per_group.append(margins.masked_fill(alpha.sum(-1) == 0, math.nan))  # [h, c]
             del alpha, beta
         del jacobian, given_weights
@@ -522,6 +546,14 @@ def layer_margins(queries: Tensor, keys: Tensor, query_inputs: Tensor | Callable
         parts.append(margins.min(0).values if heads == "min" else margins.mean(0))  # nan propagates: no margin anywhere
     out = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(queries.dtype) if parts else queries.new_empty(0)
     return out if valid is None else out.masked_fill(~valid[start:].bool(), math.nan)
+
+
+def _attended_columns(value: Tensor, hi: int, length: int, axis: int) -> Tensor:
+    """``value``'s columns along ``axis`` that queries before ``hi`` may attend: the positions [0, hi) and the entries
+    after the ``length`` positions' (keys without a position of their own)."""
+    if value.shape[axis] == length:
+        return value.narrow(axis, 0, hi)
+    return torch.cat([value.narrow(axis, 0, hi), value.narrow(axis, length, value.shape[axis] - length)], axis)
 
 
 def _chunk_margins(u: Tensor, keys: Tensor, alpha: Tensor, beta: Tensor, jacobian: Tensor, scale: float,

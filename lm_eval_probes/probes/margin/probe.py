@@ -133,20 +133,24 @@ class MarginPositions:
         from lm_eval_probes.probes.margin.math import layer_margins, margin_dtype
 
         work = margin_dtype(self.options.precision, batch.ids.device)
+        if batch.undefined:
+            return _undefined(batch.undefined, batch.ids.shape)
         ids = batch.ids.cpu()  # the row's tokens, to find a row that began with the same ones
         valid = None if batch.valid is None else batch.valid.cpu()
         rows = []
         for index, row in enumerate(batch.rows(work)):
-            if row.keys.shape[-2] != row.queries.shape[-2]:
-                rows.append(_undefined(row))
+            if row.undefined:
+                rows.append(_undefined(row.undefined, batch.ids.shape[1:]).to(row.queries.device))
                 continue
-            tokens = _leading_tokens(ids[index], None if valid is None else valid[index])
+            # the margin at t reads positions <= t only, of the input's alone: then a row can share an earlier one's
+            tokens = _leading_tokens(ids[index], None if valid is None else valid[index]) \
+                if row.causal and not row.prepended else ()
             length = row.queries.shape[-2]
             start, earlier = self._shared(tokens, row.chunk, length)
             margins = layer_margins(row.queries, row.keys, row.all_query_inputs(), row.query_jacobian, scale=row.scale,
                                     softcap=row.softcap, window=row.sliding_window, sinks=row.sinks, valid=row.valid,
                                     heads=self.options.heads, chunk=row.chunk, mask=row.mask, work=work, start=start,
-                                    bias_term=row.bias_term)
+                                    causal=row.causal, bias_term=row.bias_term)[row.prepended:]  # the input's positions
             if start:
                 margins = torch.cat([earlier[:start].to(margins.device, margins.dtype), margins])
             if tokens:
@@ -185,9 +189,11 @@ def _leading_tokens(ids: Any, valid: Any) -> tuple[int, ...]:
     return tuple(ids[:real].tolist()) if bool(valid[:real].all()) else ()
 
 
-def _undefined(row: Any) -> Any:
-    """``nan`` margins for a row whose layer attends to more keys than positions (DeepSeek-V4's compressed keys, beyond
-    its sliding window once a sequence is longer than a compression block): the margins read one key per position."""
+def _undefined(why: str, shape: Any) -> Any:
+    """``nan`` margins of ``shape`` (a row's ``[T]`` or a batch's ``[B, T]``) where the capture cannot give them
+    (``why``: keys beyond its positions that it cannot place,
+    :meth:`~lm_eval_probes.capture.attention.FirstAttentionCapture._extra_keys_mask`; a ``generate`` of a layer with
+    positions of its own before the input's)."""
     import torch
 
     global _WARNED
@@ -195,10 +201,8 @@ def _undefined(row: Any) -> Any:
         _WARNED = True
         import logging
 
-        logging.getLogger(__name__).warning(
-            "margins: the first attention layer reads %d keys for %d positions (compressed keys): its margins are nan",
-            row.keys.shape[-2], row.queries.shape[-2])
-    return torch.full((row.queries.shape[-2],), math.nan, dtype=torch.float64, device=row.queries.device)
+        logging.getLogger(__name__).warning("margins: the first attention layer: %s: its margins are nan", why)
+    return torch.full(tuple(shape), math.nan, dtype=torch.float64)
 
 
 _WARNED = False
