@@ -70,6 +70,16 @@ NAN_MARGINS: dict[str, str] = {}
 """The families whose margin rows are nan (undefined), and why."""
 
 
+def _read_sequences(samples, tokenizer):
+    """Each sample with the ids the margins read: its chosen option's context and continuation, the last token left
+    out (it is only predicted), as ``check_documents``."""
+    for sample in samples:
+        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
+        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
+        context, continuation = architectures._moved_space(context, continuation)
+        yield sample, tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+
+
 def compressed_reads_own(model):
     """For DeepSeek-V4's first layer, ``reads_own`` of :func:`test_margin_capture.eager_margins`: its compressed key w
     is a gated sum over the block of positions [w·r, (w + 1)·r) (r the layer's compression rate), seen from position
@@ -115,11 +125,7 @@ def assert_margins_equal_the_eager_reference(folder: str, samples) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,  # a mask built for eager
                                                               attn_implementation="eager").eval()  # (ModernBERT's)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    for sample in samples:
-        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
-        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
-        context, continuation = architectures._moved_space(context, continuation)
-        seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+    for sample, seen in _read_sequences(samples, tokenizer):
         support = sample["margin_support"]
         assert len(support["positions"]) == 5
         want = own_eager_margins(model, seen, support["positions"], compressed_reads_own(model))[support["positions"]]
@@ -361,11 +367,7 @@ def test_cpmant_final_norm_is_the_module_its_head_reads(tmp_path):
     assert all(math.isfinite(rows[name]) for name in ROWS), rows
     assert architectures.check_documents(folder, samples) <= 1e-5
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    for sample in samples:
-        logliks = [float(resp[0][0] if isinstance(resp[0], (list, tuple)) else resp[0]) for resp in sample["resps"]]
-        context, continuation = sample["arguments"][max(range(len(logliks)), key=logliks.__getitem__)]
-        context, continuation = architectures._moved_space(context, continuation)
-        seen = tokenizer(context + continuation, add_special_tokens=False)["input_ids"][:-1]
+    for sample, seen in _read_sequences(samples, tokenizer):
         support = sample["margin_support"]
         want = bidirectional_eager_margins(model, seen, support["positions"])[support["positions"]]
         assert support["margins"] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-6)

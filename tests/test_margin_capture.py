@@ -474,6 +474,9 @@ def test_a_logit_bias_and_sinks_of_each_querys_input_are_differentiated_with_its
     margins, _ = captured_margins(model, ids)
     assert torch.isnan(margins[0, 0]) and torch.isfinite(margins[0, 1:]).all()
     torch.testing.assert_close(margins[0], eager_margins(model, ids), rtol=1e-4, atol=1e-5, equal_nan=True)
+    if model_type == "inkling_text":  # sdpa (Inkling-2 has none) hands no mask, causal only: the bias opens no later key
+        sdpa = _eager_built(model_type, "sdpa")
+        torch.testing.assert_close(captured_margins(sdpa, ids)[0], margins, rtol=1e-10, atol=1e-12, equal_nan=True)
     monkeypatch.setattr(attention, "jacobian_chunks", lambda *_args, **_kwargs: (5, 3))  # F_t contracted per chunk
     torch.testing.assert_close(captured_margins(model, ids)[0], margins, rtol=1e-10, atol=1e-12, equal_nan=True)
     float32 = captured_margins(model, ids, precision="float32")[0]  # tensor-core products, the GPU's default

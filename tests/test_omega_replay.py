@@ -14,20 +14,13 @@ named by family.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-_spec = importlib.util.spec_from_file_location("lm_eval_probes_bench_architectures", BENCHMARKS / "architectures.py")
-architectures = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = architectures
-    _spec.loader.exec_module(architectures)
+from test_last_families import architectures  # benchmarks/architectures.py, imported once
 
 OVERRIDES: dict[str, dict] = {
     "dory": {"n_recurrent_loops": 3},  # 1 input, 1 recurrent, 1 output block: passes (0, 1, 1, 1, 2)

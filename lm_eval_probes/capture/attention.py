@@ -930,7 +930,9 @@ class FirstAttentionCapture:
             bias = call.bias[0].double()
             if mask is not None and mask.shape[-1] > bias.shape[-1]:  # keys beyond the positions': no bias of theirs
                 bias = torch.nn.functional.pad(bias, (0, mask.shape[-1] - bias.shape[-1]))
-            base = 0.0 if mask is None else mask if mask.is_floating_point() else \
+            if mask is None:  # causal only (the interface's convention): the bias must not open the later keys
+                mask = torch.ones(bias.shape[-2:], dtype=torch.bool, device=bias.device).tril()
+            base = mask if mask.is_floating_point() else \
                 torch.zeros((), dtype=bias.dtype, device=bias.device).masked_fill(~mask, -torch.inf)
             mask = bias + base
         sinks = None if call.sinks is None else call.sinks.detach().double()
