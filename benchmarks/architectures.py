@@ -416,6 +416,19 @@ def _jsd(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logp.exp() * (logp - m)).sum(-1) + 0.5 * (logq.exp() * (logq - m)).sum(-1)
 
 
+def _seen_in_a_forward(model: torch.nn.Module, ids: torch.Tensor, register: Any) -> torch.Tensor:
+    """What the hook ``register(keep)`` installs hands ``keep`` in one more forward of ``model`` on ``ids`` (its last
+    call's), the hook removed after."""
+    seen: list[torch.Tensor] = []
+    handle = register(seen.append)
+    try:
+        with torch.no_grad():
+            model(ids, use_cache=False)
+    finally:
+        handle.remove()
+    return seen[-1]
+
+
 def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
     """The largest relative difference, over the documents, between the run's ``tcb_log10`` and BTE's middle
     transition ``bte_profile[L // 2]`` and their independent recomputation on the option the task read (the one with
@@ -447,24 +460,11 @@ def check_documents(folder: str, samples: Sequence[dict[str, Any]]) -> float:
             raise RuntimeError(f"{len(states)} hidden states for {layers} blocks")
         final, at_head = states[layers], _readout(model).head_transform is not None
         if at_head:  # a prediction head between the final norm and the unembedding: δ at the unembedding's input
-            heads: list[torch.Tensor] = []
-            handle = model.get_output_embeddings().register_forward_pre_hook(
-                lambda _module, args: heads.append(args[0]))
-            try:
-                with torch.no_grad():
-                    model(ids, use_cache=False)
-            finally:
-                handle.remove()
-            final = heads[-1]
+            final = _seen_in_a_forward(model, ids, lambda keep: model.get_output_embeddings().register_forward_pre_hook(
+                lambda _module, args: keep(args[0])))
         elif final.ndim > 3:  # the last block's streams (Gemma-3n's), not the final norm's output: the norm's own
-            finals = []
-            handle = _final_norm(model).register_forward_hook(lambda _module, _args, output: finals.append(output))
-            try:
-                with torch.no_grad():
-                    model(ids, use_cache=False)
-            finally:
-                handle.remove()
-            final = finals[-1]
+            final = _seen_in_a_forward(model, ids, lambda keep: _final_norm(model).register_forward_hook(
+                lambda _module, _args, output: keep(output)))
         delta = _delta_tcb(model, ids, final[0, positions], at_head=at_head)
         tcb = float(torch.log10(delta).mean())
         lower = _lens_logprobs(model, ids, states[middle])[positions]

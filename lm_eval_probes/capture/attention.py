@@ -444,6 +444,8 @@ class FirstAttentionCapture:
 
     CHECK_LENGTH = 6
     _moving = False
+    _at_zero: torch.Tensor | None = None
+    _zero_for: list[nn.Module] | None = None  # the projections :attr:`_at_zero` was made for
     """Whether the logit bias or the per-query sinks the layer hands its attention move with its queries' inputs
     (found at load, :meth:`_moves`): then its rows re-run whole and their products give E_ts too."""
     _coloring: _Coloring | None = None
@@ -879,15 +881,18 @@ class FirstAttentionCapture:
         """One row's arguments in float64 with the layer's input replaced by a placeholder (the re-runs hand its input
         projections' outputs u instead; :func:`with_placeholder_input` gives it the shape of a run's positions), u ``[1, T, m]`` and the
         widths of its parts (one per input projection); :attr:`_at_zero`: u at a zero input ``[m]`` (the projections'
-        biases)."""
+        biases; ``None`` where all are zero: u is then W x), made once per layer."""
         rows, length = layer_call.ids.shape[0], layer_call.length
         tree = self._sliced((layer_call.args, layer_call.kwargs), rows=rows, length=length, row=row)
         x = self._leaf(tree, self._hidden)
         with torch.no_grad():
             outputs = [self._project(module, x, work) for module in self._projections] if self._projections else [x]
-            zero = x.new_zeros(1, x.shape[-1])
-            self._at_zero = torch.cat([self._project(module, zero, work) for module in self._projections], -1)[0] \
-                if self._projections else zero[0]
+            if self._zero_for is not self._projections:  # once per split (at load), not per row
+                zero = x.new_zeros(1, x.shape[-1])
+                at_zero = torch.cat([self._project(module, zero, torch.float64) for module in self._projections], -1)[0] \
+                    if self._projections else None
+                self._at_zero = at_zero if at_zero is not None and bool(at_zero.ne(0).any()) else None
+                self._zero_for = self._projections
         widths = [out.shape[-1] for out in outputs]
         u = torch.cat(outputs, -1)
         x_shape = x.shape
@@ -1031,7 +1036,8 @@ class FirstAttentionCapture:
                                                               positions=torch.arange(hi, device=u.device)), hi)
             inputs = u[:, :hi].split(widths, -1)
             if alpha is not None:  # F_t, a column per product; ū_t [H, c, n] over the inputs each head reads
-                inputs_of = (u[0, :hi, columns] - self._at_zero[columns]).transpose(0, 1).to(work)  # [H or 1, hi, n]
+                inputs_of = u[0, :hi, columns] if self._at_zero is None else u[0, :hi, columns] - self._at_zero[columns]
+                inputs_of = inputs_of.transpose(0, 1).to(work)  # [H or 1, hi, n]
                 inputs_of = inputs_of.expand(heads, -1, -1)
                 mean_u = alpha @ inputs_of
                 rest = 1 - alpha.sum(-1)  # the sink's weight (its logit's tangent is zero where it has none)
@@ -1094,7 +1100,8 @@ class FirstAttentionCapture:
                 return kept.pop((lo, hi))
             return jacobian(lo, hi, coloring, max(1, min(group, coloring.count)))
 
-        return AttentionRow(queries, keys, u[0] - self._at_zero, columns, query_jacobian, chunk,
+        inputs = u[0] if self._at_zero is None else u[0] - self._at_zero  # W x_t
+        return AttentionRow(queries, keys, inputs, columns, query_jacobian, chunk,
                             float(call.scaling if call.scaling is not None else dim**-0.5),
                             None if not call.softcap else float(call.softcap), call.sliding_window, sinks, mask=mask,
                             checks=checks, bias_term=bias_term if self._moving else None, undefined=undefined,
